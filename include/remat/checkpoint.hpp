@@ -1,0 +1,92 @@
+// checkpoint(): records a function as a region whose residuals a policy may drop and replay regenerates.
+#pragma once
+
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "remat/policies.hpp"
+#include "remat/var.hpp"
+
+namespace remat {
+namespace detail {
+
+template <class A>
+struct is_var : std::false_type {};
+template <class T>
+struct is_var<Var<T>> : std::true_type {};
+
+template <class A, class... Rest>
+auto region_tape(const A& a, const Rest&... rest) {
+  if constexpr (is_var<std::decay_t<A>>::value) {
+    a.node("checkpoint");
+    return a.state();
+  } else {
+    static_assert(sizeof...(Rest) > 0, "checkpoint: the checkpointed function needs at least one remat::Var argument");
+    return region_tape(rest...);
+  }
+}
+
+template <class P>
+bool call_policy(const void* policy, const OpInfo& op) {
+  return static_cast<bool>((*static_cast<const P*>(policy))(op));
+}
+
+template <class T>
+void collect_outputs(const TapeState<T>* state, std::vector<std::int32_t>& ids, const Var<T>& v) {
+  if (v.state() == state && v.valid()) ids.push_back(v.id());
+}
+template <class T, class... Vs>
+void collect_outputs(const TapeState<T>* state, std::vector<std::int32_t>& ids, const std::tuple<Vs...>& t) {
+  std::apply([&](const auto&... v) { (collect_outputs(state, ids, v), ...); }, t);
+}
+
+}  // namespace detail
+
+/// The callable checkpoint() returns; same signature as the wrapped function.
+template <class F, class Policy>
+class Checkpointed {
+ public:
+  Checkpointed(F f, Policy policy) : f_(std::move(f)), policy_(std::move(policy)) {}
+
+  template <class... Args>
+  auto operator()(Args&&... args) const {
+    auto* state = detail::region_tape(args...);
+    state->open_region(&detail::call_policy<Policy>, &policy_);
+    std::vector<std::int32_t> outputs;
+    try {
+      auto result = f_(std::forward<Args>(args)...);
+      detail::collect_outputs(state, outputs, result);
+      state->close_region(outputs);
+      return result;
+    } catch (...) {
+      state->close_region({});
+      throw;
+    }
+  }
+
+ private:
+  F f_;
+  Policy policy_;
+};
+
+/// Gradient checkpointing (rematerialization), like jax.checkpoint(f, policy=...).
+///
+/// Returns a callable with f's signature. f takes one or more Var<T> (other arguments pass through)
+/// and returns a Var<T> or a std::tuple of Var<T>. Each call records f's ops as a region on the tape
+/// of its Var arguments. The policy (see remat::policies) decides per op whether its output may be
+/// saved; what it does not save is freed after the forward pass. When the backward sweep enters the
+/// region it replays the recorded ops (it does not call f again) to regenerate what the region's
+/// backward needs, runs that backward, and frees the replayed values.
+///
+/// Consequences: side effects in f happen once per call; dropout inside f regenerates the same mask;
+/// values captured by f (weights not passed as arguments) are kept by reference and receive gradients.
+/// Values computed inside f may be used outside only if f returns them (else tape_error). Regions nest.
+/// Memory: the region keeps its inputs plus what the policy saves; time: one replay of the dropped ops.
+template <class F, class Policy = policies::NothingSaveable>
+Checkpointed<F, Policy> checkpoint(F f, Policy policy = policies::nothing_saveable) {
+  return Checkpointed<F, Policy>(std::move(f), std::move(policy));
+}
+
+}  // namespace remat

@@ -1,0 +1,67 @@
+// Two-dimensional broadcasting for the elementwise binary ops: a dimension of 1 stretches to match.
+#pragma once
+
+#include <string>
+
+#include "remat/detail/tape_state.hpp"
+
+namespace remat::detail {
+
+/// Output shape of broadcasting a with b; each dimension must be equal or 1. Throws shape_error.
+inline Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
+  auto dim = [&](Index x, Index y, const char* what) {
+    if (x == y || y == 1) return x;
+    if (x == 1) return y;
+    throw shape_error(std::string(op) + ": cannot broadcast a " + to_string(a) + " with b " + to_string(b) + "; " +
+                      what + " must be equal or 1");
+  };
+  return Shape{dim(a.rows, b.rows, "rows"), dim(a.cols, b.cols, "cols")};
+}
+
+/// out = f(a, b) with a and b broadcast to out's shape; f maps two equally shaped arrays to an array.
+template <class T, class A, class B, class F>
+void broadcast_apply(const A& a, const B& b, AlignedMap<T>& out, F f) {
+  const Index rows = out.rows(), cols = out.cols();
+  if (a.rows() == rows && a.cols() == cols && b.rows() == rows && b.cols() == cols) {
+    out.array() = f(a.array(), b.array());
+    return;
+  }
+  using Row = Eigen::Array<T, 1, Eigen::Dynamic>;
+  for (Index i = 0; i < rows; ++i) {
+    const Index ia = a.rows() == 1 ? 0 : i, ib = b.rows() == 1 ? 0 : i;
+    auto o = out.row(i).array();
+    const bool fa = a.cols() == cols, fb = b.cols() == cols;
+    if (fa && fb)
+      o = f(a.row(ia).array(), b.row(ib).array());
+    else if (fa)
+      o = f(a.row(ia).array(), Row::Constant(cols, b(ib, 0)));
+    else if (fb)
+      o = f(Row::Constant(cols, a(ia, 0)), b.row(ib).array());
+    else
+      o = f(Row::Constant(cols, a(ia, 0)), Row::Constant(cols, b(ib, 0)));
+  }
+}
+
+/// b broadcast to `shape` as a dense matrix (slow path for gradients of broadcast operands).
+template <class T, class B>
+Matrix<T> broadcast_to(const B& b, const Shape& shape) {
+  if (b.rows() == shape.rows && b.cols() == shape.cols) return b;
+  return b.replicate(shape.rows / b.rows(), shape.cols / b.cols());
+}
+
+/// Adds gradient `g` (of the broadcast output's shape) to input k, summing over broadcast dimensions.
+template <class T, class Context, class G>
+void add_reduced_grad(const Context& c, int k, const G& g) {
+  if (!c.wants_grad(k)) return;
+  const Shape s = c.in_shape(k);
+  if (s.rows == g.rows() && s.cols == g.cols())
+    c.add_grad(k, g);
+  else if (s.rows == 1 && s.cols == 1)
+    c.add_grad(k, Matrix<T>::Constant(1, 1, g.sum()));
+  else if (s.rows == 1)
+    c.add_grad(k, g.colwise().sum());
+  else
+    c.add_grad(k, g.rowwise().sum());
+}
+
+}  // namespace remat::detail

@@ -1,0 +1,49 @@
+// What a policy sees of an operation: its name, kind, tag, shape, bytes and FLOPs.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "remat/matrix.hpp"
+
+namespace remat {
+
+/// Broad class of an operation, used by policies (dots_saveable) and planners.
+enum class OpKind {
+  leaf,           ///< constant or variable
+  dot,            ///< matmul, linear: GEMM work
+  elementwise,    ///< tanh, +, exp, ...
+  reduction,      ///< sum, mean, sum_rows
+  normalization,  ///< softmax, log_softmax, layer_norm
+  loss,           ///< cross_entropy, mse_loss
+  random,         ///< dropout
+  identity,       ///< checkpoint_name
+};
+
+/// Name of an OpKind, as printed in reports ("dot", "elementwise", ...).
+inline const char* to_string(OpKind kind) {
+  switch (kind) {
+    case OpKind::leaf: return "leaf";
+    case OpKind::dot: return "dot";
+    case OpKind::elementwise: return "elementwise";
+    case OpKind::reduction: return "reduction";
+    case OpKind::normalization: return "normalization";
+    case OpKind::loss: return "loss";
+    case OpKind::random: return "random";
+    case OpKind::identity: return "identity";
+  }
+  return "unknown";
+}
+
+/// Description of one recorded operation, passed to a checkpoint policy when the op is recorded
+/// inside a checkpoint region. A policy returns true when the op's output may be saved as a residual.
+struct OpInfo {
+  std::string_view name;  ///< op name, e.g. "matmul"
+  OpKind kind = OpKind::elementwise;
+  std::string_view tag;   ///< name given by checkpoint_name(), empty otherwise
+  Shape shape;            ///< output shape
+  std::size_t bytes = 0;  ///< output bytes (rows * cols * sizeof(T))
+  double flops = 0;       ///< FLOP estimate of the forward computation
+};
+
+}  // namespace remat

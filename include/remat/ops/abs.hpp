@@ -1,0 +1,32 @@
+// abs: elementwise y = |x|.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct AbsOp : UnaryElementwise<AbsOp> {
+  static constexpr const char* name = "abs";
+  static constexpr unsigned needs = needs_input0;
+  static constexpr double flops_per_element = 1;
+  template <class X>
+  static auto value(const X& x, const Attributes&) {
+    return x.abs();
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+    return g * x.sign();
+  }
+};
+
+}  // namespace detail
+
+/// Elementwise y = |x|; dy/dx = sign(x), taken as 0 at x = 0 (a subgradient).
+/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+template <class T>
+Var<T> abs(const Var<T>& x) {
+  return detail::apply<detail::AbsOp>(x);
+}
+
+}  // namespace remat

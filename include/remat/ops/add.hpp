@@ -1,0 +1,41 @@
+// add: elementwise sum with broadcasting.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+#include "remat/detail/broadcast.hpp"
+
+namespace remat {
+namespace detail {
+
+struct AddOp : OpBase {
+  static constexpr const char* name = "add";
+  static constexpr OpKind kind = OpKind::elementwise;
+  static constexpr unsigned needs = needs_nothing;
+  static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    auto out = c.out();
+    broadcast_apply<T>(c.in(0), c.in(1), out, [](const auto& a, const auto& b) { return a + b; });
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    add_reduced_grad<T>(c, 0, c.grad_out());
+    add_reduced_grad<T>(c, 1, c.grad_out());
+  }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+};
+
+}  // namespace detail
+
+/// a + b elementwise. Shapes broadcast: each dimension equal or 1 (a 1×n row, an m×1 column or a 1×1
+/// scalar stretches). Gradients are summed over broadcast dimensions. Throws shape_error otherwise.
+template <class T>
+Var<T> add(const Var<T>& a, const Var<T>& b) {
+  return detail::apply<detail::AddOp>(a, b);
+}
+template <class T>
+Var<T> operator+(const Var<T>& a, const Var<T>& b) {
+  return add(a, b);
+}
+
+}  // namespace remat

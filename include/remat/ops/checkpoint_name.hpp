@@ -1,0 +1,48 @@
+// checkpoint_name: tags a value so that name-based policies can select it (like jax.ad_checkpoint.checkpoint_name).
+#pragma once
+
+#include <string>
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct CheckpointNameOp : OpBase {
+  static constexpr const char* name = "checkpoint_name";
+  static constexpr OpKind kind = OpKind::identity;
+  static constexpr unsigned needs = needs_nothing;
+  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    c.out() = c.in(0);
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (c.wants_grad(0)) c.add_grad(0, c.grad_out());
+  }
+  static double flops(const Shape*, int, const Shape&) { return 0; }
+};
+
+}  // namespace detail
+
+/// Identity that tags its output with `name` (OpInfo::tag), so save_only_these_names and
+/// save_any_names_but_these can select it. The output is a copy of x ([m,n] → [m,n]); dy/dx = 1.
+/// Throws remat::domain_error for an empty name.
+template <class T>
+Var<T> checkpoint_name(const Var<T>& x, const std::string& name) {
+  if (name.empty()) throw domain_error("checkpoint_name: the name must not be empty");
+  auto* state = x.state();
+  x.node("checkpoint_name");
+  state->tags_.push_back(name);
+  detail::Attributes a;
+  a.tag = static_cast<std::int32_t>(state->tags_.size() - 1);
+  try {
+    return detail::apply<detail::CheckpointNameOp>(a, x);
+  } catch (...) {
+    state->tags_.pop_back();
+    throw;
+  }
+}
+
+}  // namespace remat

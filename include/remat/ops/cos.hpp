@@ -1,0 +1,32 @@
+// cos: elementwise y = cos x.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct CosOp : UnaryElementwise<CosOp> {
+  static constexpr const char* name = "cos";
+  static constexpr unsigned needs = needs_input0;
+  static constexpr double flops_per_element = 10;
+  template <class X>
+  static auto value(const X& x, const Attributes&) {
+    return x.cos();
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+    return -(g * x.sin());
+  }
+};
+
+}  // namespace detail
+
+/// Elementwise y = cos x; dy/dx = −sin x.
+/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+template <class T>
+Var<T> cos(const Var<T>& x) {
+  return detail::apply<detail::CosOp>(x);
+}
+
+}  // namespace remat

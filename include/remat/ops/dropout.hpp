@@ -1,0 +1,72 @@
+// dropout: inverted dropout whose mask is regenerated from a seed and offset, never stored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+/// SplitMix64 finaliser (Steele, Lea & Flood 2014): a counter-based generator, so element k of a
+/// dropout mask is a pure function of (seed, offset + k) and replay reproduces it exactly.
+inline std::uint64_t splitmix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/// Whether element k survives: its uniform draw in [0,1) is ≥ p.
+inline bool dropout_keeps(const Attributes& a, std::uint64_t k) {
+  const std::uint64_t bits = splitmix64(a.seed ^ splitmix64(a.offset + k));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53 >= a.scalar;
+}
+
+struct DropoutOp : OpBase {
+  static constexpr const char* name = "dropout";
+  static constexpr OpKind kind = OpKind::random;
+  static constexpr unsigned needs = needs_nothing;  // the mask is regenerated from seed and offset
+  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  template <class T>
+  static void apply_mask(const Attributes& a, const T* in, T* out, Index count) {
+    const T scale = T(1) / T(1 - a.scalar);
+    for (Index k = 0; k < count; ++k)
+      out[k] = dropout_keeps(a, static_cast<std::uint64_t>(k)) ? in[k] * scale : T(0);
+  }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    apply_mask(c.attributes(), c.in(0).data(), c.out().data(), c.node.shape.size());
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (!c.wants_grad(0)) return;
+    Matrix<T> d(c.node.shape.rows, c.node.shape.cols);
+    apply_mask(c.attributes(), c.grad_out().data(), d.data(), d.size());
+    c.add_grad(0, d);
+  }
+  static double flops(const Shape*, int, const Shape& out) { return 10.0 * static_cast<double>(out.size()); }
+};
+
+}  // namespace detail
+
+/// Inverted dropout: each element is zeroed with probability p, survivors are scaled by 1/(1−p), so
+/// E[y] = x; dy/dx = mask/(1−p). The mask comes from the tape's counter-based generator (seeded by
+/// Tape(seed)); the node stores only the seed and offset, so a checkpoint replay regenerates the same
+/// mask without storing it. x: [m,n] → [m,n]. Throws remat::domain_error unless 0 ≤ p < 1.
+template <class T>
+Var<T> dropout(const Var<T>& x, double p) {
+  if (!(p >= 0 && p < 1)) throw domain_error("dropout: p must be in [0, 1), got " + std::to_string(p));
+  auto* state = x.state();
+  x.node("dropout");
+  detail::Attributes a;
+  a.scalar = p;
+  a.seed = state->seed_;
+  a.offset = state->random_offset_;
+  Var<T> y = detail::apply<detail::DropoutOp>(a, x);
+  state->next_random_offset(static_cast<std::uint64_t>(x.shape().size()));
+  return y;
+}
+
+}  // namespace remat

@@ -1,0 +1,82 @@
+// layer_norm: per-row normalisation with learned gain and bias (Ba, Kiros & Hinton 2016).
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct LayerNormOp : OpBase {
+  static constexpr const char* name = "layer_norm";
+  static constexpr OpKind kind = OpKind::normalization;
+  static constexpr unsigned needs = needs_input0 | needs_input1;  // x and gain; extra = row mean, 1/σ
+  static Shape output_shape(const Shape* in, const Attributes&) {
+    for (int k = 1; k <= 2; ++k)
+      if (in[k].rows != 1 || in[k].cols != in[0].cols)
+        throw shape_error(std::string("layer_norm: x is ") + to_string(in[0]) + " but " + (k == 1 ? "gain" : "bias") +
+                          " is " + to_string(in[k]) + "; it must be [1," + std::to_string(in[0].cols) + "]");
+    return in[0];
+  }
+  static Shape extra_shape(const Shape* in, const Attributes&) { return {in[0].rows, 2}; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    auto x = c.in(0);
+    auto y = c.out();
+    auto stats = c.extra();
+    const T eps = T(c.attributes().scalar);
+    const auto gain = c.in(1).row(0).array();
+    const auto bias = c.in(2).row(0).array();
+    for (Index i = 0; i < x.rows(); ++i) {
+      const T mu = x.row(i).mean();
+      const T var = (x.row(i).array() - mu).square().mean();
+      const T rstd = T(1) / std::sqrt(var + eps);
+      stats(i, 0) = mu;
+      stats(i, 1) = rstd;
+      y.row(i).array() = (x.row(i).array() - mu) * rstd * gain + bias;
+    }
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const auto x = c.in(0);
+    const auto g = c.grad_out();
+    const auto stats = c.extra();
+    const Index n = x.cols();
+    Matrix<T> xhat(x.rows(), n);
+    for (Index i = 0; i < x.rows(); ++i) xhat.row(i).array() = (x.row(i).array() - stats(i, 0)) * stats(i, 1);
+    if (c.wants_grad(0)) {
+      const auto gain = c.in(1).row(0).array();
+      Matrix<T> dx(x.rows(), n);
+      for (Index i = 0; i < x.rows(); ++i) {
+        const Eigen::Array<T, 1, Eigen::Dynamic> dxhat = g.row(i).array() * gain;
+        const T mean_d = dxhat.mean();
+        const T mean_dx = (dxhat * xhat.row(i).array()).mean();
+        dx.row(i).array() = stats(i, 1) * (dxhat - mean_d - xhat.row(i).array() * mean_dx);
+      }
+      c.add_grad(0, dx);
+    }
+    if (c.wants_grad(1)) c.add_grad(1, (g.array() * xhat.array()).colwise().sum());
+    if (c.wants_grad(2)) c.add_grad(2, g.colwise().sum());
+  }
+  static double flops(const Shape* in, int, const Shape&) { return 8.0 * static_cast<double>(in[0].size()); }
+};
+
+}  // namespace detail
+
+/// Layer normalisation over each row (Ba, Kiros & Hinton 2016): with μᵢ, σᵢ² the row's mean and
+/// (biased) variance and x̂ = (x − μᵢ)/√(σᵢ² + eps), y = x̂ ⊙ gain + bias.
+/// dx = (1/√(σᵢ²+eps)) (d̂ − mean(d̂) − x̂ mean(d̂ ⊙ x̂)) with d̂ = dy ⊙ gain; dgain = Σ_rows dy ⊙ x̂;
+/// dbias = Σ_rows dy. x: [m,n], gain: [1,n], bias: [1,n] → [m,n]. Keeps x, gain and the per-row
+/// (μ, 1/σ) ([m,2]) as residuals. Throws shape_error for mismatched shapes, remat::domain_error for eps ≤ 0.
+template <class T>
+Var<T> layer_norm(const Var<T>& x, const Var<T>& gain, const Var<T>& bias, double eps = 1e-5) {
+  if (!(eps > 0) || !std::isfinite(eps))
+    throw domain_error("layer_norm: eps must be positive and finite, got " + std::to_string(eps));
+  detail::Attributes a;
+  a.scalar = eps;
+  return detail::apply<detail::LayerNormOp>(a, x, gain, bias);
+}
+
+}  // namespace remat

@@ -1,0 +1,50 @@
+// linear: x·W + b with the bias added in the same pass over the output.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct LinearOp : OpBase {
+  static constexpr const char* name = "linear";
+  static constexpr OpKind kind = OpKind::dot;
+  static constexpr unsigned needs = needs_input0 | needs_input1;
+  static Shape output_shape(const Shape* in, const Attributes&) {
+    if (in[0].cols != in[1].rows)
+      throw shape_error("linear: x is " + to_string(in[0]) + " but W is " + to_string(in[1]) +
+                        "; x.cols must equal W.rows");
+    if (in[2].rows != 1 || in[2].cols != in[1].cols)
+      throw shape_error("linear: W is " + to_string(in[1]) + " but b is " + to_string(in[2]) + "; b must be [1," +
+                        std::to_string(in[1].cols) + "]");
+    return {in[0].rows, in[1].cols};
+  }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    auto out = c.out();
+    out.noalias() = c.in(0) * c.in(1);
+    out.rowwise() += c.in(2).row(0);
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (c.wants_grad(0)) c.add_grad(0, c.grad_out() * c.in(1).transpose());
+    if (c.wants_grad(1)) c.add_grad(1, c.in(0).transpose() * c.grad_out());
+    if (c.wants_grad(2)) c.add_grad(2, c.grad_out().colwise().sum());
+  }
+  static double flops(const Shape* in, int, const Shape& out) {
+    return 2.0 * static_cast<double>(in[0].rows) * static_cast<double>(in[0].cols) * static_cast<double>(out.cols) +
+           static_cast<double>(out.size());
+  }
+};
+
+}  // namespace detail
+
+/// y = x·W + b, the bias broadcast over rows. x: [m,k], W: [k,n], b: [1,n] → [m,n];
+/// dx = dy·Wᵀ, dW = xᵀ·dy, db = Σ_rows dy. Kind dot (dots_saveable saves it). 2mkn + mn FLOPs.
+/// Throws shape_error for mismatched shapes.
+template <class T>
+Var<T> linear(const Var<T>& x, const Var<T>& w, const Var<T>& b) {
+  return detail::apply<detail::LinearOp>(x, w, b);
+}
+
+}  // namespace remat

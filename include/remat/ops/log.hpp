@@ -1,0 +1,32 @@
+// log: elementwise y = ln x (NaN for x < 0 and −inf at 0, as std::log).
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct LogOp : UnaryElementwise<LogOp> {
+  static constexpr const char* name = "log";
+  static constexpr unsigned needs = needs_input0;
+  static constexpr double flops_per_element = 10;
+  template <class X>
+  static auto value(const X& x, const Attributes&) {
+    return x.log();
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+    return g / x;
+  }
+};
+
+}  // namespace detail
+
+/// Elementwise y = ln x (NaN for x < 0 and −inf at 0, as std::log); dy/dx = 1/x.
+/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+template <class T>
+Var<T> log(const Var<T>& x) {
+  return detail::apply<detail::LogOp>(x);
+}
+
+}  // namespace remat

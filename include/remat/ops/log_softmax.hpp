@@ -1,0 +1,45 @@
+// log_softmax: row-wise log of the softmax, computed stably (log-sum-exp with the row maximum).
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct LogSoftmaxOp : OpBase {
+  static constexpr const char* name = "log_softmax";
+  static constexpr OpKind kind = OpKind::normalization;
+  static constexpr unsigned needs = needs_output;
+  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    auto x = c.in(0);
+    auto y = c.out();
+    for (Index i = 0; i < x.rows(); ++i) {
+      const T m = x.row(i).maxCoeff();
+      const T lse = m + std::log((x.row(i).array() - m).exp().sum());
+      y.row(i).array() = x.row(i).array() - lse;
+    }
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (!c.wants_grad(0)) return;
+    const auto y = c.out().array();
+    const auto g = c.grad_out().array();
+    const Eigen::Array<T, Eigen::Dynamic, 1> total = g.rowwise().sum();
+    c.add_grad(0, g - y.exp().colwise() * total);
+  }
+  static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
+};
+
+}  // namespace detail
+
+/// Row-wise log-softmax: yᵢⱼ = xᵢⱼ − log Σₖ exp(xᵢₖ), evaluated as xᵢⱼ − m − log Σₖ exp(xᵢₖ − m) with
+/// m the row maximum, so it neither overflows nor underflows. dx = dy − exp(y) ⊙ Σⱼ dyⱼ per row.
+/// x: [m,n] → [m,n].
+template <class T>
+Var<T> log_softmax(const Var<T>& x) {
+  return detail::apply<detail::LogSoftmaxOp>(x);
+}
+
+}  // namespace remat

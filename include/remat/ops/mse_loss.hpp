@@ -1,0 +1,41 @@
+// mse_loss: mean squared error.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct MseLossOp : OpBase {
+  static constexpr const char* name = "mse_loss";
+  static constexpr OpKind kind = OpKind::loss;
+  static constexpr unsigned needs = needs_input0 | needs_input1;
+  static Shape output_shape(const Shape* in, const Attributes&) {
+    if (in[0] != in[1])
+      throw shape_error("mse_loss: prediction is " + to_string(in[0]) + " but target is " + to_string(in[1]) +
+                        "; they must have the same shape");
+    return {1, 1};
+  }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    c.out()(0, 0) = (c.in(0) - c.in(1)).squaredNorm() / static_cast<T>(c.in_shape(0).size());
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const T scale = T(2) * c.grad_out()(0, 0) / static_cast<T>(c.in_shape(0).size());
+    if (c.wants_grad(0)) c.add_grad(0, scale * (c.in(0) - c.in(1)));
+    if (c.wants_grad(1)) c.add_grad(1, scale * (c.in(1) - c.in(0)));
+  }
+  static double flops(const Shape* in, int, const Shape&) { return 3.0 * static_cast<double>(in[0].size()); }
+};
+
+}  // namespace detail
+
+/// L = (1/(mn)) Σᵢⱼ (predᵢⱼ − targetᵢⱼ)². pred, target: [m,n] → [1,1];
+/// dL/dpred = 2 (pred − target) / (mn) = −dL/dtarget. Throws shape_error if the shapes differ.
+template <class T>
+Var<T> mse_loss(const Var<T>& prediction, const Var<T>& target) {
+  return detail::apply<detail::MseLossOp>(prediction, target);
+}
+
+}  // namespace remat

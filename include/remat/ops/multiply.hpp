@@ -1,0 +1,48 @@
+// multiply: elementwise (Hadamard) product with broadcasting.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+#include "remat/detail/broadcast.hpp"
+
+namespace remat {
+namespace detail {
+
+struct MultiplyOp : OpBase {
+  static constexpr const char* name = "multiply";
+  static constexpr OpKind kind = OpKind::elementwise;
+  static constexpr unsigned needs = needs_input0 | needs_input1;
+  static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    auto out = c.out();
+    broadcast_apply<T>(c.in(0), c.in(1), out, [](const auto& a, const auto& b) { return a * b; });
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const auto g = c.grad_out();
+    const Shape s{g.rows(), g.cols()};
+    if (c.in_shape(0) == s && c.in_shape(1) == s) {
+      if (c.wants_grad(0)) c.add_grad(0, g.array() * c.in(1).array());
+      if (c.wants_grad(1)) c.add_grad(1, g.array() * c.in(0).array());
+      return;
+    }
+    if (c.wants_grad(0)) add_reduced_grad<T>(c, 0, Matrix<T>(g.array() * broadcast_to<T>(c.in(1), s).array()));
+    if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, Matrix<T>(g.array() * broadcast_to<T>(c.in(0), s).array()));
+  }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+};
+
+}  // namespace detail
+
+/// a ⊙ b elementwise with broadcasting as in add(); da = dy ⊙ b, db = dy ⊙ a (summed over broadcast
+/// dimensions). Throws shape_error for shapes that do not broadcast.
+template <class T>
+Var<T> multiply(const Var<T>& a, const Var<T>& b) {
+  return detail::apply<detail::MultiplyOp>(a, b);
+}
+template <class T>
+Var<T> operator*(const Var<T>& a, const Var<T>& b) {
+  return multiply(a, b);
+}
+
+}  // namespace remat

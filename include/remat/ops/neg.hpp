@@ -1,0 +1,38 @@
+// neg: elementwise y = −x.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct NegOp : UnaryElementwise<NegOp> {
+  static constexpr const char* name = "neg";
+  static constexpr unsigned needs = needs_nothing;
+  static constexpr double flops_per_element = 1;
+  template <class X>
+  static auto value(const X& x, const Attributes&) {
+    return -x;
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X&, const Y&, const G& g, const Attributes&) {
+    return -g;
+  }
+};
+
+}  // namespace detail
+
+/// Elementwise y = −x; dy/dx = −1.
+/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+template <class T>
+Var<T> neg(const Var<T>& x) {
+  return detail::apply<detail::NegOp>(x);
+}
+
+/// −x, the same as neg(x).
+template <class T>
+Var<T> operator-(const Var<T>& x) {
+  return neg(x);
+}
+
+}  // namespace remat

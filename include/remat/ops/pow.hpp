@@ -1,0 +1,39 @@
+// pow: x raised to a scalar exponent.
+#pragma once
+
+#include <cmath>
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct PowOp : UnaryElementwise<PowOp> {
+  static constexpr const char* name = "pow";
+  static constexpr unsigned needs = needs_input0;
+  static constexpr double flops_per_element = 20;
+  template <class X>
+  static auto value(const X& x, const Attributes& a) {
+    using T = typename X::Scalar;
+    return x.pow(T(a.scalar));
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X& x, const Y&, const G& g, const Attributes& a) {
+    using T = typename X::Scalar;
+    return g * T(a.scalar) * x.pow(T(a.scalar - 1));
+  }
+};
+
+}  // namespace detail
+
+/// y = x^p elementwise for a scalar exponent p (NaN where x < 0 and p is not an integer, as std::pow);
+/// dy/dx = p x^(p−1). x: [m,n] → [m,n]. Throws remat::domain_error if p is not finite.
+template <class T>
+Var<T> pow(const Var<T>& x, double p) {
+  if (!std::isfinite(p)) throw domain_error("pow: the exponent must be finite, got " + std::to_string(p));
+  detail::Attributes a;
+  a.scalar = p;
+  return detail::apply<detail::PowOp>(a, x);
+}
+
+}  // namespace remat

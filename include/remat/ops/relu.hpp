@@ -1,0 +1,34 @@
+// relu: elementwise y = max(x, 0).
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct ReluOp : UnaryElementwise<ReluOp> {
+  static constexpr const char* name = "relu";
+  static constexpr unsigned needs = needs_output;
+  static constexpr double flops_per_element = 1;
+  template <class X>
+  static auto value(const X& x, const Attributes&) {
+    using T = typename X::Scalar;
+    return x.max(T(0));
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X&, const Y& y, const G& g, const Attributes&) {
+    using T = typename X::Scalar;
+    return g * (y > T(0)).template cast<T>();
+  }
+};
+
+}  // namespace detail
+
+/// Elementwise y = max(x, 0); dy/dx = 1 where y > 0, else 0.
+/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+template <class T>
+Var<T> relu(const Var<T>& x) {
+  return detail::apply<detail::ReluOp>(x);
+}
+
+}  // namespace remat

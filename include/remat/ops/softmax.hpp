@@ -1,0 +1,43 @@
+// softmax: row-wise softmax, stabilised by subtracting the row maximum.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct SoftmaxOp : OpBase {
+  static constexpr const char* name = "softmax";
+  static constexpr OpKind kind = OpKind::normalization;
+  static constexpr unsigned needs = needs_output;
+  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    auto x = c.in(0);
+    auto y = c.out();
+    for (Index i = 0; i < x.rows(); ++i) {
+      y.row(i).array() = (x.row(i).array() - x.row(i).maxCoeff()).exp();
+      y.row(i) /= y.row(i).sum();
+    }
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (!c.wants_grad(0)) return;
+    const auto y = c.out().array();
+    const auto g = c.grad_out().array();
+    const Eigen::Array<T, Eigen::Dynamic, 1> dot = (g * y).rowwise().sum();
+    c.add_grad(0, y * (g.colwise() - dot));
+  }
+  static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
+};
+
+}  // namespace detail
+
+/// Row-wise softmax: yᵢⱼ = exp(xᵢⱼ − maxⱼ xᵢ) / Σₖ exp(xᵢₖ − maxⱼ xᵢ).
+/// dx = y ⊙ (dy − Σⱼ dyⱼ yⱼ) per row. x: [m,n] → [m,n].
+template <class T>
+Var<T> softmax(const Var<T>& x) {
+  return detail::apply<detail::SoftmaxOp>(x);
+}
+
+}  // namespace remat

@@ -1,0 +1,34 @@
+// softplus: elementwise y = ln(1 + eˣ), evaluated as max(x, 0) + ln(1 + e^(−|x|)) so that it never overflows.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct SoftplusOp : UnaryElementwise<SoftplusOp> {
+  static constexpr const char* name = "softplus";
+  static constexpr unsigned needs = needs_input0;
+  static constexpr double flops_per_element = 20;
+  template <class X>
+  static auto value(const X& x, const Attributes&) {
+    using T = typename X::Scalar;
+    return x.max(T(0)) + (-x.abs()).exp().log1p();
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+    using T = typename X::Scalar;
+    return g * (T(1) + (-x).exp()).inverse();
+  }
+};
+
+}  // namespace detail
+
+/// Elementwise y = ln(1 + eˣ), evaluated as max(x, 0) + ln(1 + e^(−|x|)) so that it never overflows; dy/dx = sigmoid(x).
+/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+template <class T>
+Var<T> softplus(const Var<T>& x) {
+  return detail::apply<detail::SoftplusOp>(x);
+}
+
+}  // namespace remat

@@ -1,0 +1,33 @@
+// square: elementwise y = x².
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct SquareOp : UnaryElementwise<SquareOp> {
+  static constexpr const char* name = "square";
+  static constexpr unsigned needs = needs_input0;
+  static constexpr double flops_per_element = 1;
+  template <class X>
+  static auto value(const X& x, const Attributes&) {
+    return x.square();
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+    using T = typename X::Scalar;
+    return T(2) * g * x;
+  }
+};
+
+}  // namespace detail
+
+/// Elementwise y = x²; dy/dx = 2x.
+/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+template <class T>
+Var<T> square(const Var<T>& x) {
+  return detail::apply<detail::SquareOp>(x);
+}
+
+}  // namespace remat

@@ -1,0 +1,41 @@
+// subtract: elementwise difference with broadcasting.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+#include "remat/detail/broadcast.hpp"
+
+namespace remat {
+namespace detail {
+
+struct SubtractOp : OpBase {
+  static constexpr const char* name = "subtract";
+  static constexpr OpKind kind = OpKind::elementwise;
+  static constexpr unsigned needs = needs_nothing;
+  static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    auto out = c.out();
+    broadcast_apply<T>(c.in(0), c.in(1), out, [](const auto& a, const auto& b) { return a - b; });
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    add_reduced_grad<T>(c, 0, c.grad_out());
+    if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, Matrix<T>(-c.grad_out()));
+  }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+};
+
+}  // namespace detail
+
+/// a − b elementwise with broadcasting as in add(); da = dy, db = −dy (summed over broadcast
+/// dimensions). Throws shape_error for shapes that do not broadcast.
+template <class T>
+Var<T> subtract(const Var<T>& a, const Var<T>& b) {
+  return detail::apply<detail::SubtractOp>(a, b);
+}
+template <class T>
+Var<T> operator-(const Var<T>& a, const Var<T>& b) {
+  return subtract(a, b);
+}
+
+}  // namespace remat

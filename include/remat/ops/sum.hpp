@@ -1,0 +1,34 @@
+// sum: the sum of all elements.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct SumOp : OpBase {
+  static constexpr const char* name = "sum";
+  static constexpr OpKind kind = OpKind::reduction;
+  static constexpr unsigned needs = needs_nothing;
+  static Shape output_shape(const Shape*, const Attributes&) { return {1, 1}; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    c.out()(0, 0) = c.in(0).sum();
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const Shape s = c.in_shape(0);
+    if (c.wants_grad(0)) c.add_grad(0, Matrix<T>::Constant(s.rows, s.cols, c.grad_out()(0, 0)));
+  }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
+};
+
+}  // namespace detail
+
+/// y = Σᵢⱼ xᵢⱼ. x: [m,n] → [1,1]; dy/dx = 1 everywhere.
+template <class T>
+Var<T> sum(const Var<T>& x) {
+  return detail::apply<detail::SumOp>(x);
+}
+
+}  // namespace remat

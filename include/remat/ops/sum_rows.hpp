@@ -1,0 +1,34 @@
+// sum_rows: the sum of each row.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct SumRowsOp : OpBase {
+  static constexpr const char* name = "sum_rows";
+  static constexpr OpKind kind = OpKind::reduction;
+  static constexpr unsigned needs = needs_nothing;
+  static Shape output_shape(const Shape* in, const Attributes&) { return {in[0].rows, 1}; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    c.out().noalias() = c.in(0).rowwise().sum();
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (c.wants_grad(0)) c.add_grad(0, c.grad_out().replicate(1, c.in_shape(0).cols));
+  }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
+};
+
+}  // namespace detail
+
+/// Row sums: yᵢ = Σⱼ xᵢⱼ (one value per sample of a batch). x: [m,n] → [m,1]; dy/dx broadcasts the
+/// row's gradient over its n columns.
+template <class T>
+Var<T> sum_rows(const Var<T>& x) {
+  return detail::apply<detail::SumRowsOp>(x);
+}
+
+}  // namespace remat

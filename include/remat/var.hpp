@@ -1,0 +1,122 @@
+// Var<T>: a handle to a value recorded on a tape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "remat/detail/tape_state.hpp"
+
+namespace remat {
+
+template <class T>
+class Tape;
+
+/// Handle to one value on a tape (a leaf or an op's output). Copying a Var is cheap (two counter
+/// increments). While any handle to a value exists the tape keeps the value; once the last handle is
+/// gone the tape keeps it only if a pending backward needs it. A Var may outlive its Tape; using it
+/// afterwards (or after Tape::clear()) throws remat::tape_error.
+template <class T>
+class Var {
+ public:
+  Var() = default;
+  Var(const Var& other) : state_(other.state_), id_(other.id_), generation_(other.generation_) { acquire(); }
+  Var(Var&& other) noexcept : state_(other.state_), id_(other.id_), generation_(other.generation_) {
+    other.state_ = nullptr;
+  }
+  Var& operator=(Var other) noexcept {
+    swap(other);
+    return *this;
+  }
+  ~Var() { release(); }
+
+  void swap(Var& other) noexcept {
+    std::swap(state_, other.state_);
+    std::swap(id_, other.id_);
+    std::swap(generation_, other.generation_);
+  }
+
+  /// True when the handle refers to a value on a tape that has not been cleared since.
+  bool valid() const { return state_ && state_->generation_ == generation_; }
+
+  /// The value, [rows, cols]. Throws tape_error for an empty or stale handle.
+  MatrixView<T> value() const {
+    const auto& n = node("value");
+    return MatrixView<T>(n.value, n.shape.rows, n.shape.cols);
+  }
+
+  /// The value of a [1,1] Var as a scalar. Throws shape_error otherwise.
+  T item() const {
+    const auto& n = node("item");
+    if (n.shape.rows != 1 || n.shape.cols != 1)
+      throw shape_error("item: the value is " + to_string(n.shape) + ", not [1,1]");
+    return n.value[0];
+  }
+
+  /// d loss / d this, same shape as the value, after Tape::backward(). Kept for variables only (zeros
+  /// if the loss does not depend on the variable). Throws tape_error for a constant or an interior
+  /// value; use Tape::gradient() for those.
+  MatrixView<T> grad() const {
+    auto& n = const_cast<detail::Node<T>&>(node("grad"));
+    if (!n.keep_grad)
+      throw tape_error("grad: node #" + std::to_string(id_) + " (" + state_->node_name(id_) +
+                       ") keeps no gradient; only variables do (use tape.gradient(loss, {v}) for other values)");
+    if (!n.grad) {
+      n.grad = state_->allocate(n.shape);
+      std::fill(n.grad, n.grad + n.shape.size(), T(0));
+    }
+    return MatrixView<T>(n.grad, n.shape.rows, n.shape.cols);
+  }
+
+  Shape shape() const { return node("shape").shape; }
+  Index rows() const { return shape().rows; }
+  Index cols() const { return shape().cols; }
+  /// True for a variable (a leaf that receives a gradient).
+  bool is_variable() const { return node("is_variable").is_variable; }
+  /// True when the value depends on a variable.
+  bool requires_grad() const { return node("requires_grad").requires_grad; }
+
+  // Internal access for ops and the tape.
+  detail::TapeState<T>* state() const { return state_; }
+  std::int32_t id() const { return id_; }
+
+  /// Throws tape_error unless the handle is valid; `op` names the caller in the message.
+  const detail::Node<T>& node(const char* op) const {
+    if (!state_) throw tape_error(std::string(op) + ": empty Var (default-constructed or moved from)");
+    if (state_->generation_ != generation_)
+      throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");
+    const auto& n = state_->nodes_[static_cast<std::size_t>(id_)];
+    if (!n.value)
+      throw freed_value_error(std::string(op) + ": the value of node #" + std::to_string(id_) + " was freed");
+    return n;
+  }
+
+  /// Adopts a node whose handle count already includes this handle (used right after recording).
+  static Var adopt(detail::TapeState<T>* state, std::int32_t id) {
+    Var v;
+    v.state_ = state;
+    v.id_ = id;
+    v.generation_ = state->generation_;
+    state->add_ref();
+    return v;
+  }
+
+ private:
+  void acquire() {
+    if (!state_) return;
+    state_->add_ref();
+    if (state_->generation_ == generation_) state_->acquire_handle(id_);
+  }
+  void release() {
+    if (!state_) return;
+    if (state_->generation_ == generation_) state_->release_handle(id_);
+    state_->drop_ref();
+    state_ = nullptr;
+  }
+
+  detail::TapeState<T>* state_ = nullptr;
+  std::int32_t id_ = -1;
+  std::uint32_t generation_ = 0;
+};
+
+}  // namespace remat

@@ -1,0 +1,17 @@
+# Script mode: configure remat alone, install it to a prefix, then build and run the consumer.
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "failed (${result}): ${ARGN}\n${out}\n${err}")
+  endif()
+endfunction()
+run(${CMAKE_COMMAND_PATH} -S ${SOURCE_DIR} -B ${WORK_DIR}/remat-build -DREMAT_BUILD_TESTS=OFF
+    -DREMAT_BUILD_EXAMPLES=OFF -DREMAT_BUILD_BENCHMARKS=OFF -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND_PATH} --install ${WORK_DIR}/remat-build)
+run(${CMAKE_COMMAND_PATH} -S ${SOURCE_DIR}/examples/cmake-consumer -B ${WORK_DIR}/consumer-build
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND_PATH} --build ${WORK_DIR}/consumer-build)
+run(${WORK_DIR}/consumer-build/consumer)
+message(STATUS "consumer built against ${WORK_DIR}/prefix and ran")
