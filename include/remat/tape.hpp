@@ -64,7 +64,8 @@ class Tape {
 
   /// d loss / d v for each v in `wrt` (any Vars on this tape, variables or interior values), computed by
   /// one sweep that skips work not leading to them. Returns matrices of the shapes of `wrt`. Frees
-  /// residuals unless `retain_graph`; throws as backward() does.
+  /// residuals unless `retain_graph`; throws as backward() does, and tape_error for a `wrt` value that
+  /// depends on no variable.
   std::vector<Matrix<T>> gradient(const Var<T>& loss, std::initializer_list<Var<T>> wrt, bool retain_graph = false) {
     return gradient(loss, std::vector<Var<T>>(wrt), retain_graph);
   }
@@ -74,6 +75,11 @@ class Tape {
     std::vector<std::uint8_t> target(nodes.size(), 0), mask(nodes.size(), 0);
     for (const Var<T>& v : wrt) {
       check_own("gradient", v);
+      // Ops on constants-only values keep no residuals, so their backward could not run.
+      if (!v.requires_grad())
+        throw tape_error("gradient: node #" + std::to_string(v.id()) + " (" + state_->node_name(v.id()) + " " +
+                         to_string(v.shape()) +
+                         ") does not depend on any variable; record it with tape.variable() to differentiate by it");
       target[static_cast<std::size_t>(v.id())] = 1;
     }
     for (std::size_t i = 0; i < nodes.size(); ++i) {
