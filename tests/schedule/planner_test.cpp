@@ -1,0 +1,150 @@
+// plan_schedule(): oracle values of issue 6, and a comparison with an exhaustive search over all
+// schedules (chain_oracle.hpp) on a few hundred random chains.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "chain_oracle.hpp"
+#include "remat/schedule/planner.hpp"
+
+namespace {
+
+remat::Chain uniform_chain(int L, double uf, double ub, std::int64_t wx, std::int64_t wa) {
+  remat::Chain c;
+  c.forward_time.assign(static_cast<std::size_t>(L), uf);
+  c.backward_time.assign(static_cast<std::size_t>(L), ub);
+  c.activation_size.assign(static_cast<std::size_t>(L + 1), wx);
+  c.tape_size.assign(static_cast<std::size_t>(L), wa);
+  return c;
+}
+
+/// Plans, checks the schedule in the independent simulator, and returns its time (+∞ if infeasible).
+double planned_time(const remat::Chain& c, std::int64_t budget) {
+  const remat::Schedule s = remat::plan_schedule(c, budget);
+  if (!s.feasible) return std::numeric_limits<double>::infinity();
+  const auto sim = remat_test::simulate(c, s.operations);
+  EXPECT_TRUE(sim.valid) << sim.error;
+  EXPECT_EQ(sim.time, s.time);
+  EXPECT_LE(sim.peak, budget);
+  return s.time;
+}
+
+// Issue 6: L = 6, uf = 1, ub = 2, wx = 1, wa = 2: 33, 25, 23, 21, 21, 20, 20, 19, 19, 18 for M = 6…15.
+TEST(Planner, UniformChainOracleTapeTwiceActivation) {
+  const auto c = uniform_chain(6, 1, 2, 1, 2);
+  const double expected[] = {33, 25, 23, 21, 21, 20, 20, 19, 19, 18};
+  for (int M = 6; M <= 15; ++M) {
+    EXPECT_EQ(remat_test::brute_force_optimum(c, M), expected[M - 6]) << "brute force, M = " << M;
+    EXPECT_EQ(planned_time(c, M), expected[M - 6]) << "planner, M = " << M;
+  }
+  for (int M = 0; M <= 5; ++M) {
+    EXPECT_FALSE(remat::plan_schedule(c, M).feasible) << M;
+    EXPECT_EQ(remat_test::brute_force_optimum(c, M), std::numeric_limits<double>::infinity()) << M;
+  }
+}
+
+// Issue 6: the same chain with wa = 1: 28, 21, 20, 19, 18 for M = 5…9.
+TEST(Planner, UniformChainOracleTapeEqualsActivation) {
+  const auto c = uniform_chain(6, 1, 2, 1, 1);
+  const double expected[] = {28, 21, 20, 19, 18};
+  for (int M = 5; M <= 9; ++M) {
+    EXPECT_EQ(remat_test::brute_force_optimum(c, M), expected[M - 5]) << "brute force, M = " << M;
+    EXPECT_EQ(planned_time(c, M), expected[M - 5]) << "planner, M = " << M;
+  }
+  EXPECT_FALSE(remat::plan_schedule(c, 4).feasible);
+}
+
+TEST(Planner, SequentialScheduleSimulatesAsExpected) {
+  // One segment = store everything: L forwards + L backwards; L segments of one layer: each layer twice.
+  const auto c = uniform_chain(6, 1, 2, 1, 2);
+  const auto all = remat_test::simulate(c, remat_test::sequential_operations(6, 1));
+  ASSERT_TRUE(all.valid) << all.error;
+  EXPECT_EQ(all.time, 18);
+  EXPECT_EQ(all.peak, 15);
+  const auto each = remat_test::simulate(c, remat_test::sequential_operations(6, 6));
+  ASSERT_TRUE(each.valid) << each.error;
+  EXPECT_EQ(each.time, 6 + 5 + 12);
+}
+
+TEST(Planner, RejectsInconsistentChains) {
+  auto c = uniform_chain(3, 1, 2, 2, 1);  // tape smaller than its output
+  EXPECT_THROW(remat::plan_schedule(c, 100), remat::domain_error);
+  c = uniform_chain(3, 1, 2, 1, 1);
+  c.activation_size.pop_back();
+  EXPECT_THROW(remat::plan_schedule(c, 100), remat::domain_error);
+}
+
+/// Every budget from the least feasible one to "store everything".
+void budgets(const remat::Chain& c, std::int64_t& low, std::int64_t& high) {
+  high = 0;
+  for (auto v : c.activation_size) high += v;
+  for (auto v : c.tape_size) high += v;
+  low = 0;
+  while (remat_test::brute_force_optimum(c, low) == std::numeric_limits<double>::infinity()) ++low;
+}
+
+TEST(Planner, MatchesExhaustiveSearchOnUniformChains) {
+  int cases = 0;
+  for (int L = 1; L <= 7; ++L)
+    for (int uf = 1; uf <= 3; ++uf)
+      for (int wa = 1; wa <= 3; ++wa) {
+        const auto c = uniform_chain(L, uf, 2 * uf, 1, wa);
+        std::int64_t low, high;
+        budgets(c, low, high);
+        for (std::int64_t M = low; M <= high; ++M, ++cases)
+          ASSERT_EQ(planned_time(c, M), remat_test::brute_force_optimum(c, M))
+              << "L=" << L << " uf=" << uf << " wa=" << wa << " M=" << M;
+      }
+  std::printf("uniform chains: %d (chain, budget) cases, all optimal\n", cases);
+}
+
+TEST(Planner, NearOptimalOnRandomHeterogeneousChains) {
+  std::mt19937 rng(20261130);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int cases = 0, matched = 0;
+  double worst_gap = 0;
+  int sequential_checks = 0;
+  for (int chain = 0; chain < 300; ++chain) {
+    const int L = uniform(2, 7);
+    remat::Chain c;
+    for (int i = 0; i < L; ++i) {
+      c.forward_time.push_back(uniform(1, 10));
+      c.backward_time.push_back(uniform(1, 20));
+    }
+    for (int i = 0; i <= L; ++i) c.activation_size.push_back(uniform(1, 6));
+    for (int i = 1; i <= L; ++i) c.tape_size.push_back(c.activation_size[static_cast<std::size_t>(i)] + uniform(0, 6));
+    std::int64_t low, high;
+    budgets(c, low, high);
+    // A few budgets per chain, from the tightest to the loosest.
+    for (int k = 0; k < 4; ++k) {
+      const std::int64_t M = low + (high - low) * k / 3;
+      const double optimum = remat_test::brute_force_optimum(c, M);
+      const double planned = planned_time(c, M);
+      ASSERT_GE(planned, optimum) << "the exhaustive search must be a lower bound";
+      ++cases;
+      if (planned == optimum) ++matched;
+      if (planned != std::numeric_limits<double>::infinity())
+        worst_gap = std::max(worst_gap, (planned - optimum) / optimum);
+      else
+        worst_gap = std::numeric_limits<double>::infinity();
+    }
+    // Never worse than checkpoint_sequential with any segment count, at that schedule's own peak.
+    for (int segments = 1; segments <= L; ++segments) {
+      const auto seq = remat_test::simulate(c, remat_test::sequential_operations(L, segments));
+      ASSERT_TRUE(seq.valid) << seq.error;
+      EXPECT_LE(planned_time(c, seq.peak), seq.time) << "chain " << chain << " segments " << segments;
+      ++sequential_checks;
+    }
+  }
+  const double fraction = static_cast<double>(matched) / cases;
+  std::printf(
+      "heterogeneous chains: %d cases, planner optimal in %d (%.2f%%), worst gap %.2f%% of total time; "
+      "%d checkpoint_sequential comparisons\n",
+      cases, matched, 100 * fraction, 100 * worst_gap, sequential_checks);
+  EXPECT_GE(fraction, 0.98);
+  EXPECT_LT(worst_gap, 0.10);
+}
+
+}  // namespace
