@@ -1,0 +1,458 @@
+// THE op list (DESIGN.md §4): one entry per public op and per operator or scalar-constant form, with
+// the input shapes to test (broadcasting forms are shape sets of the entry), the input domains, and an
+// independent reference forward in double. Gradchecks, value checks, checkpoint-equality tests and
+// benchmarks iterate over it; a new op needs one entry here.
+//
+//   for (const remat_test::OpCase& op : remat_test::op_list())
+//     for (const remat_test::ShapeSet& shapes : op.shape_sets) {
+//       remat::Tape<float> tape;
+//       std::vector<remat::Var<float>> in;
+//       for (auto& m : remat_test::make_inputs<float>(op, shapes, seed)) in.push_back(tape.variable(m));
+//       remat::Var<float> loss = remat_test::scalar_loss(tape, op.build(in), seed);
+//       ...
+//     }
+//
+// or, for a parameterized gtest, INSTANTIATE_TEST_SUITE_P(..., ::testing::ValuesIn(op_instances()),
+// op_instance_name).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "random.hpp"
+#include "remat/remat.hpp"
+
+namespace remat_test {
+
+using remat::Index;
+using remat::Matrix;
+using remat::Shape;
+
+/// The shapes of an op's inputs, one per input.
+using ShapeSet = std::vector<Shape>;
+
+template <class T>
+using Inputs = std::vector<remat::Var<T>>;
+
+/// Builds the op from its input Vars (all on one tape).
+template <class T>
+using BuildFunction = std::function<remat::Var<T>(const Inputs<T>&)>;
+
+/// Independent forward computation in double (plain loops and std:: functions), from the input values.
+using ReferenceFunction = std::function<Matrix<double>(const std::vector<Matrix<double>>&)>;
+
+/// One op (or one public form of an op) under test.
+struct OpCase {
+  std::string name;  ///< unique, letters, digits and '_' only (used in gtest names)
+  int arity = 1;     ///< number of Var inputs
+  BuildFunction<float> build_float;
+  BuildFunction<double> build_double;
+  std::vector<ShapeSet> shape_sets;  ///< input shapes to test, including 1×1 and non-square
+  std::vector<Domain> domains;       ///< input value domains, one per input
+  ReferenceFunction reference;       ///< empty only where a dedicated test checks the value (dropout)
+
+  template <class T>
+  remat::Var<T> build(const Inputs<T>& in) const {
+    if constexpr (std::is_same_v<T, float>)
+      return build_float(in);
+    else
+      return build_double(in);
+  }
+};
+
+/// Class labels for cross_entropy, a fixed function of the logits' shape: label i = (3i + 1) mod cols.
+inline std::vector<int> test_labels(Index rows, Index cols) {
+  std::vector<int> labels(static_cast<std::size_t>(rows));
+  for (Index i = 0; i < rows; ++i) labels[static_cast<std::size_t>(i)] = static_cast<int>((3 * i + 1) % cols);
+  return labels;
+}
+
+/// The layer_norm eps the list uses.
+inline constexpr double test_layer_norm_eps = 1e-5;
+
+namespace reference {
+
+template <class F>
+Matrix<double> map(const Matrix<double>& x, F f) {
+  Matrix<double> y(x.rows(), x.cols());
+  for (Index i = 0; i < x.rows(); ++i)
+    for (Index j = 0; j < x.cols(); ++j) y(i, j) = f(x(i, j));
+  return y;
+}
+
+/// Element (i, j) of `a` broadcast: a dimension of 1 repeats.
+inline double at(const Matrix<double>& a, Index i, Index j) {
+  return a(a.rows() == 1 ? 0 : i, a.cols() == 1 ? 0 : j);
+}
+
+template <class F>
+Matrix<double> zip(const Matrix<double>& a, const Matrix<double>& b, F f) {
+  Matrix<double> y(std::max(a.rows(), b.rows()), std::max(a.cols(), b.cols()));
+  for (Index i = 0; i < y.rows(); ++i)
+    for (Index j = 0; j < y.cols(); ++j) y(i, j) = f(at(a, i, j), at(b, i, j));
+  return y;
+}
+
+inline Matrix<double> scalar(double v) {
+  return Matrix<double>::Constant(1, 1, v);
+}
+
+inline Matrix<double> matmul(const Matrix<double>& a, const Matrix<double>& b) {
+  Matrix<double> c(a.rows(), b.cols());
+  for (Index i = 0; i < a.rows(); ++i)
+    for (Index j = 0; j < b.cols(); ++j) {
+      double s = 0;
+      for (Index k = 0; k < a.cols(); ++k) s += a(i, k) * b(k, j);
+      c(i, j) = s;
+    }
+  return c;
+}
+
+inline double log_sum_exp_row(const Matrix<double>& x, Index i) {
+  double s = 0;
+  for (Index j = 0; j < x.cols(); ++j) s += std::exp(x(i, j));
+  return std::log(s);
+}
+
+inline Matrix<double> log_softmax(const Matrix<double>& x) {
+  Matrix<double> y(x.rows(), x.cols());
+  for (Index i = 0; i < x.rows(); ++i) {
+    const double lse = log_sum_exp_row(x, i);
+    for (Index j = 0; j < x.cols(); ++j) y(i, j) = x(i, j) - lse;
+  }
+  return y;
+}
+
+inline Matrix<double> softmax(const Matrix<double>& x) {
+  Matrix<double> y(x.rows(), x.cols());
+  for (Index i = 0; i < x.rows(); ++i) {
+    double s = 0;
+    for (Index j = 0; j < x.cols(); ++j) s += std::exp(x(i, j));
+    for (Index j = 0; j < x.cols(); ++j) y(i, j) = std::exp(x(i, j)) / s;
+  }
+  return y;
+}
+
+inline Matrix<double> cross_entropy(const Matrix<double>& x, const std::vector<int>& labels) {
+  double total = 0;
+  for (Index i = 0; i < x.rows(); ++i) total += log_sum_exp_row(x, i) - x(i, labels[static_cast<std::size_t>(i)]);
+  return scalar(total / static_cast<double>(x.rows()));
+}
+
+inline Matrix<double> layer_norm(const Matrix<double>& x, const Matrix<double>& gain, const Matrix<double>& bias,
+                                 double eps) {
+  Matrix<double> y(x.rows(), x.cols());
+  const auto n = static_cast<double>(x.cols());
+  for (Index i = 0; i < x.rows(); ++i) {
+    double mu = 0, var = 0;
+    for (Index j = 0; j < x.cols(); ++j) mu += x(i, j);
+    mu /= n;
+    for (Index j = 0; j < x.cols(); ++j) var += (x(i, j) - mu) * (x(i, j) - mu);
+    var /= n;
+    for (Index j = 0; j < x.cols(); ++j) y(i, j) = (x(i, j) - mu) / std::sqrt(var + eps) * gain(0, j) + bias(0, j);
+  }
+  return y;
+}
+
+inline double gelu(double x) {
+  const double pi = std::acos(-1.0);
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / pi) * (x + 0.044715 * x * x * x)));
+}
+
+}  // namespace reference
+
+namespace detail {
+
+template <class Builder>
+OpCase make_op(std::string name, int arity, Builder builder, std::vector<ShapeSet> shape_sets,
+               std::vector<Domain> domains, ReferenceFunction reference) {
+  OpCase op;
+  op.name = std::move(name);
+  op.arity = arity;
+  op.build_float = [builder](const Inputs<float>& in) { return builder(in); };
+  op.build_double = [builder](const Inputs<double>& in) { return builder(in); };
+  op.shape_sets = std::move(shape_sets);
+  if (domains.size() == 1 && arity > 1) domains.resize(static_cast<std::size_t>(arity), domains[0]);
+  op.domains = std::move(domains);
+  op.reference = std::move(reference);
+  return op;
+}
+
+inline std::vector<ShapeSet> unary_shapes() {
+  return {{{1, 1}}, {{3, 4}}, {{5, 2}}, {{1, 6}}};
+}
+
+/// Same-shape and every broadcasting form: 1×n row, m×1 column, 1×1 scalar, on either side, and the
+/// outer form (m×1 with 1×n).
+inline std::vector<ShapeSet> binary_shapes() {
+  return {{{1, 1}, {1, 1}}, {{3, 4}, {3, 4}},   // same shape
+          {{3, 4}, {1, 4}}, {{1, 4}, {3, 4}},   // row
+          {{3, 4}, {3, 1}}, {{3, 1}, {3, 4}},   // column
+          {{3, 4}, {1, 1}}, {{1, 1}, {3, 4}},   // scalar
+          {{3, 1}, {1, 4}}, {{1, 4}, {3, 1}}};  // outer
+}
+
+}  // namespace detail
+
+/// Every op and form. Built once; entries are never removed, only added.
+inline const std::vector<OpCase>& op_list() {
+  using detail::make_op;
+  namespace ref = reference;
+  using M = Matrix<double>;
+  using V = std::vector<M>;
+  static const std::vector<OpCase> list = [] {
+    const auto unary = detail::unary_shapes();
+    const auto binary = detail::binary_shapes();
+    std::vector<OpCase> l;
+    // ---- dot ----
+    l.push_back(make_op(
+        "matmul", 2, [](const auto& v) { return remat::matmul(v[0], v[1]); },
+        {{{1, 1}, {1, 1}}, {{3, 4}, {4, 2}}, {{1, 5}, {5, 1}}, {{4, 1}, {1, 3}}, {{2, 3}, {3, 3}}}, {anywhere},
+        [](const V& x) { return ref::matmul(x[0], x[1]); }));
+    l.push_back(make_op(
+        "linear", 3, [](const auto& v) { return remat::linear(v[0], v[1], v[2]); },
+        {{{1, 1}, {1, 1}, {1, 1}}, {{3, 4}, {4, 2}, {1, 2}}, {{1, 3}, {3, 5}, {1, 5}}}, {anywhere},
+        [](const V& x) { return ref::zip(ref::matmul(x[0], x[1]), x[2], [](double a, double b) { return a + b; }); }));
+    // ---- elementwise binary, function and operator forms ----
+    const auto plus = [](double a, double b) { return a + b; };
+    const auto minus = [](double a, double b) { return a - b; };
+    const auto times = [](double a, double b) { return a * b; };
+    const auto over = [](double a, double b) { return a / b; };
+    const Domain denominator = away_from_zero;
+    l.push_back(make_op(
+        "add", 2, [](const auto& v) { return remat::add(v[0], v[1]); }, binary, {anywhere},
+        [plus](const V& x) { return ref::zip(x[0], x[1], plus); }));
+    l.push_back(make_op(
+        "operator_plus", 2, [](const auto& v) { return v[0] + v[1]; }, binary, {anywhere},
+        [plus](const V& x) { return ref::zip(x[0], x[1], plus); }));
+    l.push_back(make_op(
+        "subtract", 2, [](const auto& v) { return remat::subtract(v[0], v[1]); }, binary, {anywhere},
+        [minus](const V& x) { return ref::zip(x[0], x[1], minus); }));
+    l.push_back(make_op(
+        "operator_minus", 2, [](const auto& v) { return v[0] - v[1]; }, binary, {anywhere},
+        [minus](const V& x) { return ref::zip(x[0], x[1], minus); }));
+    l.push_back(make_op(
+        "multiply", 2, [](const auto& v) { return remat::multiply(v[0], v[1]); }, binary, {anywhere},
+        [times](const V& x) { return ref::zip(x[0], x[1], times); }));
+    l.push_back(make_op(
+        "operator_times", 2, [](const auto& v) { return v[0] * v[1]; }, binary, {anywhere},
+        [times](const V& x) { return ref::zip(x[0], x[1], times); }));
+    l.push_back(make_op(
+        "divide", 2, [](const auto& v) { return remat::divide(v[0], v[1]); }, binary, {anywhere, denominator},
+        [over](const V& x) { return ref::zip(x[0], x[1], over); }));
+    l.push_back(make_op(
+        "operator_divide", 2, [](const auto& v) { return v[0] / v[1]; }, binary, {anywhere, denominator},
+        [over](const V& x) { return ref::zip(x[0], x[1], over); }));
+    // ---- scalar-constant forms (affine and scalar_divide) ----
+    l.push_back(make_op(
+        "var_plus_scalar", 1, [](const auto& v) { return v[0] + 1.5; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return a + 1.5; }); }));
+    l.push_back(make_op(
+        "scalar_plus_var", 1, [](const auto& v) { return 1.5 + v[0]; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return 1.5 + a; }); }));
+    l.push_back(make_op(
+        "var_minus_scalar", 1, [](const auto& v) { return v[0] - 0.75; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return a - 0.75; }); }));
+    l.push_back(make_op(
+        "scalar_minus_var", 1, [](const auto& v) { return 0.75 - v[0]; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return 0.75 - a; }); }));
+    l.push_back(make_op(
+        "var_times_scalar", 1, [](const auto& v) { return v[0] * -1.25; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return a * -1.25; }); }));
+    l.push_back(make_op(
+        "scalar_times_var", 1, [](const auto& v) { return 2.5 * v[0]; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return 2.5 * a; }); }));
+    l.push_back(make_op(
+        "var_times_integer", 1, [](const auto& v) { return v[0] * 3; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return a * 3; }); }));
+    l.push_back(make_op(
+        "var_over_scalar", 1, [](const auto& v) { return v[0] / 1.75; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return a / 1.75; }); }));
+    l.push_back(make_op(
+        "scalar_over_var", 1, [](const auto& v) { return 1.25 / v[0]; }, unary, {away_from_zero},
+        [](const V& x) { return ref::map(x[0], [](double a) { return 1.25 / a; }); }));
+    l.push_back(make_op(
+        "affine", 1, [](const auto& v) { return remat::affine(v[0], 0.5, -0.25); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return 0.5 * a - 0.25; }); }));
+    // ---- elementwise unary ----
+    l.push_back(make_op(
+        "neg", 1, [](const auto& v) { return remat::neg(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return -a; }); }));
+    l.push_back(make_op(
+        "operator_negate", 1, [](const auto& v) { return -v[0]; }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return -a; }); }));
+    l.push_back(make_op(
+        "exp", 1, [](const auto& v) { return remat::exp(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::exp(a); }); }));
+    l.push_back(make_op(
+        "log", 1, [](const auto& v) { return remat::log(v[0]); }, unary, {positive},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::log(a); }); }));
+    l.push_back(make_op(
+        "sin", 1, [](const auto& v) { return remat::sin(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::sin(a); }); }));
+    l.push_back(make_op(
+        "cos", 1, [](const auto& v) { return remat::cos(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::cos(a); }); }));
+    l.push_back(make_op(
+        "abs", 1, [](const auto& v) { return remat::abs(v[0]); }, unary, {away_from_zero},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::abs(a); }); }));
+    l.push_back(make_op(
+        "pow_fractional", 1, [](const auto& v) { return remat::pow(v[0], 2.5); }, unary, {positive},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::pow(a, 2.5); }); }));
+    l.push_back(make_op(
+        "pow_negative", 1, [](const auto& v) { return remat::pow(v[0], -1.5); }, unary, {positive},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::pow(a, -1.5); }); }));
+    l.push_back(make_op(
+        "pow_integer", 1, [](const auto& v) { return remat::pow(v[0], 3.0); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return a * a * a; }); }));
+    l.push_back(make_op(
+        "tanh", 1, [](const auto& v) { return remat::tanh(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::tanh(a); }); }));
+    l.push_back(make_op(
+        "sigmoid", 1, [](const auto& v) { return remat::sigmoid(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return 1 / (1 + std::exp(-a)); }); }));
+    l.push_back(make_op(
+        "relu", 1, [](const auto& v) { return remat::relu(v[0]); }, unary, {away_from_zero},
+        [](const V& x) { return ref::map(x[0], [](double a) { return a > 0 ? a : 0.0; }); }));
+    l.push_back(make_op(
+        "gelu", 1, [](const auto& v) { return remat::gelu(v[0]); }, unary, {Domain{-3, 3, 0}},
+        [](const V& x) { return ref::map(x[0], ref::gelu); }));
+    l.push_back(make_op(
+        "softplus", 1, [](const auto& v) { return remat::softplus(v[0]); }, unary, {Domain{-3, 3, 0}},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::log1p(std::exp(a)); }); }));
+    l.push_back(make_op(
+        "square", 1, [](const auto& v) { return remat::square(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::map(x[0], [](double a) { return a * a; }); }));
+    l.push_back(make_op(
+        "sqrt", 1, [](const auto& v) { return remat::sqrt(v[0]); }, unary, {positive},
+        [](const V& x) { return ref::map(x[0], [](double a) { return std::sqrt(a); }); }));
+    // ---- reductions ----
+    l.push_back(make_op(
+        "sum", 1, [](const auto& v) { return remat::sum(v[0]); }, unary, {anywhere},
+        [](const V& x) {
+          double s = 0;
+          for (Index i = 0; i < x[0].rows(); ++i)
+            for (Index j = 0; j < x[0].cols(); ++j) s += x[0](i, j);
+          return ref::scalar(s);
+        }));
+    l.push_back(make_op(
+        "mean", 1, [](const auto& v) { return remat::mean(v[0]); }, unary, {anywhere},
+        [](const V& x) {
+          double s = 0;
+          for (Index i = 0; i < x[0].rows(); ++i)
+            for (Index j = 0; j < x[0].cols(); ++j) s += x[0](i, j);
+          return ref::scalar(s / static_cast<double>(x[0].rows() * x[0].cols()));
+        }));
+    l.push_back(make_op(
+        "sum_rows", 1, [](const auto& v) { return remat::sum_rows(v[0]); }, unary, {anywhere},
+        [](const V& x) {
+          M y = M::Zero(x[0].rows(), 1);
+          for (Index i = 0; i < x[0].rows(); ++i)
+            for (Index j = 0; j < x[0].cols(); ++j) y(i, 0) += x[0](i, j);
+          return y;
+        }));
+    // ---- normalization ----
+    l.push_back(make_op(
+        "softmax", 1, [](const auto& v) { return remat::softmax(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::softmax(x[0]); }));
+    l.push_back(make_op(
+        "log_softmax", 1, [](const auto& v) { return remat::log_softmax(v[0]); }, unary, {anywhere},
+        [](const V& x) { return ref::log_softmax(x[0]); }));
+    l.push_back(make_op(
+        "layer_norm", 3, [](const auto& v) { return remat::layer_norm(v[0], v[1], v[2], test_layer_norm_eps); },
+        {{{1, 1}, {1, 1}, {1, 1}}, {{3, 4}, {1, 4}, {1, 4}}, {{2, 5}, {1, 5}, {1, 5}}, {{1, 3}, {1, 3}, {1, 3}}},
+        {anywhere}, [](const V& x) { return ref::layer_norm(x[0], x[1], x[2], test_layer_norm_eps); }));
+    // ---- losses ----
+    l.push_back(make_op(
+        "cross_entropy", 1,
+        [](const auto& v) { return remat::cross_entropy(v[0], test_labels(v[0].rows(), v[0].cols())); }, unary,
+        {anywhere}, [](const V& x) { return ref::cross_entropy(x[0], test_labels(x[0].rows(), x[0].cols())); }));
+    l.push_back(make_op(
+        "mse_loss", 2, [](const auto& v) { return remat::mse_loss(v[0], v[1]); },
+        {{{1, 1}, {1, 1}}, {{3, 4}, {3, 4}}, {{5, 2}, {5, 2}}}, {anywhere},
+        [](const V& x) {
+          double s = 0;
+          for (Index i = 0; i < x[0].rows(); ++i)
+            for (Index j = 0; j < x[0].cols(); ++j) s += (x[0](i, j) - x[1](i, j)) * (x[0](i, j) - x[1](i, j));
+          return ref::scalar(s / static_cast<double>(x[0].rows() * x[0].cols()));
+        }));
+    // ---- random ----
+    // The value of dropout with p > 0 depends on the tape's generator; tests/ops/gradcheck_test.cpp
+    // checks it (mask/(1-p) scaling, statistics). With p = 0 it is the identity.
+    l.push_back(make_op(
+        "dropout", 1, [](const auto& v) { return remat::dropout(v[0], 0.3); }, unary, {anywhere}, nullptr));
+    l.push_back(make_op(
+        "dropout_p0", 1, [](const auto& v) { return remat::dropout(v[0], 0.0); }, unary, {anywhere},
+        [](const V& x) { return x[0]; }));
+    // ---- identity ----
+    l.push_back(make_op(
+        "checkpoint_name", 1, [](const auto& v) { return remat::checkpoint_name(v[0], "tagged"); }, unary, {anywhere},
+        [](const V& x) { return x[0]; }));
+    return l;
+  }();
+  return list;
+}
+
+/// The entry named `name`; throws std::out_of_range if there is none.
+inline const OpCase& find_op(const std::string& name) {
+  for (const OpCase& op : op_list())
+    if (op.name == name) return op;
+  throw std::out_of_range("op_list: no entry named " + name);
+}
+
+/// One op with one of its shape sets: the unit of a parameterized test.
+struct OpInstance {
+  const OpCase* op = nullptr;
+  std::size_t shape_set = 0;
+  const ShapeSet& shapes() const { return op->shape_sets[shape_set]; }
+  /// "<op>_<r>x<c>_<r>x<c>...", e.g. "add_3x4_1x4"; unique over op_instances().
+  std::string name() const {
+    std::string s = op->name;
+    for (const Shape& sh : shapes()) s += "_" + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+    return s;
+  }
+};
+
+/// Every (op, shape set) pair of op_list(), in list order.
+inline std::vector<OpInstance> op_instances() {
+  std::vector<OpInstance> all;
+  for (const OpCase& op : op_list())
+    for (std::size_t k = 0; k < op.shape_sets.size(); ++k) all.push_back(OpInstance{&op, k});
+  return all;
+}
+
+/// For INSTANTIATE_TEST_SUITE_P's name generator (Info = ::testing::TestParamInfo<OpInstance>).
+template <class Info>
+std::string op_instance_name(const Info& info) {
+  return info.param.name();
+}
+
+/// Random inputs of `shapes` drawn from the op's domains; input k uses seed + k.
+template <class T>
+std::vector<Matrix<T>> make_inputs(const OpCase& op, const ShapeSet& shapes, std::uint64_t seed) {
+  std::vector<Matrix<T>> inputs;
+  for (std::size_t k = 0; k < shapes.size(); ++k)
+    inputs.push_back(random_matrix<T>(shapes[k], seed + k, op.domains[k]));
+  return inputs;
+}
+
+/// Fixed weights in [−1, 1] for scalar_loss, one per output element.
+template <class T>
+Matrix<T> loss_weights(const Shape& shape, std::uint64_t seed) {
+  return random_matrix<T>(shape, seed ^ 0x9e3779b97f4a7c15ULL, Domain{-1, 1, 0});
+}
+
+/// Reduces an op's output to a [1,1] loss in which every output element matters:
+/// sum(out ⊙ weights) with loss_weights(out.shape(), seed) recorded as a constant on `tape`.
+template <class T>
+remat::Var<T> scalar_loss(remat::Tape<T>& tape, const remat::Var<T>& out, std::uint64_t seed) {
+  return remat::sum(out * tape.constant(loss_weights<T>(out.shape(), seed)));
+}
+
+}  // namespace remat_test
