@@ -21,8 +21,8 @@ remat::Chain uniform_chain(int L, double uf, double ub, std::int64_t wx, std::in
 }
 
 /// Plans, checks the schedule in the independent simulator, and returns its time (+∞ if infeasible).
-double planned_time(const remat::Chain& c, std::int64_t budget) {
-  const remat::Schedule s = remat::plan_schedule(c, budget);
+double planned_time(const remat::Chain& c, std::int64_t budget, bool persistent = false) {
+  const remat::Schedule s = remat::plan_schedule(c, budget, persistent);
   if (!s.feasible) return std::numeric_limits<double>::infinity();
   const auto sim = remat_test::simulate(c, s.operations);
   EXPECT_TRUE(sim.valid) << sim.error;
@@ -38,6 +38,7 @@ TEST(Planner, UniformChainOracleTapeTwiceActivation) {
   for (int M = 6; M <= 15; ++M) {
     EXPECT_EQ(remat_test::brute_force_optimum(c, M), expected[M - 6]) << "brute force, M = " << M;
     EXPECT_EQ(planned_time(c, M), expected[M - 6]) << "planner, M = " << M;
+    EXPECT_EQ(planned_time(c, M, true), expected[M - 6]) << "persistent planner, M = " << M;
   }
   for (int M = 0; M <= 5; ++M) {
     EXPECT_FALSE(remat::plan_schedule(c, M).feasible) << M;
@@ -52,6 +53,7 @@ TEST(Planner, UniformChainOracleTapeEqualsActivation) {
   for (int M = 5; M <= 9; ++M) {
     EXPECT_EQ(remat_test::brute_force_optimum(c, M), expected[M - 5]) << "brute force, M = " << M;
     EXPECT_EQ(planned_time(c, M), expected[M - 5]) << "planner, M = " << M;
+    EXPECT_EQ(planned_time(c, M, true), expected[M - 5]) << "persistent planner, M = " << M;
   }
   EXPECT_FALSE(remat::plan_schedule(c, 4).feasible);
 }
@@ -93,9 +95,11 @@ TEST(Planner, MatchesExhaustiveSearchOnUniformChains) {
         const auto c = uniform_chain(L, uf, 2 * uf, 1, wa);
         std::int64_t low, high;
         budgets(c, low, high);
-        for (std::int64_t M = low; M <= high; ++M, ++cases)
-          ASSERT_EQ(planned_time(c, M), remat_test::brute_force_optimum(c, M))
-              << "L=" << L << " uf=" << uf << " wa=" << wa << " M=" << M;
+        for (std::int64_t M = low; M <= high; ++M, ++cases) {
+          const double optimum = remat_test::brute_force_optimum(c, M);
+          ASSERT_EQ(planned_time(c, M), optimum) << "L=" << L << " uf=" << uf << " wa=" << wa << " M=" << M;
+          ASSERT_EQ(planned_time(c, M, true), optimum) << "persistent, L=" << L << " uf=" << uf << " wa=" << wa;
+        }
       }
   std::printf("uniform chains: %d (chain, budget) cases, all optimal\n", cases);
 }
@@ -103,8 +107,8 @@ TEST(Planner, MatchesExhaustiveSearchOnUniformChains) {
 TEST(Planner, NearOptimalOnRandomHeterogeneousChains) {
   std::mt19937 rng(20261130);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  int cases = 0, matched = 0;
-  double worst_gap = 0;
+  int cases = 0, matched = 0, persistent_matched = 0;
+  double worst_gap = 0, persistent_worst_gap = 0;
   int sequential_checks = 0;
   for (int chain = 0; chain < 300; ++chain) {
     const int L = uniform(2, 7);
@@ -125,24 +129,26 @@ TEST(Planner, NearOptimalOnRandomHeterogeneousChains) {
       ASSERT_GE(planned, optimum) << "the exhaustive search must be a lower bound";
       ++cases;
       if (planned == optimum) ++matched;
-      if (planned != std::numeric_limits<double>::infinity())
-        worst_gap = std::max(worst_gap, (planned - optimum) / optimum);
-      else
-        worst_gap = std::numeric_limits<double>::infinity();
+      worst_gap = std::max(worst_gap, (planned - optimum) / optimum);
+      const double persistent = planned_time(c, M, true);
+      if (persistent == optimum) ++persistent_matched;
+      persistent_worst_gap = std::max(persistent_worst_gap, (persistent - optimum) / optimum);
     }
     // Never worse than checkpoint_sequential with any segment count, at that schedule's own peak.
     for (int segments = 1; segments <= L; ++segments) {
       const auto seq = remat_test::simulate(c, remat_test::sequential_operations(L, segments));
       ASSERT_TRUE(seq.valid) << seq.error;
       EXPECT_LE(planned_time(c, seq.peak), seq.time) << "chain " << chain << " segments " << segments;
+      EXPECT_LE(planned_time(c, seq.peak, true), seq.time) << "chain " << chain << " segments " << segments;
       ++sequential_checks;
     }
   }
   const double fraction = static_cast<double>(matched) / cases;
   std::printf(
       "heterogeneous chains: %d cases, planner optimal in %d (%.2f%%), worst gap %.2f%% of total time; "
-      "%d checkpoint_sequential comparisons\n",
-      cases, matched, 100 * fraction, 100 * worst_gap, sequential_checks);
+      "persistent-only planner optimal in %d (%.2f%%), worst gap %.2f%%; %d checkpoint_sequential comparisons\n",
+      cases, matched, 100 * fraction, 100 * worst_gap, persistent_matched, 100.0 * persistent_matched / cases,
+      100 * persistent_worst_gap, sequential_checks);
   EXPECT_GE(fraction, 0.98);
   EXPECT_LT(worst_gap, 0.10);
 }
