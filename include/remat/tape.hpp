@@ -1,6 +1,7 @@
 // Tape<T>: records the forward pass and runs the reverse sweep.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <iomanip>
@@ -122,29 +123,49 @@ class Tape {
   /// Number of recorded nodes (leaves and ops).
   std::size_t size() const { return state_->nodes_.size(); }
 
-  /// One line per saved residual: node, op, shape, bytes and why it is held (like JAX's
-  /// print_saved_residuals), then the total.
+  /// One line per saved residual (like JAX's print_saved_residuals): node id, op, shape, bytes and why
+  /// it is held — "region input" (kept for a checkpoint replay), "allowed by policy" (inside a region
+  /// whose policy saves it), "region output", "outside any region" (no region drops it), with
+  /// ", named 'x'" for a checkpoint_name tag; an op's extra buffer is listed as "<op>.extra". Then the
+  /// total, which equals memory().saved_bytes. Columns are aligned to the longest entry.
   void print_saved_residuals(std::ostream& os) const {
     const auto& s = *state_;
+    struct Row {
+      std::string node, op, shape, bytes, why;
+    };
+    std::vector<Row> rows;
     std::size_t total = 0;
-    os << "saved residuals (" << s.nodes_.size() << " nodes):\n";
     for (std::size_t i = 0; i < s.nodes_.size(); ++i) {
       const auto& n = s.nodes_[i];
-      const bool value_saved = n.value && n.value_owned && n.holds > 0 && n.keep_level() <= s.level_;
-      if (value_saved) {
-        os << "  #" << std::setw(5) << std::left << i << std::setw(14) << s.node_name(static_cast<std::int32_t>(i))
-           << std::setw(14) << to_string(n.shape) << std::right << std::setw(12) << detail::TapeState<T>::bytes(n.shape)
-           << " B  " << reason(n) << "\n";
-        total += detail::TapeState<T>::bytes(n.shape);
+      const auto id = static_cast<std::int32_t>(i);
+      if (n.value && n.value_owned && n.holds > 0 && n.keep_level() <= s.level_) {
+        const std::size_t b = detail::TapeState<T>::bytes(n.shape);
+        rows.push_back({"#" + std::to_string(i), s.node_name(id), to_string(n.shape), std::to_string(b), reason(n)});
+        total += b;
       }
       if (n.extra) {
-        os << "  #" << std::setw(5) << std::left << i << std::setw(14)
-           << (s.node_name(static_cast<std::int32_t>(i)) + ".extra") << std::setw(14) << to_string(n.extra_shape)
-           << std::right << std::setw(12) << detail::TapeState<T>::bytes(n.extra_shape) << " B  "
-           << "residual of its own backward\n";
-        total += detail::TapeState<T>::bytes(n.extra_shape);
+        const std::size_t b = detail::TapeState<T>::bytes(n.extra_shape);
+        rows.push_back({"#" + std::to_string(i), s.node_name(id) + ".extra", to_string(n.extra_shape),
+                        std::to_string(b), "residual of its own backward"});
+        total += b;
       }
     }
+    std::size_t w_node = 4, w_op = 2, w_shape = 5, w_bytes = 5;
+    for (const Row& r : rows) {
+      w_node = std::max(w_node, r.node.size());
+      w_op = std::max(w_op, r.op.size());
+      w_shape = std::max(w_shape, r.shape.size());
+      w_bytes = std::max(w_bytes, r.bytes.size());
+    }
+    auto line = [&](const std::string& node, const std::string& op, const std::string& shape, const std::string& b,
+                    const std::string& why) {
+      os << "  " << std::left << std::setw(static_cast<int>(w_node)) << node << "  "
+         << std::setw(static_cast<int>(w_op)) << op << "  " << std::setw(static_cast<int>(w_shape)) << shape << "  "
+         << std::right << std::setw(static_cast<int>(w_bytes)) << b << " B  " << why << "\n";
+    };
+    os << "saved residuals (" << rows.size() << " buffers; tape of " << s.nodes_.size() << " nodes):\n";
+    line("node", "op", "shape", "bytes", "reason");
+    for (const Row& r : rows) line(r.node, r.op, r.shape, r.bytes, r.why);
     os << "  total " << total << " B\n";
   }
 
@@ -184,9 +205,9 @@ class Tape {
   std::string reason(const detail::Node<T>& n) const {
     const auto& s = *state_;
     std::string why;
+    // A region input is kept for the replay whatever else reads it, so that is the reason given.
     if (n.region_holds > 0) why = "region input";
-    if (n.holds > n.region_holds) {
-      if (!why.empty()) why += "; ";
+    if (why.empty()) {
       if (n.region < 0)
         why += "outside any region";
       else if (n.output_mask != 0 && n.drop_mask == 0 && n.region >= 0 && !s.regions_[static_cast<std::size_t>(n.region)].open &&
