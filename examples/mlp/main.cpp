@@ -1,0 +1,522 @@
+// Trains a multilayer perceptron on Fashion-MNIST with remat, optionally with gradient checkpointing.
+// See docs/mlp.md for the flags, the measured numbers and how to reproduce them.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <remat/nn/adam.hpp>
+#include <remat/nn/linear.hpp>
+#include <remat/remat.hpp>
+
+#include "idx.hpp"
+#include "state_file.hpp"
+
+#ifdef EIGEN_USE_BLAS
+extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS's own API (cblas.h is not on the path)
+#endif
+
+namespace {
+
+using remat::Matrix;
+using remat::Var;
+
+constexpr int classes = 10;
+
+struct Options {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  int epochs = 8;
+  int batch = 128;
+  std::vector<int> hidden = {512, 512};
+  std::string activation = "relu";
+  double lr = 1e-3;
+  double dropout = 0;
+  int threads = 1;
+  long limit = 0;
+  std::string checkpoint = "none";
+  bool json = false;
+  std::string save, resume;
+  std::uint64_t seed = 42;
+  int eval_batch = 1000;
+};
+
+/// One training epoch's results; kept in the state file so a resumed run reports the whole history.
+struct EpochRecord {
+  double loss = 0, train_accuracy = 0, test_accuracy = 0, seconds = 0;
+};
+
+/// Everything a run needs to continue exactly where it stopped.
+struct Model {
+  std::vector<remat::nn::Linear<float>> layers;  // hidden layers, then the output layer
+  std::unique_ptr<remat::nn::Adam<float>> adam;
+  remat::nn::Generator shuffle;  // the shuffling stream; its state is saved
+  std::vector<EpochRecord> history;
+};
+
+Var<float> activate(const std::string& activation, const Var<float>& z) {
+  if (activation == "relu") return remat::relu(z);
+  if (activation == "tanh") return remat::tanh(z);
+  return remat::gelu(z);
+}
+
+/// The dropout stream of training step `step`: a pure function of the seed and the step, so a resumed
+/// run (and every checkpoint mode) draws the same masks.
+std::uint64_t dropout_seed(std::uint64_t seed, std::uint64_t step) {
+  remat::nn::Generator g(seed ^ 0xd1b54a32d192ed03ULL);
+  g.set_state(g.state() + step * 0x9e3779b97f4a7c15ULL);
+  return g.next();
+}
+
+/// Seeds the tape's counter-based dropout generator for one step. Tape has no public re-seed yet;
+/// the generator is the (seed, offset) pair of its state, which dropout() reads when it records.
+void reseed(remat::Tape<float>& tape, std::uint64_t seed) {
+  tape.state()->seed_ = seed;
+  tape.state()->random_offset_ = 0;
+}
+
+/// Records the network on `tape` and returns the logits [m, classes]. `parameters` are the recorded
+/// weights and biases (W0, b0, W1, b1, …). Hidden layer i is h ← dropout(activation(h·Wi + bi)).
+Var<float> forward(const Options& o, const std::vector<Var<float>>& parameters, Var<float> x, bool training) {
+  const std::size_t hidden = o.hidden.size();
+  auto layer = [&](std::size_t i) {
+    return [&, i](Var<float> h) {
+      h = activate(o.activation, remat::linear(h, parameters[2 * i], parameters[2 * i + 1]));
+      if (training && o.dropout > 0) h = remat::dropout(h, o.dropout);
+      return h;
+    };
+  };
+  auto output = [&](Var<float> h) { return remat::linear(h, parameters[2 * hidden], parameters[2 * hidden + 1]); };
+  if (!training || o.checkpoint == "none") {
+    for (std::size_t i = 0; i < hidden; ++i) x = layer(i)(x);
+    return output(x);
+  }
+  if (o.checkpoint == "layer" || o.checkpoint == "dots") {
+    for (std::size_t i = 0; i < hidden; ++i) {
+      if (o.checkpoint == "layer")
+        x = remat::checkpoint(layer(i), remat::policies::nothing_saveable)(x);
+      else
+        x = remat::checkpoint(layer(i), remat::policies::dots_saveable)(x);
+    }
+    return output(x);
+  }
+  // sqrt: the whole network (hidden layers and the output layer, L layers) as one sequence split into
+  // round(√L) segments, every segment but the last checkpointed (Chen et al. 2016).
+  std::vector<std::function<Var<float>(Var<float>)>> layers;
+  for (std::size_t i = 0; i < hidden; ++i) layers.push_back(layer(i));
+  layers.push_back(output);
+  const int segments = std::max(1, static_cast<int>(std::lround(std::sqrt(static_cast<double>(layers.size())))));
+  return remat::checkpoint_sequential(layers, segments, x);
+}
+
+std::vector<Var<float>> record_parameters(remat::Tape<float>& tape, Model& model) {
+  std::vector<Var<float>> p;
+  for (auto& layer : model.layers) {
+    p.push_back(tape.variable(layer.weight));
+    p.push_back(tape.variable(layer.bias));
+  }
+  return p;
+}
+
+int count_correct(const remat::MatrixView<float>& logits, const std::vector<int>& labels, std::size_t first) {
+  int correct = 0;
+  for (remat::Index i = 0; i < logits.rows(); ++i) {
+    remat::Index best;
+    logits.row(i).maxCoeff(&best);
+    correct += best == labels[first + static_cast<std::size_t>(i)];
+  }
+  return correct;
+}
+
+/// Test accuracy, in batches, on a tape of constants: nothing requires a gradient, so no op holds a
+/// residual and each batch's values are freed as soon as its handles go.
+double evaluate(const Options& o, const Model& model, const mlp::Dataset& test, remat::Tape<float>& tape) {
+  tape.clear();
+  std::vector<Var<float>> parameters;
+  for (const auto& layer : model.layers) {
+    parameters.push_back(tape.constant(layer.weight.value()));
+    parameters.push_back(tape.constant(layer.bias.value()));
+  }
+  const auto n = test.images.rows();
+  long correct = 0;
+  for (remat::Index first = 0; first < n; first += o.eval_batch) {
+    const remat::Index m = std::min<remat::Index>(o.eval_batch, n - first);
+    Var<float> logits = forward(o, parameters, tape.constant(test.images.middleRows(first, m)), false);
+    correct += count_correct(logits.value(), test.labels, static_cast<std::size_t>(first));
+  }
+  tape.clear();
+  return static_cast<double>(correct) / static_cast<double>(n);
+}
+
+// ---- training state file ----
+
+std::uint32_t activation_id(const std::string& a) {
+  return a == "relu" ? 0 : a == "tanh" ? 1 : 2;
+}
+const char* activation_names[] = {"relu", "tanh", "gelu"};
+
+std::vector<unsigned char> encode_state(const Options& o, Model& model, std::uint64_t train_count) {
+  mlp::StateWriter w;
+  w.u64(o.seed);
+  w.u32(static_cast<std::uint32_t>(o.batch));
+  w.f64(o.dropout);
+  w.u64(train_count);
+  w.u32(activation_id(o.activation));
+  const auto& a = model.adam->options();
+  w.f64(a.learning_rate);
+  w.f64(a.beta1);
+  w.f64(a.beta2);
+  w.f64(a.epsilon);
+  w.u64(model.adam->step_count());
+  w.u64(model.shuffle.state());
+  w.u32(static_cast<std::uint32_t>(model.layers.size()));
+  for (std::size_t k = 0; k < model.adam->size(); ++k) {
+    w.matrix(model.adam->parameter(k).value());
+    w.matrix(model.adam->first_moment(k));
+    w.matrix(model.adam->second_moment(k));
+  }
+  w.u32(static_cast<std::uint32_t>(model.history.size()));
+  for (const EpochRecord& e : model.history) {
+    w.f64(e.loss);
+    w.f64(e.train_accuracy);
+    w.f64(e.test_accuracy);
+    w.f64(e.seconds);
+  }
+  return w.bytes();
+}
+
+/// Restores `model` from a validated file. The file's training settings win; a flag given on the
+/// command line that contradicts them is an error (the run could not continue identically).
+void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& model, std::uint64_t train_count) {
+  auto conflict = [&](const char* flag, const std::string& file_value, const std::string& given) {
+    throw mlp::state_error(r.path(), std::string("was written with ") + flag + " " + file_value +
+                                         " but the command line gives " + given +
+                                         "; drop the flag to continue with the file's setting");
+  };
+  auto text = [](double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  };
+  const std::uint64_t seed = r.u64();
+  if (app.count("--seed") && seed != o.seed) conflict("--seed", std::to_string(seed), std::to_string(o.seed));
+  o.seed = seed;
+  const std::uint32_t batch = r.u32();
+  if (app.count("--batch") && batch != static_cast<std::uint32_t>(o.batch))
+    conflict("--batch", std::to_string(batch), std::to_string(o.batch));
+  o.batch = static_cast<int>(batch);
+  const double dropout = r.f64();
+  if (app.count("--dropout") && dropout != o.dropout) conflict("--dropout", text(dropout), text(o.dropout));
+  o.dropout = dropout;
+  const std::uint64_t count = r.u64();
+  if (count != train_count)
+    throw mlp::state_error(r.path(), "was written training on " + std::to_string(count) + " images but this run uses " +
+                                         std::to_string(train_count) + " (check --limit and --data)");
+  const std::uint32_t activation = r.u32();
+  if (activation > 2) throw mlp::state_error(r.path(), "unknown activation id " + std::to_string(activation));
+  if (app.count("--activation") && activation_names[activation] != o.activation)
+    conflict("--activation", activation_names[activation], o.activation);
+  o.activation = activation_names[activation];
+  remat::nn::Adam<float>::Options a;
+  a.learning_rate = r.f64();
+  a.beta1 = r.f64();
+  a.beta2 = r.f64();
+  a.epsilon = r.f64();
+  if (app.count("--lr") && a.learning_rate != o.lr) conflict("--lr", text(a.learning_rate), text(o.lr));
+  o.lr = a.learning_rate;
+  const std::uint64_t steps = r.u64();
+  const std::uint64_t shuffle_state = r.u64();
+  const std::uint32_t layer_count = r.u32();
+  if (layer_count != model.layers.size())
+    throw mlp::state_error(r.path(), "has " + std::to_string(layer_count) + " layers but the model has " +
+                                         std::to_string(model.layers.size()) + " (check --hidden)");
+  std::vector<remat::Parameter<float>*> parameters;
+  for (auto& layer : model.layers) {
+    parameters.push_back(&layer.weight);
+    parameters.push_back(&layer.bias);
+  }
+  // Read everything into temporaries first: a file that fails half-way changes nothing.
+  auto adam = std::make_unique<remat::nn::Adam<float>>(parameters, a);
+  std::vector<Matrix<float>> values(parameters.size());
+  for (std::size_t k = 0; k < parameters.size(); ++k) {
+    const std::string what = (k % 2 ? "bias " : "weight ") + std::to_string(k / 2);
+    r.matrix(values[k], parameters[k]->rows(), parameters[k]->cols(), what + " (check --hidden)");
+    r.matrix(adam->first_moment(k), parameters[k]->rows(), parameters[k]->cols(), what + " first moment");
+    r.matrix(adam->second_moment(k), parameters[k]->rows(), parameters[k]->cols(), what + " second moment");
+  }
+  std::vector<EpochRecord> history(r.u32());
+  for (EpochRecord& e : history) {
+    e.loss = r.f64();
+    e.train_accuracy = r.f64();
+    e.test_accuracy = r.f64();
+    e.seconds = r.f64();
+  }
+  r.expect_end();
+  adam->step_count() = steps;
+  for (std::size_t k = 0; k < parameters.size(); ++k) parameters[k]->mutable_value() = values[k];
+  model.adam = std::move(adam);
+  model.shuffle.set_state(shuffle_state);
+  model.history = std::move(history);
+}
+
+// ---- output ----
+
+std::string megabytes(std::size_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f MB", static_cast<double>(bytes) / 1e6);
+  return s;
+}
+
+void progress_bar(int epoch, int epochs, std::size_t done, std::size_t total, double loss) {
+  const int width = 30;
+  const int filled = static_cast<int>(width * done / std::max<std::size_t>(total, 1));
+  std::printf(
+      "\repoch %d/%d [%s%s] %3d%% loss %.4f", epoch, epochs, std::string(static_cast<std::size_t>(filled), '#').c_str(),
+      std::string(static_cast<std::size_t>(width - filled), '.').c_str(), static_cast<int>(100 * done / total), loss);
+  std::fflush(stdout);
+}
+
+/// CRC-32 of every parameter's bytes: equal runs have bitwise equal parameters.
+std::uint32_t parameters_crc32(const Model& model) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& layer : model.layers)
+    for (const auto* p : {&layer.weight, &layer.bias})
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(p->value().data()),
+                  static_cast<uInt>(static_cast<std::size_t>(p->value().size()) * sizeof(float)));
+  return static_cast<std::uint32_t>(crc);
+}
+
+std::string json_number_list(const std::vector<EpochRecord>& h, double EpochRecord::*field) {
+  std::string s = "[";
+  char buffer[40];
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    std::snprintf(buffer, sizeof buffer, "%s%.17g", i ? "," : "", h[i].*field);
+    s += buffer;
+  }
+  return s + "]";
+}
+
+int run(Options& o, const CLI::App& app) {
+#ifdef EIGEN_USE_BLAS
+  openblas_set_num_threads(o.threads);
+#endif
+  mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
+  mlp::Dataset test = mlp::read_idx_dataset(o.data, "t10k", classes);
+  if (test.image_rows != train.image_rows || test.image_cols != train.image_cols)
+    throw mlp::data_error(o.data + "/t10k-images-idx3-ubyte.gz",
+                          "images are " + std::to_string(test.image_rows) + "x" + std::to_string(test.image_cols) +
+                              " but the training images are " + std::to_string(train.image_rows) + "x" +
+                              std::to_string(train.image_cols));
+  if (o.limit > 0 && o.limit < train.images.rows()) {
+    train.images.conservativeResize(o.limit, Eigen::NoChange);
+    train.labels.resize(static_cast<std::size_t>(o.limit));
+  }
+  const auto n = static_cast<std::size_t>(train.images.rows());
+  const auto inputs = train.images.cols();
+
+  Model model;
+  {
+    remat::nn::Generator init(o.seed);
+    const auto init_kind = o.activation == "relu" ? remat::nn::Init::he_uniform : remat::nn::Init::glorot_uniform;
+    remat::Index width = inputs;
+    for (int h : o.hidden) {
+      model.layers.emplace_back(width, h, init, init_kind);
+      width = h;
+    }
+    model.layers.emplace_back(width, classes, init, remat::nn::Init::glorot_uniform);
+  }
+  std::vector<remat::Parameter<float>*> parameters;
+  for (auto& layer : model.layers) {
+    parameters.push_back(&layer.weight);
+    parameters.push_back(&layer.bias);
+  }
+  if (!o.resume.empty()) {
+    mlp::StateReader reader = mlp::read_state_file(o.resume);
+    decode_state(reader, o, app, model, n);
+  } else {
+    remat::nn::Adam<float>::Options a;
+    a.learning_rate = o.lr;
+    model.adam = std::make_unique<remat::nn::Adam<float>>(parameters, a);
+    model.shuffle.set_state(o.seed ^ 0x5851f42d4c957f2dULL);
+  }
+
+  std::string shape = std::to_string(inputs);
+  for (int h : o.hidden) shape += "→" + std::to_string(h);
+  shape += "→" + std::to_string(classes);
+  std::printf(
+      "MLP %s %s, dropout %g, Adam lr %g, batch %d, %zu training / %ld test images, checkpoint %s, %d thread%s\n",
+      shape.c_str(), o.activation.c_str(), o.dropout, o.lr, o.batch, n, static_cast<long>(test.images.rows()),
+      o.checkpoint.c_str(), o.threads, o.threads == 1 ? "" : "s");
+  if (!o.resume.empty())
+    std::printf("resumed from %s after epoch %zu (step %llu)\n", o.resume.c_str(), model.history.size(),
+                static_cast<unsigned long long>(model.adam->step_count()));
+
+  const bool terminal = isatty(STDOUT_FILENO) == 1 && !o.json;
+  remat::Tape<float> tape, eval_tape;
+  Matrix<float> x_batch(o.batch, inputs);
+  std::vector<int> labels;
+  std::vector<std::size_t> order(n);
+  std::size_t saved_bytes = 0, peak_bytes = 0;
+  double train_seconds = 0, run_seconds = 0;  // all epochs (including resumed ones), this run's epochs
+  std::size_t trained_samples = 0;
+  for (const EpochRecord& e : model.history) train_seconds += e.seconds;
+
+  for (int epoch = static_cast<int>(model.history.size()) + 1; epoch <= o.epochs; ++epoch) {
+    const auto start = std::chrono::steady_clock::now();
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    for (std::size_t i = n - 1; i > 0; --i) std::swap(order[i], order[model.shuffle.below(i + 1)]);  // Fisher–Yates
+    double loss_sum = 0;
+    long correct = 0;
+    for (std::size_t first = 0; first < n; first += static_cast<std::size_t>(o.batch)) {
+      const std::size_t m = std::min(static_cast<std::size_t>(o.batch), n - first);
+      x_batch.resize(static_cast<remat::Index>(m), inputs);
+      labels.resize(m);
+      for (std::size_t i = 0; i < m; ++i) {
+        x_batch.row(static_cast<remat::Index>(i)) = train.images.row(static_cast<remat::Index>(order[first + i]));
+        labels[i] = train.labels[order[first + i]];
+      }
+      tape.clear();
+      reseed(tape, dropout_seed(o.seed, model.adam->step_count()));
+      std::vector<Var<float>> p = record_parameters(tape, model);
+      Var<float> logits = forward(o, p, tape.constant(x_batch), true);
+      Var<float> loss = remat::cross_entropy(logits, labels);
+      saved_bytes = std::max(saved_bytes, tape.memory().saved_bytes);
+      tape.backward(loss);
+      peak_bytes = std::max(peak_bytes, tape.memory().peak_bytes);
+      std::vector<remat::MatrixView<float>> gradients;
+      for (const Var<float>& v : p) gradients.push_back(v.grad());
+      model.adam->step(gradients);
+      loss_sum += static_cast<double>(loss.item()) * static_cast<double>(m);
+      correct += count_correct(logits.value(), labels, 0);
+      if (terminal && ((first / static_cast<std::size_t>(o.batch)) % 20 == 0 || first + m == n))
+        progress_bar(epoch, o.epochs, first + m, n, loss_sum / static_cast<double>(first + m));
+    }
+    tape.clear();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EpochRecord record;
+    record.loss = loss_sum / static_cast<double>(n);
+    record.train_accuracy = static_cast<double>(correct) / static_cast<double>(n);
+    record.seconds = seconds;
+    record.test_accuracy = evaluate(o, model, test, eval_tape);
+    model.history.push_back(record);
+    train_seconds += seconds;
+    run_seconds += seconds;
+    trained_samples += n;
+    if (terminal) std::printf("\r\033[K");
+    std::printf("epoch %2d/%d  loss %.4f  train %.2f%%  test %.2f%%  %.2f s  %.0f samples/s  saved %s/step  peak %s\n",
+                epoch, o.epochs, record.loss, 100 * record.train_accuracy, 100 * record.test_accuracy, seconds,
+                static_cast<double>(n) / seconds, megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
+    std::fflush(stdout);
+    if (!o.save.empty()) mlp::write_state_file(o.save, encode_state(o, model, n));
+  }
+
+  const double test_accuracy =
+      model.history.empty() ? evaluate(o, model, test, eval_tape) : model.history.back().test_accuracy;
+  const double samples_per_second = run_seconds > 0 ? static_cast<double>(trained_samples) / run_seconds : 0.0;
+  std::printf(
+      "done: %zu epochs, test accuracy %.2f%%, %.1f s training (%.2f s/epoch), %.0f samples/s, saved %s per step, peak "
+      "%s per step\n",
+      model.history.size(), 100 * test_accuracy, train_seconds,
+      model.history.empty() ? 0.0 : train_seconds / static_cast<double>(model.history.size()), samples_per_second,
+      megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
+  if (o.json) {
+    std::printf(
+        "{\"epochs\":%zu,\"test_accuracy\":%.17g,\"train_accuracy\":%.17g,\"loss\":%.17g,\"train_seconds\":%.3f,"
+        "\"seconds_per_epoch\":%.3f,\"samples_per_second\":%.1f,\"saved_bytes_per_step\":%zu,\"peak_bytes_per_step\":%"
+        "zu,"
+        "\"checkpoint\":\"%s\",\"hidden\":[%s],\"activation\":\"%s\",\"batch\":%d,\"lr\":%g,\"dropout\":%g,\"seed\":%"
+        "llu,"
+        "\"threads\":%d,\"train_images\":%zu,\"parameters_crc32\":%u,\"losses\":%s,\"train_accuracies\":%s,\"test_"
+        "accuracies\":%s}\n",
+        model.history.size(), test_accuracy, model.history.empty() ? 0.0 : model.history.back().train_accuracy,
+        model.history.empty() ? 0.0 : model.history.back().loss, train_seconds,
+        model.history.empty() ? 0.0 : train_seconds / static_cast<double>(model.history.size()), samples_per_second,
+        saved_bytes, peak_bytes, o.checkpoint.c_str(),
+        [&] {
+          std::string s;
+          for (std::size_t i = 0; i < o.hidden.size(); ++i) s += (i ? "," : "") + std::to_string(o.hidden[i]);
+          return s;
+        }()
+            .c_str(),
+        o.activation.c_str(), o.batch, o.lr, o.dropout, static_cast<unsigned long long>(o.seed), o.threads, n,
+        parameters_crc32(model), json_number_list(model.history, &EpochRecord::loss).c_str(),
+        json_number_list(model.history, &EpochRecord::train_accuracy).c_str(),
+        json_number_list(model.history, &EpochRecord::test_accuracy).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "Trains a multilayer perceptron on Fashion-MNIST with remat (reverse-mode autodiff with gradient "
+      "checkpointing) and reports accuracy, speed and the memory the tape saved per step.",
+      "mlp"};
+  app.add_option("--data", o.data, "Directory with the Fashion-MNIST IDX files (*-idx3-ubyte.gz, *-idx1-ubyte.gz)")
+      ->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Total number of epochs (a resumed run continues up to this count)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--batch", o.batch, "Mini-batch size")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--hidden", o.hidden, "Hidden layer widths, comma-separated (e.g. 1024,1024,1024)")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--activation", o.activation, "Hidden activation")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"relu", "tanh", "gelu"}));
+  app.add_option("--lr", o.lr, "Adam learning rate (Kingma & Ba 2015; betas 0.9, 0.999, eps 1e-8)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--dropout", o.dropout, "Dropout probability after each hidden activation (0 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.99));
+  app.add_option("--threads", o.threads, "OpenBLAS threads for the matrix products")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--limit", o.limit, "Train on the first N training images only (0 = all 60000)")
+      ->capture_default_str()
+      ->check(CLI::Range(0L, 100000000L));
+  app.add_option("--checkpoint", o.checkpoint,
+                 "Gradient checkpointing: none; layer (each hidden layer a region, nothing_saveable); sqrt "
+                 "(checkpoint_sequential over the L layers with round(sqrt(L)) segments); dots (each hidden layer a "
+                 "region, dots_saveable)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "layer", "sqrt", "dots"}));
+  app.add_option("--seed", o.seed, "Seed of the initialisation, shuffling and dropout")->capture_default_str();
+  app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
+  app.add_option("--save", o.save, "Write parameters and optimizer state to this file after each epoch (atomically)");
+  app.add_option("--resume", o.resume, "Continue training from a file written by --save");
+  app.add_option("--eval-batch", o.eval_batch, "Batch size of the test-set evaluation")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    return run(o, app);
+  } catch (const mlp::data_error& e) {
+    std::fprintf(stderr, "mlp: error: %s\n", e.what());
+  } catch (const mlp::state_error& e) {
+    std::fprintf(stderr, "mlp: error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mlp: error: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlp: error: %s\n", e.what());
+  }
+  std::fflush(stdout);
+  return 2;
+}

@@ -1,0 +1,95 @@
+// nn::Adam: the Adam optimizer updating remat::Parameters in place.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "remat/errors.hpp"
+#include "remat/matrix.hpp"
+#include "remat/parameter.hpp"
+
+namespace remat::nn {
+
+/// Adam (Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015, Algorithm 1). For each
+/// parameter θ with gradient g, at step t = 1, 2, …:
+///   m ← β₁·m + (1−β₁)·g,   v ← β₂·v + (1−β₂)·g²,
+///   θ ← θ − α · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε),
+/// evaluated as torch.optim.Adam does: θ ← θ − (α/(1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε).
+/// Defaults α = 1e-3, β₁ = 0.9, β₂ = 0.999, ε = 1e-8 (the paper's). No weight decay.
+///
+/// The optimizer keeps pointers to the parameters (they must outlive it) and writes them through
+/// Parameter::mutable_value(), so a tape that recorded them before the update reports a stale value
+/// instead of using the new one. Its whole state (step count t, first and second moments m and v) is
+/// reachable through step_count(), first_moment() and second_moment(), for saving and restoring.
+template <class T>
+class Adam {
+ public:
+  struct Options {
+    double learning_rate = 1e-3;  ///< α
+    double beta1 = 0.9;           ///< β₁, decay of the first moment
+    double beta2 = 0.999;         ///< β₂, decay of the second moment
+    double epsilon = 1e-8;        ///< ε, added to √v̂
+  };
+
+  /// Zero moments, t = 0. Throws domain_error unless α > 0, 0 ≤ β₁, β₂ < 1 and ε > 0.
+  explicit Adam(std::vector<Parameter<T>*> parameters, Options options = {})
+      : parameters_(std::move(parameters)), options_(options) {
+    if (!(options.learning_rate > 0) || !(options.beta1 >= 0 && options.beta1 < 1) ||
+        !(options.beta2 >= 0 && options.beta2 < 1) || !(options.epsilon > 0))
+      throw domain_error("nn::Adam: need learning_rate > 0, 0 <= beta1, beta2 < 1 and epsilon > 0; got " +
+                         std::to_string(options.learning_rate) + ", " + std::to_string(options.beta1) + ", " +
+                         std::to_string(options.beta2) + ", " + std::to_string(options.epsilon));
+    for (const Parameter<T>* p : parameters_) {
+      m_.push_back(Matrix<T>::Zero(p->rows(), p->cols()));
+      v_.push_back(Matrix<T>::Zero(p->rows(), p->cols()));
+    }
+  }
+
+  /// One update: gradients[k] is d loss / d parameter k, of its shape (e.g. Var::grad() after
+  /// Tape::backward). Throws shape_error, before changing anything, if the count or a shape differs.
+  template <class Gradient>
+  void step(const std::vector<Gradient>& gradients) {
+    if (gradients.size() != parameters_.size())
+      throw shape_error("nn::Adam::step: " + std::to_string(gradients.size()) + " gradients for " +
+                        std::to_string(parameters_.size()) + " parameters");
+    for (std::size_t k = 0; k < gradients.size(); ++k)
+      if (gradients[k].rows() != parameters_[k]->rows() || gradients[k].cols() != parameters_[k]->cols())
+        throw shape_error("nn::Adam::step: gradient " + std::to_string(k) + " is " +
+                          to_string(Shape{gradients[k].rows(), gradients[k].cols()}) + " but its parameter is " +
+                          to_string(Shape{parameters_[k]->rows(), parameters_[k]->cols()}));
+    ++t_;
+    const double t = static_cast<double>(t_);
+    const T beta1 = static_cast<T>(options_.beta1), beta2 = static_cast<T>(options_.beta2);
+    const T step_size = static_cast<T>(options_.learning_rate / (1 - std::pow(options_.beta1, t)));
+    const T correction2 = static_cast<T>(std::sqrt(1 - std::pow(options_.beta2, t)));
+    const T epsilon = static_cast<T>(options_.epsilon);
+    for (std::size_t k = 0; k < gradients.size(); ++k) {
+      const auto g = gradients[k].array();
+      auto m = m_[k].array();
+      auto v = v_[k].array();
+      m = beta1 * m + (1 - beta1) * g;
+      v = beta2 * v + (1 - beta2) * g.square();
+      parameters_[k]->mutable_value().array() -= step_size * m / (v.sqrt() / correction2 + epsilon);
+    }
+  }
+
+  const Options& options() const { return options_; }
+  std::size_t size() const { return parameters_.size(); }
+  /// t: the number of steps taken.
+  std::uint64_t& step_count() { return t_; }
+  /// m and v of parameter k (same shape as the parameter).
+  Matrix<T>& first_moment(std::size_t k) { return m_.at(k); }
+  Matrix<T>& second_moment(std::size_t k) { return v_.at(k); }
+  Parameter<T>& parameter(std::size_t k) { return *parameters_.at(k); }
+
+ private:
+  std::vector<Parameter<T>*> parameters_;
+  Options options_;
+  std::vector<Matrix<T>> m_, v_;
+  std::uint64_t t_ = 0;
+};
+
+}  // namespace remat::nn
