@@ -46,3 +46,5 @@
 #include "remat/ops/tanh.hpp"
 
 #include "remat/schedule/checkpoint_sequential.hpp"
+#include "remat/schedule/planner.hpp"
+#include "remat/schedule/revolve.hpp"
