@@ -46,5 +46,6 @@
 #include "remat/ops/tanh.hpp"
 
 #include "remat/schedule/checkpoint_sequential.hpp"
+#include "remat/schedule/checkpoint_sequential_auto.hpp"
 #include "remat/schedule/planner.hpp"
 #include "remat/schedule/revolve.hpp"

@@ -1,0 +1,224 @@
+// run_schedule() follows the planned forward counts on the tape; checkpoint_sequential_auto() on a reduced W2
+// (DESIGN.md §6) with half the plain saved bytes: runs, saves less, gradients bitwise equal to the plain run.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "memory.hpp"
+#include "random.hpp"
+#include "remat/remat.hpp"
+#include "remat/schedule/checkpoint_sequential_auto.hpp"
+
+namespace {
+
+// tanh that counts its forward evaluations per layer (layer index in Attributes::scalar).
+std::vector<int> evaluations;
+
+struct LayerCountingTanhOp : remat::detail::UnaryElementwise<LayerCountingTanhOp> {
+  static constexpr const char* name = "layer_counting_tanh";
+  static constexpr unsigned needs = remat::detail::needs_output;
+  static constexpr double flops_per_element = 10;
+  template <class X>
+  static auto value(const X& x, const remat::detail::Attributes& a) {
+    ++evaluations[static_cast<std::size_t>(a.scalar)];
+    return x.tanh();
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X&, const Y& y, const G& g, const remat::detail::Attributes&) {
+    using T = typename X::Scalar;
+    return g * (T(1) - y.square());
+  }
+};
+
+bool bitwise_equal(const remat::Matrix<float>& a, const remat::Matrix<float>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && (a.array() == b.array()).all();
+}
+
+TEST(RunSchedule, LayerEvaluationsFollowThePlan) {
+  std::mt19937 rng(7);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  constexpr int width = 8;
+  int checked = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int L = uniform(1, 9);
+    remat::Chain c;
+    for (int i = 0; i < L; ++i) {
+      c.forward_time.push_back(uniform(1, 10));
+      c.backward_time.push_back(uniform(1, 20));
+    }
+    for (int i = 0; i <= L; ++i) c.activation_size.push_back(uniform(1, 6));
+    for (int i = 1; i <= L; ++i) c.tape_size.push_back(c.activation_size[static_cast<std::size_t>(i)] + uniform(0, 6));
+    std::int64_t total = 0;
+    for (auto v : c.activation_size) total += v;
+    for (auto v : c.tape_size) total += v;
+    const remat::Schedule schedule =
+        remat::plan_schedule(c, uniform(static_cast<int>(total / 3), static_cast<int>(total)), true);
+    if (!schedule.feasible) continue;
+
+    remat::Tape<float> tape;
+    std::vector<remat::Var<float>> weights;
+    for (int i = 0; i < L; ++i)
+      weights.push_back(tape.variable(remat_test::random_matrix<float>(width, width, static_cast<std::uint64_t>(i))));
+    std::vector<std::function<remat::Var<float>(remat::Var<float>)>> layers;
+    for (int i = 0; i < L; ++i)
+      layers.push_back([&weights, i](remat::Var<float> x) {
+        remat::detail::Attributes a;
+        a.scalar = i;
+        // tanh's output is a residual of square(), not the layer's output: every forward of the layer in
+        // the plan (F or Fall) must evaluate it.
+        return remat::square(
+            remat::detail::apply<LayerCountingTanhOp>(a, remat::matmul(x, weights[static_cast<std::size_t>(i)])));
+      });
+    auto x0 = tape.variable(remat_test::random_matrix<float>(4, width, 99));
+    evaluations.assign(static_cast<std::size_t>(L), 0);
+    auto y = remat::run_schedule(layers, schedule, x0);
+    tape.backward(remat::sum(y));
+    EXPECT_EQ(evaluations, schedule.forward_counts(L)) << "trial " << trial;
+
+    // Gradients equal the plain tape's, bitwise.
+    remat::Tape<float> plain_tape;
+    std::vector<remat::Var<float>> plain_weights;
+    for (int i = 0; i < L; ++i)
+      plain_weights.push_back(
+          plain_tape.variable(remat_test::random_matrix<float>(width, width, static_cast<std::uint64_t>(i))));
+    auto h = plain_tape.variable(remat_test::random_matrix<float>(4, width, 99));
+    auto plain_x0 = h;
+    for (int i = 0; i < L; ++i)
+      h = remat::square(remat::tanh(remat::matmul(h, plain_weights[static_cast<std::size_t>(i)])));
+    plain_tape.backward(remat::sum(h));
+    for (int i = 0; i < L; ++i)
+      EXPECT_TRUE(bitwise_equal(weights[static_cast<std::size_t>(i)].grad(),
+                                plain_weights[static_cast<std::size_t>(i)].grad()));
+    EXPECT_TRUE(bitwise_equal(x0.grad(), plain_x0.grad()));
+    ++checked;
+  }
+  EXPECT_GE(checked, 20);
+}
+
+TEST(RunSchedule, RejectsNonPersistentAndMismatchedSchedules) {
+  // A chain whose optimum (203, found by the exhaustive search of chain_oracle.hpp) frees a checkpoint
+  // before its sub-chain is done: regions cannot express it.
+  remat::Chain c{{10, 10, 10, 3, 8, 1}, {2, 19, 19, 11, 4, 15}, {6, 4, 2, 6, 4, 2, 4}, {10, 8, 7, 4, 6, 9}};
+  const auto free_plan = remat::plan_schedule(c, 26);
+  const auto persistent_plan = remat::plan_schedule(c, 26, true);
+  EXPECT_EQ(free_plan.time, 203);
+  EXPECT_GT(persistent_plan.time, free_plan.time);
+  remat::Tape<float> tape;
+  auto x = tape.variable(remat::Matrix<float>::Ones(2, 2));
+  std::vector<std::function<remat::Var<float>(remat::Var<float>)>> layers(
+      6, [](remat::Var<float> v) { return remat::tanh(v); });
+  EXPECT_THROW(remat::run_schedule(layers, free_plan, x), remat::domain_error);
+  layers.pop_back();
+  EXPECT_THROW(remat::run_schedule(layers, persistent_plan, x), remat::domain_error);
+}
+
+// W2 of DESIGN.md §6, reduced: blocks h ← h + Linear(4d→d)(gelu(Linear(d→4d)(layer_norm(h)))), head
+// layer_norm → Linear(d→10) → cross entropy.
+struct W2 {
+  static constexpr int blocks = 8;
+  remat::Index rows, width;
+  std::vector<remat::Parameter<float>> gain, shift, w1, b1, w2, b2;
+  remat::Parameter<float> head_gain, head_shift, head_w, head_b;
+  remat::Matrix<float> input;
+  std::vector<int> labels;
+
+  W2(remat::Index r, remat::Index d) : rows(r), width(d) {
+    std::uint64_t seed = 1;
+    auto param = [&](remat::Index m, remat::Index n, float scale) {
+      return remat::Parameter<float>(remat_test::random_matrix<float>(m, n, seed++) * scale);
+    };
+    for (int k = 0; k < blocks; ++k) {
+      gain.push_back(remat::Parameter<float>(remat::Matrix<float>::Ones(1, d)));
+      shift.push_back(remat::Parameter<float>(remat::Matrix<float>::Zero(1, d)));
+      w1.push_back(param(d, 4 * d, 0.2f));
+      b1.push_back(param(1, 4 * d, 0.1f));
+      w2.push_back(param(4 * d, d, 0.1f));
+      b2.push_back(param(1, d, 0.1f));
+    }
+    head_gain = remat::Parameter<float>(remat::Matrix<float>::Ones(1, d));
+    head_shift = remat::Parameter<float>(remat::Matrix<float>::Zero(1, d));
+    head_w = param(d, 10, 0.2f);
+    head_b = param(1, 10, 0.1f);
+    input = remat_test::random_matrix<float>(r, d, 1234);
+    for (remat::Index i = 0; i < r; ++i) labels.push_back(static_cast<int>((i * 7) % 10));
+  }
+
+  struct Run {
+    float loss = 0;
+    std::vector<remat::Matrix<float>> grads;
+    remat::MemoryStats after_forward, after_backward;
+    remat::AutoScheduleReport report;
+  };
+
+  /// budget 0: the plain tape; otherwise checkpoint_sequential_auto over the blocks with that budget.
+  Run run(std::size_t budget) {
+    remat::Tape<float> tape;
+    std::vector<remat::Var<float>> params;
+    auto use = [&](remat::Parameter<float>& p) {
+      params.push_back(tape.variable(p));
+      return params.back();
+    };
+    std::vector<std::function<remat::Var<float>(remat::Var<float>)>> layers;
+    for (int k = 0; k < blocks; ++k) {
+      auto g = use(gain[k]), s = use(shift[k]), a = use(w1[k]), c = use(b1[k]), e = use(w2[k]), f = use(b2[k]);
+      layers.push_back([=](remat::Var<float> h) {
+        return h + remat::linear(remat::gelu(remat::linear(remat::layer_norm(h, g, s), a, c)), e, f);
+      });
+    }
+    auto hg = use(head_gain), hs = use(head_shift), hw = use(head_w), hb = use(head_b);
+    Run r;
+    auto h = tape.constant(input);
+    if (budget == 0) {
+      for (auto& layer : layers) h = layer(h);
+    } else {
+      h = remat::checkpoint_sequential_auto(layers, h, budget, &r.report);
+    }
+    auto loss = remat::cross_entropy(remat::linear(remat::layer_norm(h, hg, hs), hw, hb), labels);
+    h = remat::Var<float>();
+    layers.clear();
+    r.after_forward = tape.memory();
+    r.loss = loss.item();
+    tape.backward(loss);
+    r.after_backward = tape.memory();
+    for (auto& p : params) r.grads.emplace_back(p.grad());
+    return r;
+  }
+};
+
+TEST(CheckpointSequentialAuto, W2WithHalfThePlainSavedBytes) {
+  W2 model(512, 64);
+  const auto plain = model.run(0);
+  const std::size_t budget = plain.after_forward.saved_bytes / 2;
+  const auto planned = model.run(budget);
+  ASSERT_TRUE(planned.report.schedule.feasible);
+  EXPECT_EQ(planned.loss, plain.loss);
+  ASSERT_EQ(planned.grads.size(), plain.grads.size());
+  for (std::size_t i = 0; i < plain.grads.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(planned.grads[i], plain.grads[i])) << i;
+  EXPECT_LE(planned.after_forward.saved_bytes, budget) << remat_test::describe(planned.after_forward);
+  EXPECT_LT(planned.after_backward.peak_bytes, plain.after_backward.peak_bytes);
+  EXPECT_GT(planned.after_backward.replayed_ops, 0u);
+  const auto counts = planned.report.schedule.forward_counts(W2::blocks);
+  std::printf(
+      "W2 (512 x 64, 8 blocks): plain saved %zu B, peak %zu B; budget %zu B -> saved %zu B, peak %zu B, "
+      "replayed %zu ops; block evaluations:",
+      plain.after_forward.saved_bytes, plain.after_backward.peak_bytes, budget, planned.after_forward.saved_bytes,
+      planned.after_backward.peak_bytes, planned.after_backward.replayed_ops);
+  for (int n : counts) std::printf(" %d", n);
+  std::printf("\n");
+}
+
+TEST(CheckpointSequentialAuto, TooSmallABudgetSaysWhatFits) {
+  W2 model(64, 16);
+  try {
+    model.run(1000);
+    FAIL() << "expected domain_error";
+  } catch (const remat::domain_error& e) {
+    EXPECT_NE(std::string(e.what()).find("least budget"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
