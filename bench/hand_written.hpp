@@ -63,7 +63,8 @@ class HandMlp {
   void forward(Index l, const Matrix<float>& in, Buffers& b) const {
     const Affine& a = data_.affine[static_cast<std::size_t>(l)];
     b.out.noalias() = in * a.weight;
-    b.out.array() = (b.out.array().rowwise() + a.bias.row(0).array()).tanh();
+    b.out.rowwise() += a.bias.row(0);  // (a broadcast inside tanh() would not vectorize)
+    b.out.array() = b.out.array().tanh();
   }
   void backward(Index l, const Matrix<float>& in, const Buffers& b, const Matrix<float>& gout, Matrix<float>* gin) {
     const Affine& a = data_.affine[static_cast<std::size_t>(l)];
@@ -143,7 +144,8 @@ class HandBlocks {
     const auto u = b.inner.array();
     b.activated.array() = 0.5f * u * (1.0f + (k * (u + c * u.cube())).tanh());
     b.out.noalias() = b.activated * a2.weight;
-    b.out.array() = (b.out.array().rowwise() + a2.bias.row(0).array()) + in.array();
+    b.out.rowwise() += a2.bias.row(0);
+    b.out += in;
   }
   void backward(Index l, const Matrix<float>& in, const Buffers& b, const Matrix<float>& gout, Matrix<float>* gin) {
     const auto i = static_cast<std::size_t>(l);
