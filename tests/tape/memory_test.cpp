@@ -1,0 +1,194 @@
+// Exact byte counts from Tape::memory() on small graphs, derived by hand in each test from the memory
+// rules (DESIGN.md §5): a value lives while a handle or a pending backward needs it; each op declares
+// which of its inputs/output its backward reads, plus an op-specific extra buffer. float and double.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+#include "memory.hpp"
+#include "random.hpp"
+#include "remat/remat.hpp"
+
+namespace {
+
+using remat::Matrix;
+using remat::Tape;
+using remat::Var;
+using remat_test::bytes;
+using remat_test::describe;
+
+template <class T>
+class MemoryTest : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(MemoryTest, Scalars);
+
+// m = 4 rows, k = 3 inputs, n = 5 outputs: distinct sizes so that a wrong buffer shows as a wrong sum.
+constexpr remat::Index m = 4, k = 3, n = 5;
+
+TYPED_TEST(MemoryTest, TanhLayerKeepsInputWeightAndOutputOnly) {
+  using T = TypeParam;
+  Tape<T> tape;
+  const auto x = tape.constant(remat_test::random_matrix<T>(m, k, 1));
+  const auto W = tape.variable(remat_test::random_matrix<T>(k, n, 2));
+  const auto b = tape.variable(remat_test::random_matrix<T>(1, n, 3));
+  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(1, n));
+  EXPECT_EQ(tape.memory().saved_bytes, 0u) << "no op recorded yet, so no residual";
+
+  const auto y = remat::tanh(remat::matmul(x, W) + b);
+  {
+    const auto s = tape.memory();
+    SCOPED_TRACE(describe(s));
+    // Residuals: x and W (matmul's backward reads both), tanh's output (its backward reads y).
+    // add reads nothing, and the pre-activations x·W and x·W + b lost their handles at the ';'.
+    EXPECT_EQ(s.saved_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(m, n));
+    // Live: the three leaves and y.
+    EXPECT_EQ(s.live_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(1, n) + bytes<T>(m, n));
+    // Peak: the leaves and the three [m,n] results, all alive until the end of the expression.
+    EXPECT_EQ(s.peak_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(1, n) + 3 * bytes<T>(m, n));
+    EXPECT_EQ(s.replayed_bytes, 0u);
+    EXPECT_EQ(s.replayed_ops, 0u);
+  }
+  std::ostringstream report;
+  tape.print_saved_residuals(report);
+  EXPECT_NE(report.str().find("total " + std::to_string(tape.memory().saved_bytes) + " B"), std::string::npos)
+      << report.str();
+
+  const auto loss = remat::sum(y);  // [1,1], reads nothing in backward
+  const std::size_t values = bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(1, n) + bytes<T>(m, n) + bytes<T>(1, 1);
+  EXPECT_EQ(tape.memory().live_bytes, values);
+  tape.backward(loss);
+  {
+    const auto s = tape.memory();
+    SCOPED_TRACE(describe(s));
+    EXPECT_EQ(s.saved_bytes, 0u) << "a freeing backward releases every residual";
+    // Live: the values the user holds handles to, plus the gradients of the variables W and b.
+    EXPECT_EQ(s.live_bytes, values + bytes<T>(k, n) + bytes<T>(1, n));
+    // Peak, walking the sweep (gradients of interior values are freed once their node is swept):
+    //  sum:    + dloss [1,1] + dy [m,n]                   then − dloss
+    //  tanh:   + d(x·W + b) [m,n]                         then − dy
+    //  add:    + d(x·W) [m,n] + db [1,n]                  then − d(x·W + b)   ← values + 2mn + n (+ dy gone)
+    //  matmul: + dW [k,n] (x is a constant: no dx)        then − d(x·W)
+    // The largest is after add: values + 2·[m,n] + [1,n] = mk + kn + 2n + 3mn + 1 elements, which with
+    // m,k,n = 4,3,5 (98 elements) exceeds the forward peak (92) and the matmul step (93).
+    const std::size_t backward_peak = values + 2 * bytes<T>(m, n) + bytes<T>(1, n);
+    EXPECT_EQ(s.peak_bytes, backward_peak);
+  }
+  // The values the user holds are intact.
+  EXPECT_EQ(y.rows(), m);
+  EXPECT_NEAR(static_cast<double>(y.value()(0, 0)),
+              std::tanh(static_cast<double>((x.value().row(0) * W.value().col(0))(0, 0) + b.value()(0, 0))), 1e-5);
+}
+
+TYPED_TEST(MemoryTest, ElementwiseChainDoesNotKeepIntermediates) {
+  using T = TypeParam;
+  Tape<T> tape;
+  const auto x = tape.variable(remat_test::random_matrix<T>(m, n, 4));
+  // sin reads x; exp reads its own output; square reads its input (exp's output); neg reads nothing.
+  // So the residuals are x and e = exp(sin(x)); sin(x) and the result of square are not kept.
+  const auto y = remat::neg(remat::square(remat::exp(remat::sin(x))));
+  const auto s = tape.memory();
+  SCOPED_TRACE(describe(s));
+  EXPECT_EQ(s.saved_bytes, 2 * bytes<T>(m, n));
+  EXPECT_EQ(s.live_bytes, 3 * bytes<T>(m, n)) << "x, e (a residual without a handle) and y";
+  EXPECT_EQ(s.peak_bytes, 5 * bytes<T>(m, n)) << "x and four results alive until the end of the expression";
+}
+
+TYPED_TEST(MemoryTest, ConstantsOnlyGraphKeepsNothing) {
+  using T = TypeParam;
+  Tape<T> tape;
+  const auto c = tape.constant(remat_test::random_matrix<T>(m, k, 5));
+  const auto d = tape.constant(remat_test::random_matrix<T>(k, n, 6));
+  const auto y = remat::cross_entropy(remat::tanh(remat::matmul(c, d)), std::vector<int>(m, 1));
+  const auto s = tape.memory();
+  SCOPED_TRACE(describe(s));
+  EXPECT_EQ(s.saved_bytes, 0u) << "no backward will run through values that depend on no variable";
+  EXPECT_EQ(s.live_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(1, 1));
+}
+
+TYPED_TEST(MemoryTest, CrossEntropyKeepsItsSoftmaxAsExtra) {
+  using T = TypeParam;
+  Tape<T> tape;
+  const auto x = tape.constant(remat_test::random_matrix<T>(m, k, 7));
+  const auto W = tape.variable(remat_test::random_matrix<T>(k, n, 8));
+  const auto loss = remat::cross_entropy(remat::matmul(x, W), {0, 1, 2, 3});
+  const auto s = tape.memory();
+  SCOPED_TRACE(describe(s));
+  // x, W for matmul; the softmax [m,n] as cross_entropy's extra; the logits are not kept.
+  EXPECT_EQ(s.saved_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(m, n));
+  EXPECT_EQ(s.live_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(m, n) + bytes<T>(1, 1));
+  tape.backward(loss);
+  EXPECT_EQ(tape.memory().saved_bytes, 0u);
+  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k) + 2 * bytes<T>(k, n) + bytes<T>(1, 1))
+      << "the extra is freed by the sweep; dW is kept";
+}
+
+TYPED_TEST(MemoryTest, LayerNormKeepsInputGainAndStatistics) {
+  using T = TypeParam;
+  Tape<T> tape;
+  const auto x = tape.variable(remat_test::random_matrix<T>(m, n, 9));
+  const auto gain = tape.variable(remat_test::random_matrix<T>(1, n, 10));
+  const auto bias = tape.variable(remat_test::random_matrix<T>(1, n, 11));
+  const auto y = remat::layer_norm(remat::tanh(x), gain, bias);
+  const auto s = tape.memory();
+  SCOPED_TRACE(describe(s));
+  // tanh(x) is read by tanh's backward (its output) and by layer_norm's (its input): kept once.
+  // gain is read by layer_norm's backward, bias is not; the statistics (μ, 1/σ) per row are [m,2].
+  EXPECT_EQ(s.saved_bytes, bytes<T>(m, n) + bytes<T>(1, n) + bytes<T>(m, 2));
+  EXPECT_EQ(s.live_bytes, 3 * bytes<T>(m, n) + 2 * bytes<T>(1, n) + bytes<T>(m, 2)) << "x, tanh(x), y, gain, bias";
+}
+
+TYPED_TEST(MemoryTest, RetainGraphKeepsResidualsAndParametersAreNotCounted) {
+  using T = TypeParam;
+  Tape<T> tape;
+  remat::Parameter<T> p(remat_test::random_matrix<T>(k, n, 12));
+  const auto x = tape.constant(remat_test::random_matrix<T>(m, k, 13));
+  const auto W = tape.variable(p);
+  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k)) << "a Parameter is referenced, not copied";
+  const auto loss = remat::sum(remat::sigmoid(remat::matmul(x, W)));
+  // Residuals: x (W is referenced and not counted) and sigmoid's output.
+  const std::size_t saved = bytes<T>(m, k) + bytes<T>(m, n);
+  EXPECT_EQ(tape.memory().saved_bytes, saved);
+  tape.backward(loss, /*retain_graph=*/true);
+  EXPECT_EQ(tape.memory().saved_bytes, saved) << "retain_graph keeps every residual";
+  // Live: x, the sigmoid output (no handle, kept as a residual), loss, and dW.
+  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k) + bytes<T>(m, n) + bytes<T>(1, 1) + bytes<T>(k, n));
+  tape.backward(loss);
+  EXPECT_EQ(tape.memory().saved_bytes, 0u);
+  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k) + bytes<T>(1, 1) + bytes<T>(k, n));
+}
+
+TYPED_TEST(MemoryTest, ClearReusesThePoolWithoutNewAllocations) {
+  using T = TypeParam;
+  Tape<T> tape;
+  auto step = [&](std::uint64_t seed) {
+    const auto x = tape.constant(remat_test::random_matrix<T>(m, k, seed));
+    const auto W = tape.variable(remat_test::random_matrix<T>(k, n, seed + 1));
+    const auto b = tape.variable(remat_test::random_matrix<T>(1, n, seed + 2));
+    const auto loss = remat::cross_entropy(remat::tanh(remat::linear(x, W, b)), {0, 1, 2, 3});
+    tape.backward(loss);
+    return Matrix<T>(W.grad());
+  };
+  // Every buffer the pool ever obtained from the system is either live or cached, so live + cached is
+  // the total obtained; a step that allocates nothing new leaves it unchanged.
+  auto total = [&] { return tape.memory().live_bytes + tape.memory().cached_bytes; };
+  step(100);
+  const std::size_t first_peak = tape.memory().peak_bytes;
+  tape.clear();
+  EXPECT_EQ(tape.memory().live_bytes, 0u);
+  EXPECT_EQ(tape.memory().peak_bytes, 0u) << "clear() resets the peak to the live bytes";
+  EXPECT_EQ(tape.size(), 0u);
+  const std::size_t obtained = tape.memory().cached_bytes;
+  EXPECT_GE(obtained, first_peak);
+  for (std::uint64_t s = 200; s < 600; s += 100) {
+    const Matrix<T> grad = step(s);
+    EXPECT_EQ(total(), obtained) << "step " << s << " allocated from the system: " << describe(tape.memory());
+    EXPECT_EQ(tape.memory().peak_bytes, first_peak) << "an identical step has an identical peak";
+    tape.clear();
+    EXPECT_EQ(tape.memory().cached_bytes, obtained);
+  }
+  tape.release_cached_memory();
+  EXPECT_EQ(tape.memory().cached_bytes, 0u);
+}
+
+}  // namespace
