@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "counting_op.hpp"
 #include "memory.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
@@ -14,24 +15,7 @@
 
 namespace {
 
-// tanh that counts its forward evaluations per layer (layer index in Attributes::scalar).
-std::vector<int> evaluations;
-
-struct LayerCountingTanhOp : remat::detail::UnaryElementwise<LayerCountingTanhOp> {
-  static constexpr const char* name = "layer_counting_tanh";
-  static constexpr unsigned needs = remat::detail::needs_output;
-  static constexpr double flops_per_element = 10;
-  template <class X>
-  static auto value(const X& x, const remat::detail::Attributes& a) {
-    ++evaluations[static_cast<std::size_t>(a.scalar)];
-    return x.tanh();
-  }
-  template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const remat::detail::Attributes&) {
-    using T = typename X::Scalar;
-    return g * (T(1) - y.square());
-  }
-};
+using remat_test::evaluations;
 
 bool bitwise_equal(const remat::Matrix<float>& a, const remat::Matrix<float>& b) {
   return a.rows() == b.rows() && a.cols() == b.cols() && (a.array() == b.array()).all();
@@ -65,12 +49,10 @@ TEST(RunSchedule, LayerEvaluationsFollowThePlan) {
     std::vector<std::function<remat::Var<float>(remat::Var<float>)>> layers;
     for (int i = 0; i < L; ++i)
       layers.push_back([&weights, i](remat::Var<float> x) {
-        remat::detail::Attributes a;
-        a.scalar = i;
         // tanh's output is a residual of square(), not the layer's output: every forward of the layer in
         // the plan (F or Fall) must evaluate it.
         return remat::square(
-            remat::detail::apply<LayerCountingTanhOp>(a, remat::matmul(x, weights[static_cast<std::size_t>(i)])));
+            remat_test::layer_counting_tanh(remat::matmul(x, weights[static_cast<std::size_t>(i)]), i));
       });
     auto x0 = tape.variable(remat_test::random_matrix<float>(4, width, 99));
     evaluations.assign(static_cast<std::size_t>(L), 0);

@@ -1,0 +1,38 @@
+// A tanh op for schedule tests that counts its forward evaluations (first pass and replays alike) per layer.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "remat/detail/apply.hpp"
+
+namespace remat_test {
+
+/// evaluations[i]: forward evaluations of layer_counting_tanh(x, i) since the vector was last reset.
+inline std::vector<int> evaluations;
+
+struct LayerCountingTanhOp : remat::detail::UnaryElementwise<LayerCountingTanhOp> {
+  static constexpr const char* name = "layer_counting_tanh";
+  static constexpr unsigned needs = remat::detail::needs_output;
+  static constexpr double flops_per_element = 10;
+  template <class X>
+  static auto value(const X& x, const remat::detail::Attributes& a) {
+    ++evaluations[static_cast<std::size_t>(a.scalar)];
+    return x.tanh();
+  }
+  template <class X, class Y, class G>
+  static auto derivative(const X&, const Y& y, const G& g, const remat::detail::Attributes&) {
+    using T = typename X::Scalar;
+    return g * (T(1) - y.square());
+  }
+};
+
+/// tanh x, counted as an evaluation of layer `layer`.
+template <class T>
+remat::Var<T> layer_counting_tanh(const remat::Var<T>& x, int layer) {
+  remat::detail::Attributes a;
+  a.scalar = layer;
+  return remat::detail::apply<LayerCountingTanhOp>(a, x);
+}
+
+}  // namespace remat_test
