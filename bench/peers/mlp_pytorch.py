@@ -21,7 +21,8 @@ import subprocess
 import time
 
 import numpy as np
-import torch
+
+torch = None  # imported in main() after OPENBLAS_NUM_THREADS is set: OpenBLAS reads it when it loads
 
 
 def read_idx(path, magic):
@@ -61,6 +62,13 @@ def main():
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
 
+    # torch.set_num_threads() sets the OpenMP/intra-op threads, but Debian's torch calls the system
+    # libblas.so.3 (OpenBLAS, pthreads build), whose thread count comes from OPENBLAS_NUM_THREADS.
+    os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    global torch
+    import torch as torch_module
+    torch = torch_module
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     target, blas = blas_in_use()

@@ -47,6 +47,8 @@ struct Options {
   std::string save, resume;
   std::uint64_t seed = 42;
   int eval_batch = 1000;
+  std::string schedule = "cosine";
+  int stop_after = 0;
 };
 
 /// One training epoch's results; kept in the state file so a resumed run reports the whole history.
@@ -171,7 +173,9 @@ std::vector<unsigned char> encode_state(const Options& o, Model& model, std::uin
   w.u64(train_count);
   w.u32(activation_id(o.activation));
   const auto& a = model.adam->options();
-  w.f64(a.learning_rate);
+  w.f64(o.lr);  // the base rate; the schedule sets the current one from it
+  w.u32(o.schedule == "cosine" ? 1 : 0);
+  w.u32(static_cast<std::uint32_t>(o.epochs));
   w.f64(a.beta1);
   w.f64(a.beta2);
   w.f64(a.epsilon);
@@ -227,11 +231,22 @@ void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& m
   o.activation = activation_names[activation];
   remat::nn::Adam<float>::Options a;
   a.learning_rate = r.f64();
+  const std::uint32_t schedule = r.u32();
+  const std::uint32_t epochs = r.u32();
   a.beta1 = r.f64();
   a.beta2 = r.f64();
   a.epsilon = r.f64();
   if (app.count("--lr") && a.learning_rate != o.lr) conflict("--lr", text(a.learning_rate), text(o.lr));
   o.lr = a.learning_rate;
+  if (schedule > 1) throw mlp::state_error(r.path(), "unknown schedule id " + std::to_string(schedule));
+  const char* schedule_name = schedule == 1 ? "cosine" : "constant";
+  if (app.count("--schedule") && o.schedule != schedule_name) conflict("--schedule", schedule_name, o.schedule);
+  o.schedule = schedule_name;
+  if (!app.count("--epochs"))
+    o.epochs = static_cast<int>(epochs);
+  else if (static_cast<std::uint32_t>(o.epochs) != epochs && o.schedule == "cosine")
+    std::printf("note: the run was planned for %u epochs, now %d: the cosine schedule is recomputed for %d\n", epochs,
+                o.epochs, o.epochs);
   const std::uint64_t steps = r.u64();
   const std::uint64_t shuffle_state = r.u64();
   const std::uint32_t layer_count = r.u32();
@@ -352,9 +367,9 @@ int run(Options& o, const CLI::App& app) {
   for (int h : o.hidden) shape += "→" + std::to_string(h);
   shape += "→" + std::to_string(classes);
   std::printf(
-      "MLP %s %s, dropout %g, Adam lr %g, batch %d, %zu training / %ld test images, checkpoint %s, %d thread%s\n",
-      shape.c_str(), o.activation.c_str(), o.dropout, o.lr, o.batch, n, static_cast<long>(test.images.rows()),
-      o.checkpoint.c_str(), o.threads, o.threads == 1 ? "" : "s");
+      "MLP %s %s, dropout %g, Adam lr %g (%s), batch %d, %zu training / %ld test images, checkpoint %s, %d thread%s\n",
+      shape.c_str(), o.activation.c_str(), o.dropout, o.lr, o.schedule.c_str(), o.batch, n,
+      static_cast<long>(test.images.rows()), o.checkpoint.c_str(), o.threads, o.threads == 1 ? "" : "s");
   if (!o.resume.empty())
     std::printf("resumed from %s after epoch %zu (step %llu)\n", o.resume.c_str(), model.history.size(),
                 static_cast<unsigned long long>(model.adam->step_count()));
@@ -368,8 +383,17 @@ int run(Options& o, const CLI::App& app) {
   double train_seconds = 0, run_seconds = 0;  // all epochs (including resumed ones), this run's epochs
   std::size_t trained_samples = 0;
   for (const EpochRecord& e : model.history) train_seconds += e.seconds;
+  const std::uint64_t total_steps = static_cast<std::uint64_t>(o.epochs) *
+                                    ((n + static_cast<std::size_t>(o.batch) - 1) / static_cast<std::size_t>(o.batch));
+  int epochs_this_run = 0;
 
   for (int epoch = static_cast<int>(model.history.size()) + 1; epoch <= o.epochs; ++epoch) {
+    if (o.stop_after > 0 && epochs_this_run == o.stop_after) {
+      std::printf("stopping after %d epoch%s as --stop-after asks; continue with --resume\n", o.stop_after,
+                  o.stop_after == 1 ? "" : "s");
+      break;
+    }
+    ++epochs_this_run;
     const auto start = std::chrono::steady_clock::now();
     std::iota(order.begin(), order.end(), std::size_t{0});
     for (std::size_t i = n - 1; i > 0; --i) std::swap(order[i], order[model.shuffle.below(i + 1)]);  // Fisher–Yates
@@ -393,6 +417,11 @@ int run(Options& o, const CLI::App& app) {
       peak_bytes = std::max(peak_bytes, tape.memory().peak_bytes);
       std::vector<remat::MatrixView<float>> gradients;
       for (const Var<float>& v : p) gradients.push_back(v.grad());
+      if (o.schedule == "cosine")  // α_t = α·(1 + cos(π t / T)) / 2 over all T steps (Loshchilov & Hutter 2017)
+        model.adam->set_learning_rate(std::max(
+            o.lr * 0.5 *
+                (1 + std::cos(M_PI * static_cast<double>(model.adam->step_count()) / static_cast<double>(total_steps))),
+            1e-12));
       model.adam->step(gradients);
       loss_sum += static_cast<double>(loss.item()) * static_cast<double>(m);
       correct += count_correct(logits.value(), labels, 0);
@@ -432,14 +461,15 @@ int run(Options& o, const CLI::App& app) {
         "{\"epochs\":%zu,\"test_accuracy\":%.17g,\"train_accuracy\":%.17g,\"loss\":%.17g,\"train_seconds\":%.3f,"
         "\"seconds_per_epoch\":%.3f,\"samples_per_second\":%.1f,\"saved_bytes_per_step\":%zu,\"peak_bytes_per_step\":%"
         "zu,"
-        "\"checkpoint\":\"%s\",\"hidden\":[%s],\"activation\":\"%s\",\"batch\":%d,\"lr\":%g,\"dropout\":%g,\"seed\":%"
+        "\"checkpoint\":\"%s\",\"schedule\":\"%s\",\"hidden\":[%s],\"activation\":\"%s\",\"batch\":%d,\"lr\":%g,"
+        "\"dropout\":%g,\"seed\":%"
         "llu,"
         "\"threads\":%d,\"train_images\":%zu,\"parameters_crc32\":%u,\"losses\":%s,\"train_accuracies\":%s,\"test_"
         "accuracies\":%s}\n",
         model.history.size(), test_accuracy, model.history.empty() ? 0.0 : model.history.back().train_accuracy,
         model.history.empty() ? 0.0 : model.history.back().loss, train_seconds,
         model.history.empty() ? 0.0 : train_seconds / static_cast<double>(model.history.size()), samples_per_second,
-        saved_bytes, peak_bytes, o.checkpoint.c_str(),
+        saved_bytes, peak_bytes, o.checkpoint.c_str(), o.schedule.c_str(),
         [&] {
           std::string s;
           for (std::size_t i = 0; i < o.hidden.size(); ++i) s += (i ? "," : "") + std::to_string(o.hidden[i]);
@@ -493,6 +523,13 @@ int main(int argc, char** argv) {
                  "region, dots_saveable)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "layer", "sqrt", "dots"}));
+  app.add_option("--schedule", o.schedule,
+                 "Learning-rate schedule: cosine (decay from --lr to 0 over all steps) or constant")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cosine", "constant"}));
+  app.add_option("--stop-after", o.stop_after,
+                 "Stop after this many epochs in this run, as if interrupted (continue with --resume; 0 = never)")
+      ->check(CLI::Range(0, 100000));
   app.add_option("--seed", o.seed, "Seed of the initialisation, shuffling and dropout")->capture_default_str();
   app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
   app.add_option("--save", o.save, "Write parameters and optimizer state to this file after each epoch (atomically)");

@@ -173,12 +173,13 @@ def case_save_resume():
         whole = os.path.join(tmp, "whole.state")
         part = os.path.join(tmp, "part.state")
         a = run_json(*common, "--epochs", 3, "--save", whole)
-        b1 = run_json(*common, "--epochs", 1, "--save", part)
-        check(b1.get("epochs") == 1, f"first part: {b1}")
-        b = run_json("--data", DATA, "--limit", LIMIT, "--hidden", "64,32", "--resume", part, "--save", part,
-                     "--epochs", 3)
+        # The same run interrupted after its first epoch (--stop-after), then resumed from its file: the
+        # settings (seed, dropout, batch, schedule, epochs) come from the file.
+        b1 = run_json(*common, "--epochs", 3, "--stop-after", 1, "--save", part)
+        check(b1.get("epochs") == 1 and b1.get("losses") == a.get("losses", [])[:1], f"first part: {b1}")
+        b = run_json("--data", DATA, "--limit", LIMIT, "--hidden", "64,32", "--resume", part, "--save", part)
         for key in ("epochs", "losses", "train_accuracies", "test_accuracies", "test_accuracy", "parameters_crc32",
-                    "dropout", "batch"):
+                    "dropout", "batch", "schedule"):
             check(key in a and a.get(key) == b.get(key), f"resume differs in {key}: {a.get(key)} vs {b.get(key)}")
         check(state_files_in(tmp) == ["part.state", "whole.state"], f"left-over files: {state_files_in(tmp)}")
 

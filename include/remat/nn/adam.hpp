@@ -1,6 +1,7 @@
 // nn::Adam: the Adam optimizer updating remat::Parameters in place.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -48,10 +49,13 @@ class Adam {
     }
   }
 
-  /// One update: gradients[k] is d loss / d parameter k, of its shape (e.g. Var::grad() after
-  /// Tape::backward). Throws shape_error, before changing anything, if the count or a shape differs.
+  /// One update: gradients[k] is d loss / d parameter k, of its shape, stored contiguously row-major
+  /// (a remat::Matrix or MatrixView, e.g. Var::grad() after Tape::backward). Throws shape_error, before
+  /// changing anything, if the count or a shape differs.
   template <class Gradient>
   void step(const std::vector<Gradient>& gradients) {
+    static_assert(Gradient::IsRowMajor || Gradient::ColsAtCompileTime == 1,
+                  "nn::Adam::step: gradients must be row-major like the parameters");
     if (gradients.size() != parameters_.size())
       throw shape_error("nn::Adam::step: " + std::to_string(gradients.size()) + " gradients for " +
                         std::to_string(parameters_.size()) + " parameters");
@@ -67,16 +71,33 @@ class Adam {
     const T correction2 = static_cast<T>(std::sqrt(1 - std::pow(options_.beta2, t)));
     const T epsilon = static_cast<T>(options_.epsilon);
     for (std::size_t k = 0; k < gradients.size(); ++k) {
-      const auto g = gradients[k].array();
-      auto m = m_[k].array();
-      auto v = v_[k].array();
-      m = beta1 * m + (1 - beta1) * g;
-      v = beta2 * v + (1 - beta2) * g.square();
-      parameters_[k]->mutable_value().array() -= step_size * m / (v.sqrt() / correction2 + epsilon);
+      // Blocks of 512 elements, each updated by three vectorised Eigen statements while it stays in L1:
+      // in effect one pass over memory (the update is memory-bound: 4 arrays read, 3 written).
+      const T* g = gradients[k].data();
+      T* m = m_[k].data();
+      T* v = v_[k].data();
+      T* theta = parameters_[k]->mutable_value().data();
+      const Index count = m_[k].size();
+      constexpr Index block = 512;
+      for (Index i = 0; i < count; i += block) {
+        const Index n = std::min(block, count - i);
+        using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
+        const Eigen::Map<const Array> gi(g + i, n);
+        Eigen::Map<Array> mi(m + i, n), vi(v + i, n), thetai(theta + i, n);
+        mi = beta1 * mi + (1 - beta1) * gi;
+        vi = beta2 * vi + (1 - beta2) * gi.square();
+        thetai -= step_size * mi / (vi.sqrt() / correction2 + epsilon);
+      }
     }
   }
 
   const Options& options() const { return options_; }
+  /// Sets α for the following steps (a learning-rate schedule). Throws domain_error unless α > 0.
+  void set_learning_rate(double learning_rate) {
+    if (!(learning_rate > 0))
+      throw domain_error("nn::Adam: learning_rate must be > 0, got " + std::to_string(learning_rate));
+    options_.learning_rate = learning_rate;
+  }
   std::size_t size() const { return parameters_.size(); }
   /// t: the number of steps taken.
   std::uint64_t& step_count() { return t_; }
