@@ -104,7 +104,9 @@ struct AutoScheduleReport {
 /// The budget covers what the planner's model counts: the chain's activations, kept tapes and activation
 /// gradients (x_0 included), not weights, weight gradients or what comes after the chain.
 ///
-/// Costs one extra forward pass (the probe) and plan_schedule's time O(L³·resolution). A layer with dropout
+/// Costs one extra forward pass (the probe) and plan_schedule's time O(L³·resolution) (milliseconds for a
+/// dozen layers, seconds for 60). In a training loop whose shapes do not change, plan once: pass `report`
+/// and run later steps with run_schedule(layers, report->schedule, x). A layer with dropout
 /// draws its mask in the probe and again in the real pass, so the masks differ from a run without probe.
 /// Throws domain_error when no schedule fits the budget (the message gives the least budget that fits).
 template <class Layers, class T>

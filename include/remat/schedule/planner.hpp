@@ -129,11 +129,12 @@ class Planner {
 
  private:
   static constexpr double infinity = std::numeric_limits<double>::infinity();
-  struct Entry {
+  struct Entry {  // 16 bytes
     double cost = infinity;
-    PlanNode::Kind kind = PlanNode::backward;
-    int kept = 0;
-    int right_first = 0;
+    std::int16_t kept = 0;
+    std::int16_t right_first = 0;
+    std::uint8_t kind = PlanNode::backward;
+    bool solved = false;
   };
 
   std::int64_t x(int i) const { return c_.activation_size[static_cast<std::size_t>(i)]; }
@@ -143,43 +144,46 @@ class Planner {
   /// δ_t held before B_t starts (δ_L only appears with B_L).
   std::int64_t delta(int t) const { return t < L_ ? x(t) : 0; }
 
-  /// Peak added by F_s … F_e run from a held x_{s−1}, each intermediate freed once its successor exists.
-  std::int64_t chain_peak(int s, int e) const {
-    std::int64_t peak = 0;
-    for (int j = s; j <= e; ++j) peak = std::max(peak, x(j) + (j > s ? x(j - 1) : 0));
-    return peak;
-  }
-  double forward_sum(int s, int e) const {
-    double sum = 0;
-    for (int j = s; j <= e; ++j) sum += f(j);
-    return sum;
-  }
-  std::uint64_t key(int source, int first, int last, bool tape, std::int64_t m) const {
-    const auto k = ((static_cast<std::uint64_t>(source) * 64 + static_cast<std::uint64_t>(first)) * 64 +
-                    static_cast<std::uint64_t>(last)) *
-                       2 +
-                   (tape ? 1u : 0u);
-    return k * (static_cast<std::uint64_t>(budget_) + 1) + static_cast<std::uint64_t>(m);
+  /// The memo entry of a sub-problem: a table over m per (source, first, last, tape), made on first use, for
+  /// budgets up to dense_limit units; a hash map above.
+  static constexpr std::int64_t dense_limit = 1 << 16;
+  Entry& entry(int source, int first, int last, bool tape, std::int64_t m) {
+    const auto n = static_cast<std::size_t>(L_ + 1);
+    const std::size_t sub = ((static_cast<std::size_t>(source) * n + static_cast<std::size_t>(first)) * n +
+                             static_cast<std::size_t>(last)) *
+                                2 +
+                            (tape ? 1u : 0u);
+    if (budget_ > dense_limit)
+      return sparse_[sub * (static_cast<std::size_t>(budget_) + 1) + static_cast<std::size_t>(m)];
+    if (memo_.empty()) memo_.resize(n * n * n * 2);
+    auto& table = memo_[sub];
+    if (table.empty()) table.resize(static_cast<std::size_t>(budget_) + 1);
+    return table[static_cast<std::size_t>(m)];
   }
 
   /// Least time of D(source, first, last, tape) within the budget m, which counts x_source, δ_last and
   /// x̄_last (when `tape`) and everything the sub-problem allocates.
   double solve(int source, int first, int last, bool tape, std::int64_t m) {
     if (m < 0) return infinity;
-    const std::uint64_t k = key(source, first, last, tape, m);
-    if (auto it = memo_.find(k); it != memo_.end()) return it->second.cost;
+    if (const Entry& known = entry(source, first, last, tape, m); known.solved) return known.cost;
     Entry best;
     auto consider = [&](double cost, PlanNode::Kind kind, int kept, int right_first) {
-      if (cost < best.cost) best = {cost, kind, kept, right_first};
+      if (cost < best.cost)
+        best = {cost, static_cast<std::int16_t>(kept), static_cast<std::int16_t>(right_first),
+                static_cast<std::uint8_t>(kind)};
     };
     const std::int64_t held = x(source) + delta(last) + (tape ? a(last) : 0);
     if (tape && source == last - 1) {
       // first == last here: B_last reads x̄_last, δ_last, x_{last−1} and allocates δ_{last−1}.
       if (2 * x(last - 1) + a(last) + x(last) <= m) consider(b(last), PlanNode::backward, 0, 0);
     } else {
+      // Running F_{source+1} … F_kept: `peak` is what it adds at most, `forward` its time.
+      std::int64_t peak = 0;
+      double forward = 0;
       for (int kept = source + 1; kept <= last - 1; ++kept) {
-        if (held + chain_peak(source + 1, kept) > m) break;
-        const double forward = forward_sum(source + 1, kept);
+        peak = std::max(peak, x(kept) + (kept > source + 1 ? x(kept - 1) : 0));
+        forward += f(kept);
+        if (held + peak > m) break;
         if (kept < first) {
           consider(forward + solve(kept, first, last, tape, m), PlanNode::advance, kept, 0);
           continue;
@@ -192,27 +196,31 @@ class Planner {
                    right_first);
         }
       }
-      for (int kept = std::max(first, source + 1); kept <= last; ++kept) {
-        if (tape && kept == last) break;
-        const std::int64_t peak =
-            std::max(chain_peak(source + 1, kept - 1), (kept - 1 > source ? x(kept - 1) : 0) + a(kept));
-        if (held + peak > m) continue;
+      // Running F_{source+1} … F_{kept−1} then Fall_kept.
+      peak = 0;
+      forward = 0;
+      for (int kept = source + 1; kept <= last; ++kept) {
+        if (kept > source + 1) peak = std::max(peak, x(kept - 1) + (kept - 1 > source + 1 ? x(kept - 2) : 0));
+        forward += f(kept);
+        if (held + peak > m || (tape && kept == last)) break;
+        if (kept < first) continue;
+        if (held + (kept - 1 > source ? x(kept - 1) : 0) + a(kept) > m) continue;
         double right = 0;
         if (kept < last) right = solve(kept, kept + 1, last, tape, m - x(source) - a(kept) + x(kept));
         if (right == infinity) continue;
-        consider(forward_sum(source + 1, kept) + right + solve(source, first, kept, true, m), PlanNode::split_tape,
-                 kept, 0);
+        consider(forward + right + solve(source, first, kept, true, m), PlanNode::split_tape, kept, 0);
       }
     }
-    memo_[k] = best;
+    best.solved = true;
+    entry(source, first, last, tape, m) = best;
     return best.cost;
   }
 
   int build(Schedule& out, int source, int first, int last, bool tape, std::int64_t m) {
     solve(source, first, last, tape, m);
-    const Entry e = memo_.at(key(source, first, last, tape, m));
+    const Entry e = entry(source, first, last, tape, m);
     PlanNode node;
-    node.kind = e.kind;
+    node.kind = static_cast<PlanNode::Kind>(e.kind);
     node.source = source;
     node.first = first;
     node.last = last;
@@ -222,7 +230,7 @@ class Planner {
     const auto index = static_cast<std::size_t>(out.nodes.size());
     out.nodes.push_back(node);
     int right = -1, left = -1;
-    switch (e.kind) {
+    switch (node.kind) {
       case PlanNode::backward:
         break;
       case PlanNode::advance:
@@ -282,7 +290,8 @@ class Planner {
   int L_;
   std::int64_t budget_;
   bool persistent_;
-  std::unordered_map<std::uint64_t, Entry> memo_;
+  std::vector<std::vector<Entry>> memo_;
+  std::unordered_map<std::size_t, Entry> sparse_;
 };
 
 }  // namespace detail
@@ -303,15 +312,19 @@ class Planner {
 ///
 /// `persistent` restricts the search to persistent schedules, which nested checkpoint regions can execute
 /// (a region keeps its input until the backward sweep leaves it): run_schedule() and
-/// checkpoint_sequential_auto() plan with it. Time O(L³·budget) persistent, O(L⁵·budget) otherwise; memory
-/// O(L³·budget) table entries at worst. Quantise byte sizes (as checkpoint_sequential_auto does) to keep
-/// the budget to a few hundred units.
+/// checkpoint_sequential_auto() plan with it. Time O(L³·budget) persistent, O(L⁵·budget) otherwise, memory
+/// O(L²·budget) resp. O(L³·budget) table entries of 16 bytes at worst; measured here: L = 20, budget 150
+/// units: 15 ms persistent, 0.2 s otherwise; L = 60, budget 200: 2 s persistent. Quantise byte sizes (as
+/// checkpoint_sequential_auto does) to keep the budget to a few hundred units.
 ///
 /// Returns a Schedule with feasible == false when no schedule fits (the minimum is about
-/// x_0 + 2·max x + max x̄). Throws domain_error for an inconsistent chain or L > 60.
+/// x_0 + 2·max x + max x̄). Throws domain_error for an inconsistent chain, L > 60 or budget > 2^40.
 inline Schedule plan_schedule(const Chain& chain, std::int64_t budget, bool persistent = false) {
   chain.validate();
   if (chain.length() > 60) throw domain_error("plan_schedule: at most 60 layers; group layers into blocks");
+  if (budget > (std::int64_t{1} << 40))
+    throw domain_error("plan_schedule: budget " + std::to_string(budget) +
+                       " is above 2^40 units; quantise sizes (e.g. to KiB) first");
   return detail::Planner(chain, budget, persistent).plan();
 }
 
