@@ -135,8 +135,9 @@ struct W2 {
     remat::AutoScheduleReport report;
   };
 
-  /// budget 0: the plain tape; otherwise checkpoint_sequential_auto over the blocks with that budget.
-  Run run(std::size_t budget) {
+  /// budget 0: the plain tape (or checkpoint_sequential with `segments` > 0); otherwise
+  /// checkpoint_sequential_auto over the blocks with that budget.
+  Run run(std::size_t budget, int segments = 0) {
     remat::Tape<float> tape;
     std::vector<remat::Var<float>> params;
     auto use = [&](remat::Parameter<float>& p) {
@@ -153,7 +154,9 @@ struct W2 {
     auto hg = use(head_gain), hs = use(head_shift), hw = use(head_w), hb = use(head_b);
     Run r;
     auto h = tape.constant(input);
-    if (budget == 0) {
+    if (segments > 0) {
+      h = remat::checkpoint_sequential(layers, segments, h);
+    } else if (budget == 0) {
       for (auto& layer : layers) h = layer(h);
     } else {
       h = remat::checkpoint_sequential_auto(layers, h, budget, &r.report);
@@ -170,8 +173,10 @@ struct W2 {
   }
 };
 
-TEST(CheckpointSequentialAuto, W2WithHalfThePlainSavedBytes) {
-  W2 model(512, 64);
+/// W2 at rows × width with a budget of half the plain run's saved bytes: runs, saves at most the budget,
+/// lowers the peak, recomputes something, and every gradient is bitwise the plain one.
+void check_w2_at_half_budget(remat::Index rows, remat::Index width) {
+  W2 model(rows, width);
   const auto plain = model.run(0);
   const std::size_t budget = plain.after_forward.saved_bytes / 2;
   const auto planned = model.run(budget);
@@ -185,12 +190,33 @@ TEST(CheckpointSequentialAuto, W2WithHalfThePlainSavedBytes) {
   EXPECT_GT(planned.after_backward.replayed_ops, 0u);
   const auto counts = planned.report.schedule.forward_counts(W2::blocks);
   std::printf(
-      "W2 (512 x 64, 8 blocks): plain saved %zu B, peak %zu B; budget %zu B -> saved %zu B, peak %zu B, "
+      "W2 (%lld x %lld, 8 blocks): plain saved %zu B, peak %zu B; budget %zu B -> saved %zu B, peak %zu B, "
       "replayed %zu ops; block evaluations:",
-      plain.after_forward.saved_bytes, plain.after_backward.peak_bytes, budget, planned.after_forward.saved_bytes,
-      planned.after_backward.peak_bytes, planned.after_backward.replayed_ops);
+      static_cast<long long>(rows), static_cast<long long>(width), plain.after_forward.saved_bytes,
+      plain.after_backward.peak_bytes, budget, planned.after_forward.saved_bytes, planned.after_backward.peak_bytes,
+      planned.after_backward.replayed_ops);
   for (int n : counts) std::printf(" %d", n);
   std::printf("\n");
+  for (int segments : {2, 8}) {
+    const auto sequential = model.run(0, segments);
+    bool same = true;
+    for (std::size_t i = 0; i < plain.grads.size(); ++i)
+      same = same && bitwise_equal(sequential.grads[i], plain.grads[i]);
+    EXPECT_TRUE(same);
+    std::printf("  beside checkpoint_sequential(%d segments): saved %zu B, peak %zu B, replayed %zu ops\n", segments,
+                sequential.after_forward.saved_bytes, sequential.after_backward.peak_bytes,
+                sequential.after_backward.replayed_ops);
+  }
+}
+
+TEST(CheckpointSequentialAuto, W2WithHalfThePlainSavedBytes) {
+  check_w2_at_half_budget(512, 64);
+}
+
+// The full-size W2 of DESIGN.md §6 (2048 × 256): ~0.4 GB and a few seconds; run with
+// --gtest_also_run_disabled_tests --gtest_filter='*FullSize*'.
+TEST(CheckpointSequentialAuto, DISABLED_W2FullSizeWithHalfThePlainSavedBytes) {
+  check_w2_at_half_budget(2048, 256);
 }
 
 TEST(CheckpointSequentialAuto, TooSmallABudgetSaysWhatFits) {
