@@ -1,0 +1,175 @@
+#!/usr/bin/python3
+"""Turns a step_benchmark run (--benchmark_format=json or --benchmark_out=FILE) into a CSV, a Markdown table
+of medians and ratios, and a PNG of memory saved vs time overhead per policy on W2.
+
+  /usr/bin/python3 bench/plot_results.py run.json [--pytorch pytorch_1.json pytorch_2.json]
+      [--csv bench/results.csv] [--markdown bench/results_table.md] [--png bench/w2_memory_vs_time.png]
+
+Medians: the "median" aggregate of --benchmark_repetitions when present, else the median of the
+repeated runs of the same name. Ratios are taken within the run (same binary, same moment).
+"""
+import argparse
+import csv
+import json
+import re
+import statistics
+from collections import defaultdict
+
+NAME = re.compile(r"Step<(?P<workload>\w+), (?P<implementation>\w+)>/threads:(?P<threads>\d+)")
+WORKLOAD_NAMES = {"W0": "W0", "W1": "W1", "W1Small": "W1-small", "W2": "W2"}
+POLICY_OF = {
+    "RematPlain": "plain",
+    "RematNothingSaveable": "nothing_saveable",
+    "RematDotsSaveable": "dots_saveable",
+    "RematEverythingSaveable": "everything_saveable",
+    "RematSequential": "sequential_sqrt",
+}
+ORDER = ["HandWritten", "HandWrittenSequential", "LibTorch", "RematPlain", "RematNothingSaveable",
+         "RematDotsSaveable", "RematEverythingSaveable", "RematSequential"]
+
+
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    runs = defaultdict(list)
+    medians = {}
+    for b in doc["benchmarks"]:
+        m = NAME.match(b.get("run_name", b["name"]))
+        if not m or b.get("error_occurred"):
+            continue
+        key = (WORKLOAD_NAMES[m["workload"]], m["implementation"], int(m["threads"]))
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "median":
+                medians[key] = b
+        else:
+            runs[key].append(b)
+    rows = {}
+    for key in set(runs) | set(medians):
+        src = medians.get(key)
+        reps = runs.get(key, [])
+        if src is None:
+            src = dict(reps[0])
+            src["real_time"] = statistics.median(r["real_time"] for r in reps)
+            src["cpu_time"] = statistics.median(r["cpu_time"] for r in reps)
+        counters = reps[0] if reps else src  # byte counters are identical across repetitions
+        scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[src.get("time_unit", "ns")]
+        rows[key] = dict(workload=key[0], implementation=key[1], threads=key[2],
+                         median_ms=src["real_time"] * scale, cpu_ms=src["cpu_time"] * scale,
+                         repetitions=max(1, len(reps)),
+                         saved_bytes=counters.get("saved_bytes"), peak_bytes=counters.get("peak_bytes"),
+                         replayed_bytes=counters.get("replayed_bytes"),
+                         flops_per_step=counters.get("flops_per_step"),
+                         gflops=(counters.get("flops_per_step") or 0) / (src["real_time"] * scale * 1e6),
+                         gradient_error=counters.get("gradient_error"))
+    return doc.get("context", {}), rows
+
+
+def ratio(rows, a, b):
+    if a in rows and b in rows:
+        return rows[a]["median_ms"] / rows[b]["median_ms"]
+    return None
+
+
+def fmt(x, digits=3):
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def mib(x):
+    return "—" if x is None else f"{x / 2**20:.2f}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run")
+    p.add_argument("--pytorch", nargs="*", default=[], help="JSON files written by peers/pytorch_checkpoint.py --json")
+    p.add_argument("--csv", default="bench/results.csv")
+    p.add_argument("--markdown", default=None)
+    p.add_argument("--png", default="bench/w2_memory_vs_time.png")
+    args = p.parse_args()
+    context, rows = load(args.run)
+
+    fields = ["workload", "implementation", "threads", "median_ms", "cpu_ms", "repetitions", "saved_bytes",
+              "peak_bytes", "replayed_bytes", "flops_per_step", "gflops", "gradient_error",
+              "ratio_to_hand_written", "ratio_to_libtorch", "ratio_to_remat_plain"]
+    with open(args.csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for key in sorted(rows, key=lambda k: (list(WORKLOAD_NAMES.values()).index(k[0]), k[2], ORDER.index(k[1]))):
+            r = dict(rows[key])
+            wl, impl, th = key
+            hand = "HandWrittenSequential" if impl == "RematSequential" else "HandWritten"
+            r["ratio_to_hand_written"] = ratio(rows, key, (wl, hand, th))
+            r["ratio_to_libtorch"] = ratio(rows, key, (wl, "LibTorch", th))
+            r["ratio_to_remat_plain"] = ratio(rows, key, (wl, "RematPlain", th))
+            w.writerow(r)
+
+    pytorch = {}
+    for path in args.pytorch:
+        with open(path) as f:
+            for r in json.load(f):
+                pytorch[(r["workload"], r["variant"], r["threads"])] = r
+
+    def cpu_ratio(a, b):
+        if a in rows and b in rows and a[2] == 1:
+            return rows[a]["cpu_ms"] / rows[b]["cpu_ms"]
+        return None
+
+    lines = ["| workload | threads | implementation | median ms | GFLOP/s | ÷ hand-written | ÷ LibTorch | ÷ remat plain "
+             "| main-thread CPU ms | CPU ÷ hand | CPU ÷ LibTorch | CPU ÷ plain | saved MiB | peak MiB | replayed MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(rows, key=lambda k: (list(WORKLOAD_NAMES.values()).index(k[0]), k[2], ORDER.index(k[1]))):
+        r = rows[key]
+        wl, impl, th = key
+        hand = "HandWrittenSequential" if impl == "RematSequential" else "HandWritten"
+        lines.append(f"| {wl} | {th} | {impl} | {r['median_ms']:.3f} | {r['gflops']:.1f} | "
+                     f"{fmt(ratio(rows, key, (wl, hand, th)))} | {fmt(ratio(rows, key, (wl, 'LibTorch', th)))} | "
+                     f"{fmt(ratio(rows, key, (wl, 'RematPlain', th)))} | {r['cpu_ms']:.3f} | "
+                     f"{fmt(cpu_ratio(key, (wl, hand, th)))} | {fmt(cpu_ratio(key, (wl, 'LibTorch', th)))} | "
+                     f"{fmt(cpu_ratio(key, (wl, 'RematPlain', th)))} | {mib(r['saved_bytes'])} | "
+                     f"{mib(r['peak_bytes'])} | {mib(r['replayed_bytes'])} |")
+    if pytorch:
+        lines += ["", "| workload | threads | PyTorch variant | median ms | ÷ PyTorch plain | saved MiB |",
+                  "|---|---|---|---|---|---|"]
+        for (wl, variant, th), r in sorted(pytorch.items(), key=lambda kv: (list(WORKLOAD_NAMES.values()).index(kv[0][0]), kv[0][2])):
+            lines.append(f"| {wl} | {th} | {variant} | {r['median_ms']:.3f} | {r['ratio_to_plain']:.3f} | "
+                         f"{r['saved_bytes'] / 2**20:.2f} |")
+    table = "\n".join(lines) + "\n"
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    print(table)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for th, marker in ((1, "o"), (2, "s")):
+        plain = rows.get(("W2", "RematPlain", th))
+        if not plain:
+            continue
+        for impl, policy in POLICY_OF.items():
+            r = rows.get(("W2", impl, th))
+            if not r:
+                continue
+            x = r["median_ms"] / plain["median_ms"]
+            y = (plain["saved_bytes"] - r["saved_bytes"]) / 2**20
+            ax.scatter(x, y, marker=marker, s=60, label=f"remat {policy}, {th} thread{'s' if th > 1 else ''}")
+            ax.annotate(policy, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        plain_pt = pytorch.get(("W2", "plain", th))
+        for variant in ("checkpoint_per_layer", "checkpoint_sequential"):
+            r = pytorch.get(("W2", variant, th))
+            if r and plain_pt:
+                ax.scatter(r["ratio_to_plain"], (plain_pt["saved_bytes"] - r["saved_bytes"]) / 2**20, marker="x",
+                           s=60, label=f"PyTorch {variant}, {th} thread{'s' if th > 1 else ''}")
+    ax.set_xlabel("step time ÷ plain step time (same implementation)")
+    ax.set_ylabel("saved-for-backward memory freed vs plain (MiB)")
+    ax.set_title("W2 (8 pre-norm MLP blocks, 2048×256): memory saved vs time overhead")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=120)
+    print(f"wrote {args.csv} and {args.png}")
+
+
+if __name__ == "__main__":
+    main()
