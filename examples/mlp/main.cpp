@@ -284,6 +284,14 @@ void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& m
 
 // ---- output ----
 
+/// CPU time of this process (all threads). On a shared machine the wall time of an epoch depends on the
+/// other processes; the CPU time of a 1-thread run is what it costs.
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 std::string megabytes(std::size_t bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f MB", static_cast<double>(bytes) / 1e6);
@@ -307,16 +315,6 @@ std::uint32_t parameters_crc32(const Model& model) {
       crc = crc32(crc, reinterpret_cast<const Bytef*>(p->value().data()),
                   static_cast<uInt>(static_cast<std::size_t>(p->value().size()) * sizeof(float)));
   return static_cast<std::uint32_t>(crc);
-}
-
-std::string json_number_list(const std::vector<EpochRecord>& h, double EpochRecord::*field) {
-  std::string s = "[";
-  char buffer[40];
-  for (std::size_t i = 0; i < h.size(); ++i) {
-    std::snprintf(buffer, sizeof buffer, "%s%.17g", i ? "," : "", h[i].*field);
-    s += buffer;
-  }
-  return s + "]";
 }
 
 int run(Options& o, const CLI::App& app) {
@@ -380,7 +378,8 @@ int run(Options& o, const CLI::App& app) {
   std::vector<int> labels;
   std::vector<std::size_t> order(n);
   std::size_t saved_bytes = 0, peak_bytes = 0;
-  double train_seconds = 0, run_seconds = 0;  // all epochs (including resumed ones), this run's epochs
+  double train_seconds = 0, run_seconds = 0,
+         run_cpu_seconds = 0;  // all epochs (including resumed ones), this run's epochs
   std::size_t trained_samples = 0;
   for (const EpochRecord& e : model.history) train_seconds += e.seconds;
   const std::uint64_t total_steps = static_cast<std::uint64_t>(o.epochs) *
@@ -395,6 +394,7 @@ int run(Options& o, const CLI::App& app) {
     }
     ++epochs_this_run;
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = cpu_seconds();
     std::iota(order.begin(), order.end(), std::size_t{0});
     for (std::size_t i = n - 1; i > 0; --i) std::swap(order[i], order[model.shuffle.below(i + 1)]);  // Fisher–Yates
     double loss_sum = 0;
@@ -430,6 +430,8 @@ int run(Options& o, const CLI::App& app) {
     }
     tape.clear();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double cpu = cpu_seconds() - cpu_start;
+    run_cpu_seconds += cpu;
     EpochRecord record;
     record.loss = loss_sum / static_cast<double>(n);
     record.train_accuracy = static_cast<double>(correct) / static_cast<double>(n);
@@ -440,9 +442,11 @@ int run(Options& o, const CLI::App& app) {
     run_seconds += seconds;
     trained_samples += n;
     if (terminal) std::printf("\r\033[K");
-    std::printf("epoch %2d/%d  loss %.4f  train %.2f%%  test %.2f%%  %.2f s  %.0f samples/s  saved %s/step  peak %s\n",
-                epoch, o.epochs, record.loss, 100 * record.train_accuracy, 100 * record.test_accuracy, seconds,
-                static_cast<double>(n) / seconds, megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
+    std::printf(
+        "epoch %2d/%d  loss %.4f  train %.2f%%  test %.2f%%  %.2f s (cpu %.2f s)  %.0f samples/s  saved %s/step  peak "
+        "%s\n",
+        epoch, o.epochs, record.loss, 100 * record.train_accuracy, 100 * record.test_accuracy, seconds, cpu,
+        static_cast<double>(n) / seconds, megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
     std::fflush(stdout);
     if (!o.save.empty()) mlp::write_state_file(o.save, encode_state(o, model, n));
   }
@@ -457,29 +461,36 @@ int run(Options& o, const CLI::App& app) {
       model.history.empty() ? 0.0 : train_seconds / static_cast<double>(model.history.size()), samples_per_second,
       megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
   if (o.json) {
-    std::printf(
-        "{\"epochs\":%zu,\"test_accuracy\":%.17g,\"train_accuracy\":%.17g,\"loss\":%.17g,\"train_seconds\":%.3f,"
-        "\"seconds_per_epoch\":%.3f,\"samples_per_second\":%.1f,\"saved_bytes_per_step\":%zu,\"peak_bytes_per_step\":%"
-        "zu,"
-        "\"checkpoint\":\"%s\",\"schedule\":\"%s\",\"hidden\":[%s],\"activation\":\"%s\",\"batch\":%d,\"lr\":%g,"
-        "\"dropout\":%g,\"seed\":%"
-        "llu,"
-        "\"threads\":%d,\"train_images\":%zu,\"parameters_crc32\":%u,\"losses\":%s,\"train_accuracies\":%s,\"test_"
-        "accuracies\":%s}\n",
-        model.history.size(), test_accuracy, model.history.empty() ? 0.0 : model.history.back().train_accuracy,
-        model.history.empty() ? 0.0 : model.history.back().loss, train_seconds,
-        model.history.empty() ? 0.0 : train_seconds / static_cast<double>(model.history.size()), samples_per_second,
-        saved_bytes, peak_bytes, o.checkpoint.c_str(), o.schedule.c_str(),
-        [&] {
-          std::string s;
-          for (std::size_t i = 0; i < o.hidden.size(); ++i) s += (i ? "," : "") + std::to_string(o.hidden[i]);
-          return s;
-        }()
-            .c_str(),
-        o.activation.c_str(), o.batch, o.lr, o.dropout, static_cast<unsigned long long>(o.seed), o.threads, n,
-        parameters_crc32(model), json_number_list(model.history, &EpochRecord::loss).c_str(),
-        json_number_list(model.history, &EpochRecord::train_accuracy).c_str(),
-        json_number_list(model.history, &EpochRecord::test_accuracy).c_str());
+    // %.17g: doubles round-trip exactly, so equal strings mean bitwise equal results.
+    auto number = [](double v) {
+      char buffer[40];
+      std::snprintf(buffer, sizeof buffer, "%.17g", v);
+      return std::string(buffer);
+    };
+    auto list = [&](double EpochRecord::*field) {
+      std::string out = "[";
+      for (std::size_t i = 0; i < model.history.size(); ++i) out += (i ? "," : "") + number(model.history[i].*field);
+      return out + "]";
+    };
+    std::string hidden;
+    for (std::size_t i = 0; i < o.hidden.size(); ++i) hidden += (i ? "," : "") + std::to_string(o.hidden[i]);
+    const double epochs_run = static_cast<double>(std::max(epochs_this_run, 1));
+    std::ostringstream j;
+    j << "{\"epochs\":" << model.history.size() << ",\"test_accuracy\":" << number(test_accuracy)
+      << ",\"train_accuracy\":" << number(model.history.empty() ? 0.0 : model.history.back().train_accuracy)
+      << ",\"loss\":" << number(model.history.empty() ? 0.0 : model.history.back().loss)
+      << ",\"train_seconds\":" << number(train_seconds) << ",\"seconds_per_epoch\":" << number(run_seconds / epochs_run)
+      << ",\"cpu_seconds_per_epoch\":" << number(run_cpu_seconds / epochs_run)
+      << ",\"samples_per_second\":" << number(samples_per_second) << ",\"saved_bytes_per_step\":" << saved_bytes
+      << ",\"peak_bytes_per_step\":" << peak_bytes << ",\"checkpoint\":\"" << o.checkpoint << "\",\"schedule\":\""
+      << o.schedule << "\",\"hidden\":[" << hidden << "],\"activation\":\"" << o.activation
+      << "\",\"batch\":" << o.batch << ",\"lr\":" << number(o.lr) << ",\"dropout\":" << number(o.dropout)
+      << ",\"seed\":" << o.seed << ",\"threads\":" << o.threads << ",\"train_images\":" << n
+      << ",\"parameters_crc32\":" << parameters_crc32(model) << ",\"losses\":" << list(&EpochRecord::loss)
+      << ",\"train_accuracies\":" << list(&EpochRecord::train_accuracy)
+      << ",\"test_accuracies\":" << list(&EpochRecord::test_accuracy)
+      << ",\"epoch_seconds\":" << list(&EpochRecord::seconds) << "}";
+    std::printf("%s\n", j.str().c_str());
   }
   return 0;
 }
