@@ -110,7 +110,8 @@ inline double brute_force_optimum(const remat::Chain& c, std::int64_t budget) {
   best[start] = 0;
   queue.push({0, start});
   while (!queue.empty()) {
-    const auto [d, s] = queue.top();
+    const double d = queue.top().first;  // (not a structured binding: lambdas below capture it)
+    const State s = queue.top().second;
     queue.pop();
     if (d > best[s]) continue;
     const int k = next(s);
