@@ -133,6 +133,23 @@ def main():
         for (wl, variant, th), r in sorted(pytorch.items(), key=lambda kv: (list(WORKLOAD_NAMES.values()).index(kv[0][0]), kv[0][2])):
             lines.append(f"| {wl} | {th} | {variant} | {r['median_ms']:.3f} | {r['ratio_to_plain']:.3f} | "
                          f"{r['saved_bytes'] / 2**20:.2f} |")
+    targets = [
+        ("W1 plain ÷ hand-written", "W1", "RematPlain", "HandWritten", 1.10),
+        ("W1 plain ÷ LibTorch", "W1", "RematPlain", "LibTorch", 1.00),
+        ("W1-small plain ÷ hand-written", "W1-small", "RematPlain", "HandWritten", 1.15),
+        ("W0 plain ÷ hand-written", "W0", "RematPlain", "HandWritten", 1.50),
+        ("W1 nothing_saveable ÷ plain", "W1", "RematNothingSaveable", "RematPlain", 1.34),
+        ("W1 dots_saveable ÷ plain", "W1", "RematDotsSaveable", "RematPlain", 1.05),
+        ("W2 nothing_saveable ÷ plain", "W2", "RematNothingSaveable", "RematPlain", None),
+        ("W2 dots_saveable ÷ plain", "W2", "RematDotsSaveable", "RematPlain", None),
+        ("W2 sequential √L ÷ hand-written sequential", "W2", "RematSequential", "HandWrittenSequential", None),
+    ]
+    lines += ["", "| target | limit | 1 thread, wall | 1 thread, main-thread CPU | 2 threads, wall |", "|---|---|---|---|---|"]
+    for label, wl, a, b, limit in targets:
+        one = ratio(rows, (wl, a, 1), (wl, b, 1))
+        cpu = cpu_ratio((wl, a, 1), (wl, b, 1))
+        two = ratio(rows, (wl, a, 2), (wl, b, 2))
+        lines.append(f"| {label} | {'≤ ' + format(limit, '.2f') if limit else '—'} | {fmt(one)} | {fmt(cpu)} | {fmt(two)} |")
     table = "\n".join(lines) + "\n"
     if args.markdown:
         with open(args.markdown, "w") as f:
