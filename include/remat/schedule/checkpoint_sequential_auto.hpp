@@ -59,6 +59,7 @@ Var<T> run_plan_node(const Layers& layers, const Schedule& schedule, int index, 
       return run_plan_node(layers, schedule, n.right, std::move(x), flag);
     }
     case PlanNode::advance:
+    case PlanNode::advance_tape:
       break;
   }
   throw domain_error(
