@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -67,6 +69,64 @@ TEST_P(OpListTest, ValueMatchesReferenceInDouble) {
 
 TEST_P(OpListTest, ValueMatchesReferenceInFloat) {
   expect_value_matches_reference<float>(GetParam(), seed(), 2e-6);
+}
+
+// What a checkpoint policy sees of the op: its name, kind, output shape, bytes and a FLOP estimate.
+TEST_P(OpListTest, ReportsNameKindShapeBytesAndFlopsToPolicies) {
+  const OpInstance& instance = GetParam();
+  const auto& op = *instance.op;
+  struct Seen {
+    std::string name;
+    remat::OpKind kind;
+    remat::Shape shape;
+    std::size_t bytes;
+    double flops;
+  };
+  std::vector<Seen> seen;
+  const auto policy = [&seen](const remat::OpInfo& info) {
+    seen.push_back({std::string(info.name), info.kind, info.shape, info.bytes, info.flops});
+    return true;
+  };
+  Tape<double> tape;
+  std::vector<Var<double>> vars;
+  for (const auto& m : remat_test::make_inputs<double>(op, instance.shapes(), seed())) vars.push_back(tape.variable(m));
+  const auto block = remat::checkpoint(
+      [&](const Var<double>& first) {
+        auto in = vars;
+        in[0] = first;
+        return op.build(in);
+      },
+      policy);
+  const Var<double> out = block(vars[0]);
+  ASSERT_EQ(seen.size(), 1u) << op.name << " recorded more than one op";
+  const Seen& info = seen[0];
+  static const std::map<std::string, remat::OpKind> kinds = {{"matmul", remat::OpKind::dot},
+                                                             {"linear", remat::OpKind::dot},
+                                                             {"sum", remat::OpKind::reduction},
+                                                             {"mean", remat::OpKind::reduction},
+                                                             {"sum_rows", remat::OpKind::reduction},
+                                                             {"softmax", remat::OpKind::normalization},
+                                                             {"log_softmax", remat::OpKind::normalization},
+                                                             {"layer_norm", remat::OpKind::normalization},
+                                                             {"cross_entropy", remat::OpKind::loss},
+                                                             {"mse_loss", remat::OpKind::loss},
+                                                             {"dropout", remat::OpKind::random},
+                                                             {"checkpoint_name", remat::OpKind::identity}};
+  const auto it = kinds.find(info.name);
+  EXPECT_EQ(info.kind, it == kinds.end() ? remat::OpKind::elementwise : it->second)
+      << op.name << " recorded as " << info.name << " of kind " << remat::to_string(info.kind);
+  EXPECT_EQ(info.shape, out.shape());
+  EXPECT_EQ(info.bytes, static_cast<std::size_t>(out.shape().size()) * sizeof(double));
+  const auto& s = instance.shapes();
+  if (info.name == "matmul")
+    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows * s[0].cols * s[1].cols));
+  else if (info.name == "linear")
+    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows * s[0].cols * s[1].cols) +
+                              static_cast<double>(s[0].rows * s[1].cols));
+  else if (info.kind == remat::OpKind::identity)
+    EXPECT_EQ(info.flops, 0.0);
+  else
+    EXPECT_GT(info.flops, 0.0) << op.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, OpListTest, ::testing::ValuesIn(remat_test::op_instances()),
