@@ -282,7 +282,11 @@ class TapeState {
     r.needs_replay = false;
     for (std::int32_t i = r.begin; i < r.end; ++i) {
       const Node<T>& n = nodes_[i];
-      if (!n.is_leaf() && n.keep_level() == r.depth && n.holds > 0) r.needs_replay = true;
+      // An op's extra (layer_norm statistics, cross_entropy softmax) is a residual of its own backward even
+      // when no later op holds its output value.
+      if (!n.is_leaf() && n.keep_level() == r.depth &&
+          (n.holds > 0 || (n.extra_shape.size() > 0 && n.requires_grad)))
+        r.needs_replay = true;
     }
     if (!r.needs_replay) release_region_holds(r);
     // What the enclosing level does not keep goes now; values already went when their handles died.
@@ -355,7 +359,10 @@ class TapeState {
 
   void sweep_node(std::int32_t i, bool retain_graph, const std::vector<std::uint8_t>& mask) {
     Node<T>& n = nodes_[i];
-    if (n.is_leaf()) return;
+    if (n.is_leaf()) {
+      if (!n.keep_grad) free_grad(n);  // a constant used as the loss got the seed gradient
+      return;
+    }
     if (n.grad && mask[i]) {
       check_residuals(i);
       n.op->backward(BackwardContext<T>{*this, n, mask});
@@ -408,7 +415,7 @@ class TapeState {
       const Node<T>& n = nodes_[i];
       if (n.is_leaf()) continue;
       const bool need_value = !n.value && (kept_here(n) || uses[i - r.begin] > 0);
-      const bool need_extra = n.extra_shape.size() > 0 && !n.extra && n.requires_grad && kept_here(n);
+      const bool need_extra = n.extra_shape.size() > 0 && !n.extra && n.requires_grad && n.keep_level() <= d;
       if (!need_value && !need_extra) continue;
       marked[i - r.begin] = 1;
       for (int k = 0; k < n.arity; ++k) {
@@ -434,10 +441,12 @@ class TapeState {
         Node<T>& in = nodes_[j];
         if (--uses[j - r.begin] == 0 && !kept_here(in) && in.handles == 0) {
           free_value(in);
-          free_extra(in);
+          if (in.keep_level() > d || !in.requires_grad) free_extra(in);  // else its own backward reads it
         }
       }
-      if (!kept_here(n) || !n.requires_grad) free_extra(n);
+      if (n.keep_level() > d || !n.requires_grad) free_extra(n);
+      // Recomputed only for its extra: the value itself is read by no one.
+      if (uses[i - r.begin] == 0 && !kept_here(n) && n.handles == 0) free_value(n);
     }
   }
 

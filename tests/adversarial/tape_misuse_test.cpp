@@ -1,0 +1,546 @@
+// Adversarial tests of the tape's public API: handles after clear()/destruction, moved-from and
+// self-assigned Vars, Vars of different tapes, backward/gradient misuse, Parameters, numerics at the
+// edges (NaN/inf, 1×1, broadcasting both ways, aliasing x∘x), memory accounting, threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "remat/remat.hpp"
+
+namespace {
+
+using remat::Matrix;
+using remat::Parameter;
+using remat::Tape;
+using remat::Var;
+
+template <class T>
+Matrix<T> rnd(remat::Index r, remat::Index c, unsigned seed) {
+  std::srand(seed);
+  return Matrix<T>::Random(r, c);
+}
+
+template <class T>
+bool same_bits(const Matrix<T>& a, const Matrix<T>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         std::memcmp(a.data(), b.data(), sizeof(T) * static_cast<std::size_t>(a.size())) == 0;
+}
+
+// ---------------------------------------------------------------- handles and lifetimes
+
+TEST(Lifetime, VarAfterClearThrowsTapeErrorEverywhere) {
+  Tape<float> tape;
+  auto x = tape.variable(rnd<float>(2, 3, 1));
+  auto y = remat::tanh(x);
+  tape.clear();
+  EXPECT_FALSE(x.valid());
+  EXPECT_THROW(x.value(), remat::tape_error);
+  EXPECT_THROW(x.grad(), remat::tape_error);
+  EXPECT_THROW(x.shape(), remat::tape_error);
+  EXPECT_THROW(remat::tanh(y), remat::tape_error);
+  EXPECT_THROW(tape.backward(remat::sum(y)), remat::tape_error);
+  EXPECT_THROW(remat::checkpoint([](Var<float> v) { return remat::sin(v); })(x), remat::tape_error);
+  EXPECT_THROW(remat::cross_entropy(x, {0, 1}), remat::tape_error);
+  EXPECT_THROW(remat::dropout(x, 0.5), remat::tape_error);
+  EXPECT_THROW(remat::checkpoint_name(x, "a"), remat::tape_error);
+  EXPECT_EQ(tape.memory().live_bytes, 0u);
+  // Copies/assignments of stale handles are harmless, and the tape works again.
+  Var<float> copy = y;
+  copy = x;
+  auto z = tape.variable(rnd<float>(1, 1, 2));
+  tape.backward(remat::sum(remat::square(z)));
+  EXPECT_FLOAT_EQ(z.grad()(0, 0), 2 * z.value()(0, 0));
+}
+
+TEST(Lifetime, VarOutlivesTape) {
+  Var<double> x, y;
+  {
+    Tape<double> tape;
+    x = tape.variable(rnd<double>(3, 3, 3));
+    y = remat::exp(x);
+    tape.backward(remat::sum(y), true);
+  }
+  EXPECT_THROW(x.value(), remat::tape_error);
+  EXPECT_THROW(y.grad(), remat::tape_error);
+  EXPECT_THROW(remat::add(x, y), remat::tape_error);
+  Var<double> z = std::move(y);
+  z = x;
+  z = z;  // self-assignment of a stale handle
+}
+
+TEST(Lifetime, MovedFromAndDefaultVarsThrow) {
+  Tape<float> tape;
+  auto x = tape.variable(rnd<float>(2, 2, 4));
+  Var<float> moved = std::move(x);
+  EXPECT_THROW(x.value(), remat::tape_error);  // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW(remat::add(x, moved), remat::tape_error);
+  EXPECT_THROW(remat::add(moved, x), remat::tape_error);
+  Var<float> empty;
+  EXPECT_THROW(remat::matmul(empty, moved), remat::tape_error);
+  EXPECT_THROW(remat::layer_norm(moved, empty, empty), remat::tape_error);
+  EXPECT_THROW(tape.backward(empty), remat::tape_error);
+  EXPECT_THROW(tape.gradient(remat::sum(moved), {empty}), remat::tape_error);
+  EXPECT_THROW(remat::checkpoint([](Var<float> v) { return v; })(empty), remat::tape_error);
+  EXPECT_EQ(tape.size(), 2u) << "failed ops must not leave nodes behind (x and sum(moved) only)";
+  EXPECT_NO_THROW(moved.value());
+}
+
+TEST(Lifetime, SelfAssignmentAndSelfMoveKeepTheValue) {
+  Tape<float> tape;
+  auto x = tape.variable(rnd<float>(2, 2, 5));
+  auto y = remat::tanh(x);
+  const Matrix<float> before = y.value();
+  y = y;
+  y = std::move(y);  // NOLINT
+  ASSERT_TRUE(y.valid());
+  EXPECT_TRUE(same_bits(before, Matrix<float>(y.value())));
+  tape.backward(remat::sum(y));
+  EXPECT_TRUE(x.grad().allFinite());
+}
+
+TEST(Lifetime, VarsOfDifferentTapesAreRejectedWithoutChangingEitherTape) {
+  Tape<float> a, b;
+  auto x = a.variable(rnd<float>(2, 2, 6));
+  auto y = b.variable(rnd<float>(2, 2, 7));
+  EXPECT_THROW(x + y, remat::tape_error);
+  EXPECT_THROW(remat::matmul(x, y), remat::tape_error);
+  EXPECT_THROW(remat::mse_loss(x, y), remat::tape_error);
+  auto w = a.variable(rnd<float>(1, 2, 8));
+  EXPECT_THROW(remat::layer_norm(x, w, b.variable(rnd<float>(1, 2, 9))), remat::tape_error);
+  EXPECT_THROW(a.backward(remat::sum(y)), remat::tape_error);
+  EXPECT_THROW(a.gradient(remat::sum(x), {y}), remat::tape_error);
+  // a checkpointed function given Vars of two tapes
+  auto f = remat::checkpoint([](Var<float> p, Var<float> q) { return p * q; });
+  EXPECT_THROW(f(x, y), remat::tape_error);
+  EXPECT_EQ(a.size(), 3u);  // x, w, sum(x): the failed ops left nothing
+  EXPECT_EQ(b.size(), 3u);  // y, the rejected bias leaf, sum(y)
+  // both tapes still work, and no region was left open on either
+  a.backward(remat::sum(remat::square(x)));
+  b.backward(remat::sum(remat::square(y)));
+  EXPECT_TRUE(same_bits(Matrix<float>(x.grad()), Matrix<float>(2 * x.value().array())));
+}
+
+// ---------------------------------------------------------------- backward / gradient misuse
+
+TEST(Backward, LossMustBeScalarAndNothingChangesWhenItThrows) {
+  Tape<double> tape;
+  auto x = tape.variable(rnd<double>(2, 3, 10));
+  auto y = remat::sin(x);
+  EXPECT_THROW(tape.backward(y), remat::shape_error);
+  EXPECT_THROW(tape.gradient(y, {x}), remat::shape_error);
+  tape.backward(remat::sum(y));
+  EXPECT_TRUE(x.grad().isApprox(x.value().array().cos().matrix()));
+}
+
+TEST(Backward, SecondBackwardWithoutRetainThrowsFreedValueError) {
+  Tape<float> tape;
+  auto x = tape.variable(rnd<float>(2, 2, 11));
+  auto loss = remat::sum(remat::tanh(x));
+  tape.backward(loss);
+  const Matrix<float> g = x.grad();
+  EXPECT_THROW(tape.backward(loss), remat::freed_value_error);
+  EXPECT_THROW(tape.gradient(loss, {x}), remat::freed_value_error);
+  EXPECT_TRUE(same_bits(g, Matrix<float>(x.grad()))) << "a refused backward must not touch the gradients";
+  // Recording after a backward works; another backward on this tape still refuses (documented), clear() resets.
+  auto z = remat::square(x);
+  EXPECT_THROW(tape.backward(remat::sum(z)), remat::freed_value_error);
+  tape.clear();
+  auto x2 = tape.variable(rnd<float>(2, 2, 11));
+  tape.backward(remat::sum(remat::tanh(x2)));
+  EXPECT_TRUE(same_bits(g, Matrix<float>(x2.grad())));
+}
+
+TEST(Backward, LossIndependentOfEveryVariable) {
+  Tape<float> tape;
+  auto x = tape.variable(rnd<float>(2, 2, 12));
+  auto c = tape.constant(rnd<float>(2, 2, 13));
+  auto loss = remat::sum(remat::exp(c));
+  ASSERT_NO_THROW(tape.backward(loss));
+  EXPECT_TRUE(x.grad().isZero());
+  EXPECT_THROW(c.grad(), remat::tape_error);
+  EXPECT_THROW(tape.gradient(loss, {c}), remat::freed_value_error);
+}
+
+TEST(Backward, LossIsAVariableOrAConstantLeaf) {
+  Tape<float> tape;
+  auto x = tape.variable(Matrix<float>::Constant(1, 1, 3));
+  tape.backward(x, true);
+  EXPECT_EQ(x.grad()(0, 0), 1.0f);
+  Tape<float> t2;
+  auto c = t2.constant(Matrix<float>::Constant(1, 1, 3));
+  ASSERT_NO_THROW(t2.backward(c));
+  // Exact bytes: only the constant's value (4 B) is live; the seed gradient of a constant must go.
+  EXPECT_EQ(t2.memory().live_bytes, sizeof(float));
+}
+
+TEST(Gradient, DuplicatesLossItselfAndUnrelatedValues) {
+  Tape<double> tape;
+  auto x = tape.variable(rnd<double>(2, 3, 14));
+  auto u = tape.variable(rnd<double>(2, 3, 15));  // unrelated
+  auto h = remat::tanh(x);
+  auto loss = remat::sum(h * h);
+  auto g = tape.gradient(loss, {loss, x, h, x, loss, u}, true);
+  ASSERT_EQ(g.size(), 6u);
+  EXPECT_EQ(g[0](0, 0), 1.0);
+  EXPECT_TRUE(same_bits(g[1], g[3]));
+  EXPECT_EQ(g[4](0, 0), 1.0);
+  EXPECT_TRUE(g[5].isZero());
+  const Matrix<double> hv = h.value();
+  EXPECT_TRUE(g[2].isApprox(Matrix<double>(2 * hv.array())));
+  EXPECT_TRUE(g[1].isApprox(Matrix<double>(2 * hv.array() * (1 - hv.array().square()))));
+  EXPECT_THROW(h.grad(), remat::tape_error) << "gradient() must not leave interior gradients kept";
+  // backward after gradient(..., retain): variables get their gradients, matching gradient()
+  tape.backward(loss);
+  EXPECT_TRUE(same_bits(g[1], Matrix<double>(x.grad())));
+  EXPECT_TRUE(u.grad().isZero());
+}
+
+TEST(Gradient, ConstantInWrtThrowsBeforeChangingAnything) {
+  Tape<float> tape;
+  auto x = tape.variable(rnd<float>(2, 2, 16));
+  auto c = tape.constant(rnd<float>(2, 2, 17));
+  auto loss = remat::sum(x * c);
+  EXPECT_THROW(tape.gradient(loss, {x, c}), remat::tape_error);
+  EXPECT_THROW(tape.gradient(loss, {remat::exp(c)}), remat::tape_error);
+  auto g = tape.gradient(loss, {x});
+  EXPECT_TRUE(same_bits(g[0], Matrix<float>(c.value())));
+}
+
+TEST(Backward, CalledInsideACheckpointedFunctionThrowsAndRegionStillCloses) {
+  Tape<float> tape;
+  auto x = tape.variable(rnd<float>(2, 2, 18));
+  bool threw_backward = false, threw_clear = false;
+  auto y = remat::checkpoint([&](Var<float> v) {
+    auto h = remat::sin(v);
+    try {
+      tape.backward(remat::sum(h));
+    } catch (const remat::tape_error&) {
+      threw_backward = true;
+    }
+    try {
+      tape.clear();
+    } catch (const remat::tape_error&) {
+      threw_clear = true;
+    }
+    return remat::cos(h);
+  })(x);
+  EXPECT_TRUE(threw_backward);
+  EXPECT_TRUE(threw_clear);
+  auto loss = remat::sum(y);
+  ASSERT_NO_THROW(tape.backward(loss));
+  const Matrix<float> xv = x.value();
+  EXPECT_TRUE(x.grad().isApprox(Matrix<float>(-xv.array().sin().sin() * xv.array().cos())));
+}
+
+// ---------------------------------------------------------------- Parameters
+
+TEST(ParameterTest, ModifiedBetweenRetainedBackwardsThrowsStale) {
+  Parameter<double> p(rnd<double>(3, 2, 19));
+  Tape<double> tape;
+  auto x = tape.constant(rnd<double>(4, 3, 20));
+  auto w = tape.variable(p);
+  auto loss = remat::sum(remat::tanh(remat::checkpoint([&](Var<double> v) { return remat::matmul(v, w); })(x)));
+  tape.backward(loss, true);
+  const Matrix<double> g = w.grad();
+  p.mutable_value()(0, 0) += 1;
+  EXPECT_THROW(tape.backward(loss, true), remat::stale_value_error);
+  EXPECT_TRUE(same_bits(g, Matrix<double>(w.grad())));
+}
+
+TEST(ParameterTest, SameParameterRecordedTwiceGetsEachUsesGradient) {
+  Parameter<double> p(rnd<double>(2, 2, 21));
+  Tape<double> tape;
+  auto a = tape.variable(p);
+  auto b = tape.variable(p);
+  auto loss = remat::sum(remat::matmul(a, b));
+  tape.backward(loss);
+  const Matrix<double> P = p.value();
+  const Matrix<double> ones = Matrix<double>::Ones(2, 2);
+  EXPECT_TRUE(a.grad().isApprox(ones * P.transpose()));
+  EXPECT_TRUE(b.grad().isApprox(P.transpose() * ones));
+  EXPECT_EQ(tape.memory().live_bytes, 2 * 4 * sizeof(double) + 1 * sizeof(double)) << "two grads + loss value";
+}
+
+TEST(ParameterTest, ModifiedDuringForwardIsDetectedByBackward) {
+  Parameter<float> p(rnd<float>(2, 2, 22));
+  Tape<float> tape;
+  auto w = tape.variable(p);
+  auto y = remat::sin(w);
+  p.mutable_value()(1, 1) = 5;  // same storage, new version
+  auto loss = remat::sum(y * w);
+  EXPECT_THROW(tape.backward(loss), remat::stale_value_error);
+}
+
+// BUG (not fixed here, see report): resizing a Parameter through mutable_value() frees the buffer the
+// tape references; recording an op on (or reading) its Var reads freed memory instead of throwing.
+TEST(ParameterTest, ResizedAfterRecordingThrowsInsteadOfReadingFreedMemory) {
+  GTEST_SKIP() << "BUG: Parameter resized after tape.variable(p): Var::value()/ops read freed memory "
+                  "(ASan heap-use-after-free); expected stale_value_error";
+  Parameter<float> p(Matrix<float>::Ones(2, 2));
+  Tape<float> tape;
+  auto w = tape.variable(p);
+  p.mutable_value() = Matrix<float>::Ones(50, 50);
+  EXPECT_THROW(w.value(), remat::stale_value_error);
+  EXPECT_THROW(w + w, remat::stale_value_error);
+}
+
+// BUG (not fixed here): assigning a new Parameter resets its version to the new object's (0), so the
+// tape's version check passes and backward reads the freed old buffer.
+TEST(ParameterTest, ReassignedParameterIsStale) {
+  GTEST_SKIP() << "BUG: p = Parameter<T>(M) after tape.variable(p) resets version(); backward reads freed "
+                  "memory (ASan heap-use-after-free) instead of throwing stale_value_error";
+  Parameter<float> p(Matrix<float>::Ones(2, 2));
+  Tape<float> tape;
+  auto w = tape.variable(p);
+  auto loss = remat::sum(remat::square(w));
+  p = Parameter<float>(Matrix<float>::Constant(2, 2, 3));
+  EXPECT_THROW(tape.backward(loss), remat::stale_value_error);
+}
+
+// ---------------------------------------------------------------- numerics at the edges
+
+TEST(Numerics, SameVarAsBothInputs) {
+  Tape<double> tape;
+  auto x = tape.variable(rnd<double>(2, 3, 23));
+  const Matrix<double> xv = x.value();
+  auto g = tape.gradient(remat::sum(x * x), {x}, true);
+  EXPECT_TRUE(g[0].isApprox(Matrix<double>(2 * xv.array())));
+  g = tape.gradient(remat::sum(x / x), {x}, true);
+  EXPECT_LT(g[0].cwiseAbs().maxCoeff(), 1e-12);
+  g = tape.gradient(remat::sum(x - x), {x}, true);
+  EXPECT_TRUE(g[0].isZero());
+  g = tape.gradient(remat::sum(x + x), {x}, true);
+  EXPECT_TRUE(g[0].isApprox(Matrix<double>::Constant(2, 3, 2)));
+  auto s = tape.variable(rnd<double>(3, 3, 24));
+  g = tape.gradient(remat::sum(remat::matmul(s, s)), {s}, true);
+  const Matrix<double> sv = s.value(), ones = Matrix<double>::Ones(3, 3);
+  EXPECT_TRUE(g[0].isApprox(ones * sv.transpose() + sv.transpose() * ones));
+  g = tape.gradient(remat::mse_loss(x, x), {x});
+  EXPECT_TRUE(g[0].isZero());
+}
+
+template <class Op>
+void check_broadcast(Op op, remat::Index ar, remat::Index ac, remat::Index br, remat::Index bc, unsigned seed) {
+  const Matrix<double> A = rnd<double>(ar, ac, seed), B = (rnd<double>(br, bc, seed + 1).array() + 2.0).matrix();
+  Tape<double> tape;
+  auto a = tape.variable(A), b = tape.variable(B);
+  auto y = op(a, b);
+  const remat::Index m = std::max(ar, br), n = std::max(ac, bc);
+  ASSERT_EQ(y.rows(), m);
+  ASSERT_EQ(y.cols(), n);
+  auto W = rnd<double>(m, n, seed + 2);
+  auto loss = remat::sum(y * tape.constant(W));
+  tape.backward(loss);
+  // finite differences
+  auto f = [&](const Matrix<double>& AA, const Matrix<double>& BB) {
+    Tape<double> t;
+    return remat::sum(op(t.constant(AA), t.constant(BB)) * t.constant(W)).item();
+  };
+  for (int which = 0; which < 2; ++which) {
+    const Matrix<double>& base = which ? B : A;
+    Matrix<double> grad = which ? Matrix<double>(b.grad()) : Matrix<double>(a.grad());
+    ASSERT_EQ(grad.rows(), base.rows());
+    ASSERT_EQ(grad.cols(), base.cols());
+    for (remat::Index e = 0; e < base.size(); ++e) {
+      Matrix<double> p = base, q = base;
+      p.data()[e] += 1e-6;
+      q.data()[e] -= 1e-6;
+      const double fd = which ? (f(A, p) - f(A, q)) / 2e-6 : (f(p, B) - f(q, B)) / 2e-6;
+      EXPECT_NEAR(grad.data()[e], fd, 1e-6 * (1 + std::abs(fd)))
+          << "[" << ar << "," << ac << "] op [" << br << "," << bc << "] input " << which << " element " << e;
+    }
+  }
+}
+
+TEST(Numerics, BroadcastingEveryCombinationBothSidesMatchesFiniteDifferences) {
+  const remat::Index shapes[][2] = {{1, 1}, {3, 1}, {1, 4}, {3, 4}};
+  unsigned seed = 100;
+  for (auto& sa : shapes)
+    for (auto& sb : shapes) {
+      const bool ok_rows = sa[0] == sb[0] || sa[0] == 1 || sb[0] == 1;
+      const bool ok_cols = sa[1] == sb[1] || sa[1] == 1 || sb[1] == 1;
+      if (!ok_rows || !ok_cols) continue;
+      check_broadcast([](auto a, auto b) { return a + b; }, sa[0], sa[1], sb[0], sb[1], seed += 3);
+      check_broadcast([](auto a, auto b) { return a - b; }, sa[0], sa[1], sb[0], sb[1], seed += 3);
+      check_broadcast([](auto a, auto b) { return a * b; }, sa[0], sa[1], sb[0], sb[1], seed += 3);
+      check_broadcast([](auto a, auto b) { return a / b; }, sa[0], sa[1], sb[0], sb[1], seed += 3);
+    }
+  // [m,1] with [1,n], both orders, non-square, and incompatible shapes
+  check_broadcast([](auto a, auto b) { return a * b; }, 5, 1, 1, 2, 7);
+  check_broadcast([](auto a, auto b) { return a / b; }, 1, 2, 5, 1, 8);
+  Tape<float> t;
+  EXPECT_THROW(t.variable(rnd<float>(2, 3, 1)) + t.variable(rnd<float>(3, 2, 1)), remat::shape_error);
+  EXPECT_THROW(t.variable(rnd<float>(2, 3, 1)) * t.variable(rnd<float>(2, 2, 1)), remat::shape_error);
+  EXPECT_THROW(t.variable(rnd<float>(2, 3, 1)) / t.variable(rnd<float>(1, 2, 1)), remat::shape_error);
+}
+
+TEST(Numerics, OneByOneEverything) {
+  Tape<double> tape;
+  auto x = tape.variable(Matrix<double>::Constant(1, 1, 0.3));
+  auto w = tape.variable(Matrix<double>::Constant(1, 1, -0.7));
+  auto g = tape.variable(Matrix<double>::Constant(1, 1, 1.5));
+  auto b = tape.variable(Matrix<double>::Constant(1, 1, 0.2));
+  Var<double> h = remat::linear(x, w, b);
+  h = remat::layer_norm(h, g, b);  // one column: zero variance, output = bias
+  EXPECT_DOUBLE_EQ(h.item(), 0.2);
+  auto s = remat::softmax(x);
+  EXPECT_DOUBLE_EQ(s.item(), 1.0);
+  auto ls = remat::log_softmax(x);
+  EXPECT_DOUBLE_EQ(ls.item(), 0.0);
+  auto ce = remat::cross_entropy(x, {0});  // one class: loss 0, gradient 0
+  EXPECT_DOUBLE_EQ(ce.item(), 0.0);
+  auto loss = remat::sum(h) + remat::mean(s) + ce + remat::sum_rows(ls) + remat::mse_loss(x, w) +
+              remat::sum(remat::dropout(x, 0.0));
+  tape.backward(loss);
+  EXPECT_TRUE(x.grad().allFinite());
+  // d/dx: layer_norm term 0, softmax 0, ce 0, log_softmax 0, mse 2(x−w), dropout(p=0) 1
+  EXPECT_NEAR(x.grad()(0, 0), 2 * (0.3 + 0.7) + 1, 1e-12);
+  EXPECT_NEAR(g.grad()(0, 0), 0.0, 1e-12);
+  EXPECT_NEAR(b.grad()(0, 0), 1.0, 1e-12);  // only through the layer_norm bias (linear's b feeds x̂ = 0)
+}
+
+TEST(Numerics, LayerNormOfConstantRowsHasFiniteGradients) {
+  Tape<float> tape;
+  auto x = tape.variable(Matrix<float>::Constant(3, 5, 7.25f));
+  auto g = tape.variable(Matrix<float>::Ones(1, 5));
+  auto b = tape.variable(Matrix<float>::Zero(1, 5));
+  auto y = remat::layer_norm(x, g, b);
+  EXPECT_TRUE(y.value().isZero());
+  tape.backward(remat::sum(remat::sin(y + tape.constant(rnd<float>(3, 5, 3)))));
+  EXPECT_TRUE(x.grad().allFinite());
+  EXPECT_TRUE(g.grad().allFinite());
+  EXPECT_THROW(remat::layer_norm(x, g, b, 0.0), remat::domain_error);
+  EXPECT_THROW(remat::layer_norm(x, g, b, std::nan("")), remat::domain_error);
+  EXPECT_THROW(remat::layer_norm(x, b, tape.variable(Matrix<float>::Zero(1, 4))), remat::shape_error);
+}
+
+TEST(Numerics, DropoutExtremes) {
+  Tape<double> tape(7);
+  auto x = tape.variable(rnd<double>(20, 20, 25));
+  auto y0 = remat::dropout(x, 0.0);
+  EXPECT_TRUE(same_bits(Matrix<double>(y0.value()), Matrix<double>(x.value())));
+  const double almost = std::nextafter(1.0, 0.0);
+  auto y1 = remat::dropout(x, almost);
+  EXPECT_TRUE(y1.value().allFinite());
+  auto loss = remat::sum(y0) + remat::sum(y1);
+  tape.backward(loss);
+  EXPECT_TRUE(x.grad().allFinite());
+  EXPECT_THROW(remat::dropout(x, 1.0), remat::domain_error);
+  EXPECT_THROW(remat::dropout(x, -1e-300), remat::domain_error);
+  EXPECT_THROW(remat::dropout(x, std::nan("")), remat::domain_error);
+  Tape<float> tf;
+  auto xf = tf.variable(rnd<float>(8, 8, 26));
+  auto yf = remat::dropout(xf, 1.0 - 1e-7);
+  tf.backward(remat::sum(yf));
+  EXPECT_TRUE(xf.grad().allFinite());
+}
+
+TEST(Numerics, LossErrorsNameOpAndShapes) {
+  Tape<float> tape;
+  auto x = tape.variable(rnd<float>(3, 4, 27));
+  try {
+    remat::mse_loss(x, tape.variable(rnd<float>(4, 3, 28)));
+    FAIL();
+  } catch (const remat::shape_error& e) {
+    EXPECT_NE(std::string(e.what()).find("mse_loss"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("[3,4]"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("[4,3]"), std::string::npos);
+  }
+  EXPECT_THROW(remat::cross_entropy(x, {0, 1}), remat::shape_error);
+  EXPECT_THROW(remat::cross_entropy(x, {0, 1, 4}), remat::index_error);
+  EXPECT_THROW(remat::cross_entropy(x, {0, -1, 2}), remat::index_error);
+  EXPECT_THROW(remat::checkpoint_name(x, ""), remat::domain_error);
+  EXPECT_THROW(x / 0, remat::domain_error);
+  EXPECT_THROW(remat::pow(x, INFINITY), remat::domain_error);
+  EXPECT_THROW(remat::affine(x, NAN, 0.0), remat::domain_error);
+  EXPECT_THROW(tape.variable(Matrix<float>(0, 3)), remat::shape_error);
+  EXPECT_EQ(tape.size(), 2u);
+  // The tape is intact: a backward still works.
+  tape.backward(remat::cross_entropy(x, {3, 0, 1}));
+  EXPECT_TRUE(x.grad().allFinite());
+}
+
+TEST(Numerics, NanAndInfPropagateWithoutCrashing) {
+  Tape<double> tape;
+  Matrix<double> v(2, 3);
+  v << std::numeric_limits<double>::quiet_NaN(), 1, 2, INFINITY, -INFINITY, 0;
+  auto x = tape.variable(v);
+  auto y = remat::softmax(x) + remat::log_softmax(x) + remat::layer_norm(x, tape.constant(Matrix<double>::Ones(1, 3)),
+                                                                         tape.constant(Matrix<double>::Zero(1, 3)));
+  auto loss = remat::sum(y) + remat::cross_entropy(x, {1, 2}) + remat::sum(remat::gelu(x)) + remat::sum(remat::relu(x));
+  ASSERT_NO_THROW(tape.backward(loss));
+  EXPECT_TRUE(std::isnan(loss.item()));
+  // an ordinary finite row is unaffected by a NaN row in row-wise ops
+  Tape<double> t2;
+  Matrix<double> w(2, 3);
+  w << std::numeric_limits<double>::quiet_NaN(), 1, 2, 0.5, -0.5, 0.25;
+  auto z = t2.variable(w);
+  t2.backward(remat::sum(remat::softmax(z) * t2.constant(rnd<double>(2, 3, 29))));
+  EXPECT_TRUE(z.grad().row(1).allFinite());
+}
+
+// BUG (not fixed here): d/dx x^0 is 0, but pow's derivative p·x^(p−1) evaluates 0·0^(−1) = 0·inf = NaN at x = 0.
+TEST(Numerics, PowZeroExponentHasZeroGradientAtZero) {
+  GTEST_SKIP() << "BUG: pow(x, 0) gives a NaN gradient at x = 0 (0 * 0^-1); expected 0";
+  Tape<double> tape;
+  auto x = tape.variable(Matrix<double>::Zero(1, 2));
+  tape.backward(remat::sum(remat::pow(x, 0.0)));
+  EXPECT_TRUE(x.grad().isZero());
+}
+
+// ---------------------------------------------------------------- memory accounting and threads
+
+TEST(Memory, ClearReturnsEveryByteToThePool) {
+  Tape<float> tape;
+  std::size_t cached_after_first = 0;
+  for (int step = 0; step < 3; ++step) {
+    auto x = tape.constant(rnd<float>(8, 6, 30));
+    auto w = tape.variable(rnd<float>(6, 5, 31));
+    auto g = tape.variable(Matrix<float>::Ones(1, 5));
+    auto b = tape.variable(Matrix<float>::Zero(1, 5));
+    auto h = remat::checkpoint([&](Var<float> v) { return remat::layer_norm(remat::gelu(remat::matmul(v, w)), g, b) + 1.0; },
+                               remat::policies::dots_saveable)(x);
+    auto loss = remat::cross_entropy(h, {0, 1, 2, 3, 4, 0, 1, 2});
+    tape.backward(loss);
+    (void)w.grad();
+    const auto m = tape.memory();
+    EXPECT_EQ(m.saved_bytes, 0u) << "nothing is pending after a backward without retain_graph";
+    tape.clear();
+    EXPECT_EQ(tape.memory().live_bytes, 0u);
+    EXPECT_EQ(tape.memory().peak_bytes, 0u);
+    if (step == 0) cached_after_first = tape.memory().cached_bytes;
+    else EXPECT_EQ(tape.memory().cached_bytes, cached_after_first) << "a steady loop allocates nothing new";
+  }
+  tape.release_cached_memory();
+  EXPECT_EQ(tape.memory().cached_bytes, 0u);
+}
+
+TEST(Threads, TwoTapesInTwoThreadsGiveIdenticalCheckpointedGradients) {
+  const Matrix<float> X = rnd<float>(16, 8, 40), W = rnd<float>(8, 8, 41);  // std::rand is not thread-safe
+  auto work = [&X, &W](Matrix<float>* out) {
+    Tape<float> tape(3);
+    auto x = tape.constant(X);
+    auto w = tape.variable(W);
+    Var<float> h = x;
+    for (int i = 0; i < 20; ++i)
+      h = remat::checkpoint([&](Var<float> v) { return remat::dropout(remat::tanh(remat::matmul(v, w)), 0.1); })(h);
+    for (int step = 0; step < 20; ++step) {
+      tape.backward(remat::sum(h), true);
+    }
+    *out = w.grad();
+  };
+  Matrix<float> a, b, c;
+  std::thread t1(work, &a), t2(work, &b);
+  t1.join();
+  t2.join();
+  work(&c);
+  EXPECT_TRUE(same_bits(a, c));
+  EXPECT_TRUE(same_bits(b, c));
+}
+
+}  // namespace
