@@ -158,14 +158,14 @@ class Tape {
       w_bytes = std::max(w_bytes, r.bytes.size());
     }
     auto line = [&](const std::string& node, const std::string& op, const std::string& shape, const std::string& b,
-                    const std::string& why) {
+                    const char* unit, const std::string& why) {
       os << "  " << std::left << std::setw(static_cast<int>(w_node)) << node << "  "
          << std::setw(static_cast<int>(w_op)) << op << "  " << std::setw(static_cast<int>(w_shape)) << shape << "  "
-         << std::right << std::setw(static_cast<int>(w_bytes)) << b << " B  " << why << "\n";
+         << std::right << std::setw(static_cast<int>(w_bytes)) << b << unit << why << "\n";
     };
     os << "saved residuals (" << rows.size() << " buffers; tape of " << s.nodes_.size() << " nodes):\n";
-    line("node", "op", "shape", "bytes", "reason");
-    for (const Row& r : rows) line(r.node, r.op, r.shape, r.bytes, r.why);
+    line("node", "op", "shape", "bytes", "    ", "reason");
+    for (const Row& r : rows) line(r.node, r.op, r.shape, r.bytes, " B  ", r.why);
     os << "  total " << total << " B\n";
   }
 
