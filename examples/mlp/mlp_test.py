@@ -256,9 +256,10 @@ def case_checkpoint_modes():
         # the same as layer
         "dots": x + sum(act) + softmax,
     }
-    # sqrt: L = 5 layers (4 hidden + output), round(sqrt(5)) = 2 segments of 2: layers 1-2 in a region
-    # (keeps x and returns d_2), layers 3, 4 and the output layer plain (r_3, d_3, r_4, d_4 kept).
-    expected["sqrt"] = x + act[1] + 2 * act[2] + 2 * act[3] + softmax
+    # sqrt: L = 5 layers (4 hidden + output), round(sqrt(5)) = 2 segments of ceil(5/2) = 3, both regions:
+    # layers 1-3 (keeps x, returns d_3) and layer 4 + the output layer (returns the logits, which the
+    # loss does not read: cross_entropy keeps its softmax instead).
+    expected["sqrt"] = x + act[2] + softmax
     for mode, value in expected.items():
         check(runs[mode].get("saved_bytes_per_step") == value,
               f"{mode}: saved_bytes_per_step {runs[mode].get('saved_bytes_per_step')}, expected {value}")

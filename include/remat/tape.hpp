@@ -117,6 +117,14 @@ class Tape {
   /// Returns the pool's cached buffers to the system.
   void release_cached_memory() { state_->pool_.trim(); }
 
+  /// Restarts the tape's random generator (dropout) at `seed`: the masks drawn after this call are a
+  /// pure function of `seed` and the order of the random ops, so a training loop that seeds each step
+  /// (e.g. from its step number) draws the same masks when it is resumed. Existing nodes keep theirs.
+  void seed(std::uint64_t seed) {
+    state_->seed_ = seed;
+    state_->random_offset_ = 0;
+  }
+
   /// Exact byte counts of tape-owned buffers; see MemoryStats.
   MemoryStats memory() const { return state_->memory(); }
 
