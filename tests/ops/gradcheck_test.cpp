@@ -22,15 +22,27 @@ using remat::Tape;
 using remat::Var;
 using remat_test::OpInstance;
 
-class OpListTest : public ::testing::TestWithParam<OpInstance> {
+// One test per op (one CTest entry each); it runs every shape set of the op, traced by name
+// ("add_3x4_1x4").
+class OpListTest : public ::testing::TestWithParam<const remat_test::OpCase*> {
  protected:
-  std::uint64_t seed() const { return remat_test::seed_from(GetParam().name()); }
+  template <class Check>
+  void for_each_shape_set(Check check) const {
+    for (std::size_t k = 0; k < GetParam()->shape_sets.size(); ++k) {
+      const OpInstance instance{GetParam(), k};
+      SCOPED_TRACE(instance.name());
+      check(instance);
+    }
+  }
 };
 
-TEST_P(OpListTest, GradientMatchesCentralDifferences) {
-  const OpInstance& instance = GetParam();
+std::uint64_t seed_of(const OpInstance& instance) {
+  return remat_test::seed_from(instance.name());
+}
+
+void check_gradient(const OpInstance& instance) {
   const auto& op = *instance.op;
-  const std::uint64_t s = seed();
+  const std::uint64_t s = seed_of(instance);
   const auto result = remat_test::gradcheck(
       [&](Tape<double>& tape, const std::vector<Var<double>>& in) {
         return remat_test::scalar_loss(tape, op.build(in), s);
@@ -44,10 +56,13 @@ TEST_P(OpListTest, GradientMatchesCentralDifferences) {
   EXPECT_TRUE(remat_test::passes(result, 1e-6));
 }
 
+TEST_P(OpListTest, GradientMatchesCentralDifferences) {
+  for_each_shape_set(check_gradient);
+}
+
 template <class T>
 void expect_value_matches_reference(const OpInstance& instance, std::uint64_t seed, double tolerance) {
   const auto& op = *instance.op;
-  if (!op.reference) GTEST_SKIP() << op.name << " has no reference; a dedicated test checks its value";
   const auto inputs = remat_test::make_inputs<double>(op, instance.shapes(), seed);
   const Matrix<double> expected = op.reference(inputs);
   Tape<T> tape;
@@ -64,16 +79,19 @@ void expect_value_matches_reference(const OpInstance& instance, std::uint64_t se
 }
 
 TEST_P(OpListTest, ValueMatchesReferenceInDouble) {
-  expect_value_matches_reference<double>(GetParam(), seed(), 1e-12);
+  if (!GetParam()->reference)
+    GTEST_SKIP() << GetParam()->name << " has no reference; a dedicated test checks its value";
+  for_each_shape_set([](const OpInstance& i) { expect_value_matches_reference<double>(i, seed_of(i), 1e-12); });
 }
 
 TEST_P(OpListTest, ValueMatchesReferenceInFloat) {
-  expect_value_matches_reference<float>(GetParam(), seed(), 2e-6);
+  if (!GetParam()->reference)
+    GTEST_SKIP() << GetParam()->name << " has no reference; a dedicated test checks its value";
+  for_each_shape_set([](const OpInstance& i) { expect_value_matches_reference<float>(i, seed_of(i), 2e-6); });
 }
 
 // What a checkpoint policy sees of the op: its name, kind, output shape, bytes and a FLOP estimate.
-TEST_P(OpListTest, ReportsNameKindShapeBytesAndFlopsToPolicies) {
-  const OpInstance& instance = GetParam();
+void check_op_info(const OpInstance& instance) {
   const auto& op = *instance.op;
   struct Seen {
     std::string name;
@@ -89,7 +107,8 @@ TEST_P(OpListTest, ReportsNameKindShapeBytesAndFlopsToPolicies) {
   };
   Tape<double> tape;
   std::vector<Var<double>> vars;
-  for (const auto& m : remat_test::make_inputs<double>(op, instance.shapes(), seed())) vars.push_back(tape.variable(m));
+  for (const auto& m : remat_test::make_inputs<double>(op, instance.shapes(), seed_of(instance)))
+    vars.push_back(tape.variable(m));
   const auto block = remat::checkpoint(
       [&](const Var<double>& first) {
         auto in = vars;
@@ -129,8 +148,20 @@ TEST_P(OpListTest, ReportsNameKindShapeBytesAndFlopsToPolicies) {
     EXPECT_GT(info.flops, 0.0) << op.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllOps, OpListTest, ::testing::ValuesIn(remat_test::op_instances()),
-                         remat_test::op_instance_name<::testing::TestParamInfo<OpInstance>>);
+TEST_P(OpListTest, ReportsNameKindShapeBytesAndFlopsToPolicies) {
+  for_each_shape_set(check_op_info);
+}
+
+std::vector<const remat_test::OpCase*> all_ops() {
+  std::vector<const remat_test::OpCase*> ops;
+  for (const auto& op : remat_test::op_list()) ops.push_back(&op);
+  return ops;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, OpListTest, ::testing::ValuesIn(all_ops()),
+                         [](const ::testing::TestParamInfo<const remat_test::OpCase*>& info) {
+                           return info.param->name;
+                         });
 
 // The list covers every public op, each operator form and each broadcasting form.
 TEST(OpList, CoversEveryPublicOp) {
