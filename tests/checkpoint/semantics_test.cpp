@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -27,6 +26,14 @@ using remat::Var;
 
 template <class T>
 class Semantics : public ::testing::Test {};
+
+/// The report with every run of spaces collapsed to one, so lines compare independently of alignment.
+std::string collapse_spaces(const std::string& text) {
+  std::string out;
+  for (char ch : text)
+    if (ch != ' ' || out.empty() || out.back() != ' ') out += ch;
+  return out;
+}
 TYPED_TEST_SUITE(Semantics, checkpoint_test::Scalars);
 
 // f is called once per forward call of the checkpointed callable (3 layers → 3 calls), never by backward,
@@ -313,17 +320,17 @@ TYPED_TEST(Semantics, PrintSavedResidualsListsOpShapeBytesAndReason) {
   const std::string report = os.str();
   SCOPED_TRACE(report);
   const std::size_t b34 = bytes_of<T>(3, 4), b45 = bytes_of<T>(4, 5), b35 = bytes_of<T>(3, 5);
-  auto line = [](int node, const std::string& op, const std::string& shape, std::size_t bytes,
-                 const std::string& reason) {
-    return std::regex("#" + std::to_string(node) + " +" + op + " +\\" + shape.substr(0, shape.size() - 1) + "\\] +" +
-                      std::to_string(bytes) + " B +" + reason + "\n");
+  const std::string collapsed = collapse_spaces(report);
+  auto has_line = [&](int node, const std::string& op, const std::string& shape, std::size_t bytes,
+                      const std::string& reason) {
+    return collapsed.find(" #" + std::to_string(node) + " " + op + " " + shape + " " + std::to_string(bytes) + " B " +
+                          reason + "\n") != std::string::npos;
   };
-  EXPECT_TRUE(std::regex_search(report, line(0, "constant", "[3,4]", b34, "region input")));
-  EXPECT_TRUE(std::regex_search(report, line(1, "variable", "[4,5]", b45, "region input")));
-  EXPECT_TRUE(std::regex_search(report, line(4, "checkpoint_name", "[3,5]", b35, "allowed by policy, named 'hidden'")));
-  EXPECT_TRUE(std::regex_search(report, line(5, "sin", "[3,5]", b35, "region output")));
-  EXPECT_TRUE(
-      std::regex_search(report, line(7, "cross_entropy\\.extra", "[3,5]", b35, "residual of its own backward")));
+  EXPECT_TRUE(has_line(0, "constant", "[3,4]", b34, "region input"));
+  EXPECT_TRUE(has_line(1, "variable", "[4,5]", b45, "region input"));
+  EXPECT_TRUE(has_line(4, "checkpoint_name", "[3,5]", b35, "allowed by policy, named 'hidden'"));
+  EXPECT_TRUE(has_line(5, "sin", "[3,5]", b35, "region output"));
+  EXPECT_TRUE(has_line(7, "cross_entropy.extra", "[3,5]", b35, "residual of its own backward"));
   EXPECT_EQ(report.find("#2 "), std::string::npos);  // the dropped matmul output is not listed
   EXPECT_EQ(report.find("#3 "), std::string::npos);  // nor the inner sin (nothing reads it)
   EXPECT_EQ(report.find("#6 "), std::string::npos);  // nor square's output (cross_entropy reads only its extra)
@@ -340,8 +347,9 @@ TYPED_TEST(Semantics, PrintSavedResidualsOutsideAnyRegion) {
   auto loss = remat::sum(remat::sin(x));
   std::ostringstream os;
   tape.print_saved_residuals(os);
-  EXPECT_TRUE(std::regex_search(os.str(), std::regex("#0 +variable +\\[2,3\\] +" + std::to_string(bytes_of<T>(2, 3)) +
-                                                     " B +outside any region\n")))
+  EXPECT_NE(collapse_spaces(os.str()).find(" #0 variable [2,3] " + std::to_string(bytes_of<T>(2, 3)) +
+                                           " B outside any region\n"),
+            std::string::npos)
       << os.str();
 }
 
