@@ -53,15 +53,23 @@ class Checkpointed {
   template <class... Args>
   auto operator()(Args&&... args) const {
     auto* state = detail::region_tape(args...);
-    state->open_region(&detail::call_policy<Policy>, &policy_);
+    const std::uint32_t generation = state->generation_;
+    const std::int32_t region = state->open_region(&detail::call_policy<Policy>, &policy_);
+    state->add_ref();  // the state outlives a Tape destroyed inside f
+    struct Release {
+      decltype(state) s;
+      ~Release() { s->drop_ref(); }
+    } release{state};
     std::vector<std::int32_t> outputs;
     try {
       auto result = f_(std::forward<Args>(args)...);
+      if (!state->region_is_innermost(region, generation))
+        throw tape_error("checkpoint: the tape was cleared or destroyed while the checkpointed function ran");
       detail::collect_outputs(state, outputs, result);
       state->close_region(outputs);
       return result;
     } catch (...) {
-      state->close_region({});
+      if (state->region_is_innermost(region, generation)) state->close_region({});
       throw;
     }
   }

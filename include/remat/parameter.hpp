@@ -1,6 +1,7 @@
 // A trainable matrix that a tape references without copying, with a version counter.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -20,6 +21,22 @@ class Parameter {
  public:
   Parameter() = default;
   explicit Parameter(Matrix<T> value) : value_(std::move(value)) {}
+  Parameter(const Parameter&) = default;
+  Parameter(Parameter&&) noexcept = default;
+  /// Assigning replaces the value, so it counts as a modification: the version moves past both
+  /// operands' versions (a tape that recorded this parameter becomes stale).
+  Parameter& operator=(const Parameter& other) {
+    const std::uint64_t next = std::max(version_, other.version_) + 1;
+    value_ = other.value_;
+    version_ = next;
+    return *this;
+  }
+  Parameter& operator=(Parameter&& other) noexcept {
+    const std::uint64_t next = std::max(version_, other.version_) + 1;
+    value_ = std::move(other.value_);
+    version_ = next;
+    return *this;
+  }
 
   const Matrix<T>& value() const { return value_; }
   /// Write access; marks the parameter modified (any tape that recorded it becomes stale).

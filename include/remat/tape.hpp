@@ -206,7 +206,7 @@ class Tape {
                               ": the residuals were freed by the previous backward; pass retain_graph = true to the "
                               "first backward to run another one, or record the forward pass again");
     for (std::size_t i = 0; i < state_->nodes_.size(); ++i)
-      if (state_->nodes_[i].holds > 0) state_->check_parameter(static_cast<std::int32_t>(i));
+      if (state_->nodes_[i].holds > 0) state_->check_parameter(static_cast<std::int32_t>(i), op);
     return loss.id();
   }
 
@@ -218,7 +218,8 @@ class Tape {
     if (why.empty()) {
       if (n.region < 0)
         why += "outside any region";
-      else if (n.output_mask != 0 && n.drop_mask == 0 && n.region >= 0 && !s.regions_[static_cast<std::size_t>(n.region)].open &&
+      else if (n.output_mask != 0 && n.drop_mask == 0 && n.region >= 0 &&
+               !s.regions_[static_cast<std::size_t>(n.region)].open &&
                (n.output_mask >> s.regions_[static_cast<std::size_t>(n.region)].depth) & 1u)
         why += "region output";
       else

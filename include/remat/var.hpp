@@ -86,6 +86,7 @@ class Var {
     if (state_->generation_ != generation_)
       throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");
     const auto& n = state_->nodes_[static_cast<std::size_t>(id_)];
+    if (state_->parameter_moved(n)) state_->check_parameter(id_, op);
     if (!n.value)
       throw freed_value_error(std::string(op) + ": the value of node #" + std::to_string(id_) + " was freed");
     return n;

@@ -36,7 +36,9 @@ template <class T>
 class Program {
  public:
   Program(std::uint64_t seed, bool use_checkpoint, bool smooth_only)
-      : rng_(seed), policy_rng_(std::make_shared<std::mt19937_64>(seed ^ 0x9e37)), checkpoint_(use_checkpoint),
+      : rng_(seed),
+        policy_rng_(std::make_shared<std::mt19937_64>(seed ^ 0x9e37)),
+        checkpoint_(use_checkpoint),
         smooth_(smooth_only) {}
 
   // Records the program on `tape`; returns the loss. `vars` receives every variable leaf.
@@ -72,7 +74,9 @@ class Program {
     return vars_->back();
   }
 
-  Var<T> any(const std::vector<Var<T>>& env) { return env[static_cast<std::size_t>(pick(static_cast<int>(env.size())))]; }
+  Var<T> any(const std::vector<Var<T>>& env) {
+    return env[static_cast<std::size_t>(pick(static_cast<int>(env.size())))];
+  }
 
   Var<T> op(const std::vector<Var<T>>& env) {
     const Var<T> a = any(env);
@@ -80,55 +84,91 @@ class Program {
     const int n_ops = 26;
     for (;;) {
       switch (pick(n_ops)) {
-        case 0: return remat::tanh(a);
-        case 1: return remat::sin(a);
-        case 2: return remat::exp(remat::tanh(a));
-        case 3: return remat::sigmoid(a);
-        case 4: if (smooth_) continue; return remat::relu(a);
-        case 5: return remat::gelu(a);
-        case 6: return remat::square(a) * 0.5;
-        case 7: if (smooth_) continue; return remat::abs(a);
-        case 8: return remat::softplus(a) - 0.5;
-        case 9: return -a;
-        case 10: return a * b;
-        case 11: return a + b;
-        case 12: return a - b;
-        case 13: return a / (remat::sigmoid(b) + 1.0);
-        case 14: return remat::tanh(remat::matmul(a, w_));
-        case 15: return remat::linear(a, w_, bias_);
-        case 16: return remat::layer_norm(a, gain_, bias_);
-        case 17: return remat::dropout(a, 0.25);
-        case 18: return remat::softmax(a);
-        case 19: return remat::log_softmax(a) * 0.25;
-        case 20: return remat::checkpoint_name(a, pick(2) ? "a" : "b");
+        case 0:
+          return remat::tanh(a);
+        case 1:
+          return remat::sin(a);
+        case 2:
+          return remat::exp(remat::tanh(a));
+        case 3:
+          return remat::sigmoid(a);
+        case 4:
+          if (smooth_) continue;
+          return remat::relu(a);
+        case 5:
+          return remat::gelu(a);
+        case 6:
+          return remat::square(a) * 0.5;
+        case 7:
+          if (smooth_) continue;
+          return remat::abs(a);
+        case 8:
+          return remat::softplus(a) - 0.5;
+        case 9:
+          return -a;
+        case 10:
+          return a * b;
+        case 11:
+          return a + b;
+        case 12:
+          return a - b;
+        case 13:
+          return a / (remat::sigmoid(b) + 1.0);
+        case 14:
+          return remat::tanh(remat::matmul(a, w_));
+        case 15:
+          return remat::linear(a, w_, bias_);
+        case 16:
+          return remat::layer_norm(a, gain_, bias_);
+        case 17:
+          return remat::dropout(a, 0.25);
+        case 18:
+          return remat::softmax(a);
+        case 19:
+          return remat::log_softmax(a) * 0.25;
+        case 20:
+          return remat::checkpoint_name(a, pick(2) ? "a" : "b");
         case 21: {  // broadcasting with a row, a column or a scalar, on either side
           const Var<T>& s = pick(3) == 0 ? row_ : (pick(2) ? col_ : scalar_);
           switch (pick(4)) {
-            case 0: return pick(2) ? a + s : s + a;
-            case 1: return pick(2) ? a * s : s * a;
-            case 2: return pick(2) ? a - s : s - a;
-            default: return pick(2) ? a / (remat::sigmoid(s) + 1.0) : s / (remat::sigmoid(a) + 1.0);
+            case 0:
+              return pick(2) ? a + s : s + a;
+            case 1:
+              return pick(2) ? a * s : s * a;
+            case 2:
+              return pick(2) ? a - s : s - a;
+            default:
+              return pick(2) ? a / (remat::sigmoid(s) + 1.0) : s / (remat::sigmoid(a) + 1.0);
           }
         }
-        case 22: return a * remat::sum_rows(b);  // [R,C] * [R,1]
-        case 23: return a * remat::mean(b);      // [R,C] * [1,1]
-        case 24: {  // a loss inside: cross_entropy has an op-specific residual (its softmax)
+        case 22:
+          return a * remat::sum_rows(b);  // [R,C] * [R,1]
+        case 23:
+          return a * remat::mean(b);  // [R,C] * [1,1]
+        case 24: {                    // a loss inside: cross_entropy has an op-specific residual (its softmax)
           return a + remat::cross_entropy(b, {0, 3, 1}) * 0.1;
         }
-        case 25: return remat::sqrt(remat::square(a) + 1.0) + remat::pow(remat::sigmoid(b) + 0.5, 1.5);
+        case 25:
+          return remat::sqrt(remat::square(a) + 1.0) + remat::pow(remat::sigmoid(b) + 0.5, 1.5);
       }
     }
   }
 
   std::function<bool(const remat::OpInfo&)> random_policy() {
     switch (pick(7)) {
-      case 0: return remat::policies::nothing_saveable;
-      case 1: return remat::policies::everything_saveable;
-      case 2: return remat::policies::dots_saveable;
-      case 3: return remat::policies::save_only_these_names({"a"});
-      case 4: return remat::policies::save_any_names_but_these({"a"});
-      case 5: return remat::policies::save_from_both_policies(remat::policies::dots_saveable,
-                                                             remat::policies::save_only_these_names({"b"}));
+      case 0:
+        return remat::policies::nothing_saveable;
+      case 1:
+        return remat::policies::everything_saveable;
+      case 2:
+        return remat::policies::dots_saveable;
+      case 3:
+        return remat::policies::save_only_these_names({"a"});
+      case 4:
+        return remat::policies::save_any_names_but_these({"a"});
+      case 5:
+        return remat::policies::save_from_both_policies(remat::policies::dots_saveable,
+                                                        remat::policies::save_only_these_names({"b"}));
       default: {
         auto r = policy_rng_;
         return [r](const remat::OpInfo&) { return ((*r)() & 1u) != 0; };
@@ -226,8 +266,9 @@ void run_and_compare(std::uint64_t seed) {
   ASSERT_EQ(std::memcmp(&loss_value[0], &loss_value[1], sizeof(T)), 0) << "seed " << seed;
   ASSERT_EQ(grads[0].size(), grads[1].size());
   for (std::size_t k = 0; k < grads[0].size(); ++k)
-    ASSERT_TRUE(bitwise_equal(grads[0][k], grads[1][k]))
-        << "seed " << seed << " variable " << k << "\nplain\n" << grads[0][k] << "\ncheckpointed\n" << grads[1][k];
+    ASSERT_TRUE(bitwise_equal(grads[0][k], grads[1][k])) << "seed " << seed << " variable " << k << "\nplain\n"
+                                                         << grads[0][k] << "\ncheckpointed\n"
+                                                         << grads[1][k];
 }
 
 TEST(RandomDifferential, CheckpointedBitwiseEqualsPlainFloat) {

@@ -33,12 +33,12 @@ enum Needs : unsigned {
 
 /// Per-node attributes that, with the op and the input ids, make a node re-executable.
 struct Attributes {
-  double scalar = 0;        ///< op-specific (pow exponent, dropout p, layer_norm eps, affine scale)
-  double scalar2 = 0;       ///< op-specific (affine shift)
-  std::uint64_t seed = 0;   ///< random ops: generator seed
-  std::uint64_t offset = 0; ///< random ops: counter offset of element 0
-  std::int32_t labels = -1; ///< cross_entropy: index into TapeState::labels_
-  std::int32_t tag = -1;    ///< checkpoint_name: index into TapeState::tags_
+  double scalar = 0;         ///< op-specific (pow exponent, dropout p, layer_norm eps, affine scale)
+  double scalar2 = 0;        ///< op-specific (affine shift)
+  std::uint64_t seed = 0;    ///< random ops: generator seed
+  std::uint64_t offset = 0;  ///< random ops: counter offset of element 0
+  std::int32_t labels = -1;  ///< cross_entropy: index into TapeState::labels_
+  std::int32_t tag = -1;     ///< checkpoint_name: index into TapeState::tags_
 };
 
 template <class T>
@@ -74,9 +74,9 @@ struct Node {
   bool requires_grad = false;  // some input (transitively) is a variable
   bool keep_grad = false;      // the gradient outlives the sweep (variables, gradient() targets)
   Shape shape;
-  Shape extra_shape;           // op-specific residual (layer_norm statistics, softmax of a loss), or empty
+  Shape extra_shape;  // op-specific residual (layer_norm statistics, softmax of a loss), or empty
   T* value = nullptr;
-  bool value_owned = true;     // false for a referenced Parameter
+  bool value_owned = true;  // false for a referenced Parameter
   T* extra = nullptr;
   T* grad = nullptr;
   Attributes attributes;
@@ -146,9 +146,7 @@ class TapeState {
 
   // ---- value lifetime ----
   /// True when the value must stay: a handle refers to it, or a pending need at this level.
-  bool value_wanted(const Node<T>& n) const {
-    return n.handles > 0 || (n.holds > 0 && n.keep_level() <= level_);
-  }
+  bool value_wanted(const Node<T>& n) const { return n.handles > 0 || (n.holds > 0 && n.keep_level() <= level_); }
   void acquire_handle(std::int32_t id) { ++nodes_[id].handles; }
   void release_handle(std::int32_t id) {
     Node<T>& n = nodes_[id];
@@ -250,7 +248,7 @@ class TapeState {
   }
 
   // ---- checkpoint regions ----
-  void open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object) {
+  std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object) {
     if (static_cast<int>(open_.size()) >= max_region_depth)
       throw tape_error("checkpoint: regions nested deeper than " + std::to_string(max_region_depth) + " levels");
     Region r;
@@ -261,6 +259,12 @@ class TapeState {
     r.policy_object = policy_object;
     regions_.push_back(std::move(r));
     open_.push_back(static_cast<std::int32_t>(regions_.size() - 1));
+    return open_.back();
+  }
+
+  /// True while `region` is the innermost open region (false once the tape was cleared or destroyed).
+  bool region_is_innermost(std::int32_t region, std::uint32_t generation) const {
+    return generation == generation_ && !open_.empty() && open_.back() == region;
   }
 
   /// Closes the innermost open region; `outputs` are the ids the checkpointed function returned.
@@ -284,8 +288,7 @@ class TapeState {
       const Node<T>& n = nodes_[i];
       // An op's extra (layer_norm statistics, cross_entropy softmax) is a residual of its own backward even
       // when no later op holds its output value.
-      if (!n.is_leaf() && n.keep_level() == r.depth &&
-          (n.holds > 0 || (n.extra_shape.size() > 0 && n.requires_grad)))
+      if (!n.is_leaf() && n.keep_level() == r.depth && (n.holds > 0 || (n.extra_shape.size() > 0 && n.requires_grad)))
         r.needs_replay = true;
     }
     if (!r.needs_replay) release_region_holds(r);
@@ -451,12 +454,23 @@ class TapeState {
   }
 
   void check_parameter_inputs(const Node<T>& n) const {
-    for (int k = 0; k < n.arity; ++k) check_parameter(n.inputs[k]);
+    for (int k = 0; k < n.arity; ++k) check_parameter(n.inputs[k], "backward");
   }
-  void check_parameter(std::int32_t id) const {
+  /// A Parameter whose storage moved or changed shape since it was recorded: reading the node's value
+  /// would read freed memory.
+  bool parameter_moved(const Node<T>& n) const {
+    return n.parameter && (n.parameter->value().data() != n.value || n.parameter->rows() != n.shape.rows ||
+                           n.parameter->cols() != n.shape.cols);
+  }
+  void check_parameter(std::int32_t id, const char* op) const {
     const Node<T>& n = nodes_[id];
+    if (parameter_moved(n))
+      throw stale_value_error(std::string(op) + ": the Parameter " + to_string(n.shape) + " recorded as node #" +
+                              std::to_string(id) + " was reallocated or resized (now [" +
+                              std::to_string(n.parameter->rows()) + "," + std::to_string(n.parameter->cols()) +
+                              "]) after it was recorded; record it again with tape.variable()");
     if (n.parameter && n.parameter->version() != n.parameter_version)
-      throw stale_value_error("backward: the Parameter " + to_string(n.shape) + " recorded as node #" +
+      throw stale_value_error(std::string(op) + ": the Parameter " + to_string(n.shape) + " recorded as node #" +
                               std::to_string(id) + " was modified after it was recorded (version " +
                               std::to_string(n.parameter->version()) + ", recorded at version " +
                               std::to_string(n.parameter_version) +
@@ -472,7 +486,8 @@ class TapeState {
     }
   }
   void clear() {
-    if (!open_.empty()) throw tape_error("clear: a checkpoint region is still open (clear() called inside a checkpointed function)");
+    if (!open_.empty())
+      throw tape_error("clear: a checkpoint region is still open (clear() called inside a checkpointed function)");
     release_all();
     nodes_.clear();
     regions_.clear();
@@ -627,11 +642,15 @@ struct BackwardContext {
     if (first) in.grad = tape.allocate(in.shape);
     AlignedMap<T> g(in.grad, in.shape.rows, in.shape.cols);
     if constexpr (std::is_base_of_v<Eigen::ArrayBase<E>, E>) {
-      if (first) g.array() = e;
-      else g.array() += e;
+      if (first)
+        g.array() = e;
+      else
+        g.array() += e;
     } else {
-      if (first) g.noalias() = e;
-      else g.noalias() += e;
+      if (first)
+        g.noalias() = e;
+      else
+        g.noalias() += e;
     }
   }
 };

@@ -22,6 +22,15 @@ struct PowOp : UnaryElementwise<PowOp> {
     using T = typename X::Scalar;
     return g * T(a.scalar) * x.pow(T(a.scalar - 1));
   }
+  // x⁰ = 1 is constant: its derivative is 0 even at x = 0, where p·x^(p−1) would be 0·inf = NaN.
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (!c.wants_grad(0)) return;
+    if (c.attributes().scalar == 0)
+      c.add_grad(0, Matrix<T>::Zero(c.node.shape.rows, c.node.shape.cols));
+    else
+      UnaryElementwise<PowOp>::backward(c);
+  }
 };
 
 }  // namespace detail
