@@ -24,10 +24,9 @@ struct Plain {
 /// Each layer (W2: each block) in its own checkpoint region with `Policy`.
 template <class Policy>
 struct PerLayer {
-  static constexpr const char* name = std::is_same_v<Policy, remat::policies::NothingSaveable>
-                                          ? "nothing_saveable"
-                                          : std::is_same_v<Policy, remat::policies::DotsSaveable> ? "dots_saveable"
-                                                                                                  : "everything_saveable";
+  static constexpr const char* name = std::is_same_v<Policy, remat::policies::NothingSaveable> ? "nothing_saveable"
+                                      : std::is_same_v<Policy, remat::policies::DotsSaveable>  ? "dots_saveable"
+                                                                                               : "everything_saveable";
   template <class Layers, class V>
   static V run(const Layers& layers, V h) {
     for (const auto& layer : layers) h = remat::checkpoint(layer, Policy{})(h);
@@ -77,7 +76,9 @@ class RematModel<Workload, Variant, true> {
       w_[l] = tape_.variable(weight_[l]);
       b_[l] = tape_.variable(bias_[l]);
     }
-    auto layer = [this](std::size_t l) { return [this, l](V h) { return remat::tanh(remat::linear(h, w_[l], b_[l])); }; };
+    auto layer = [this](std::size_t l) {
+      return [this, l](V h) { return remat::tanh(remat::linear(h, w_[l], b_[l])); };
+    };
     std::vector<decltype(layer(0))> layers;
     layers.reserve(n - 1);
     for (std::size_t l = 0; l + 1 < n; ++l) layers.push_back(layer(l));
@@ -85,7 +86,8 @@ class RematModel<Workload, Variant, true> {
     V loss = remat::cross_entropy(remat::linear(h, w_[n - 1], b_[n - 1]), data_.labels);
     h = V();
     if (memory) memory->saved_bytes = static_cast<double>(tape_.memory().saved_bytes);
-    tape_.backward(loss);
+    zero_grad();
+    tape_.backward(loss);  // adds into the Parameters' gradients
     if (memory) {
       const remat::MemoryStats m = tape_.memory();
       memory->peak_bytes = static_cast<double>(m.peak_bytes);
@@ -102,6 +104,11 @@ class RematModel<Workload, Variant, true> {
 
  private:
   const Data& data_;
+  void zero_grad() {
+    for (auto* list : {&weight_, &bias_})
+      for (Parameter<float>& p : *list) p.zero_grad();
+  }
+
   std::vector<Parameter<float>> weight_, bias_;
   remat::Tape<float> tape_;
   std::vector<V> w_, b_;
@@ -152,7 +159,8 @@ class RematModel<Workload, Variant, false> {
     h = V();
     logits = V();
     if (memory) memory->saved_bytes = static_cast<double>(tape_.memory().saved_bytes);
-    tape_.backward(loss);
+    zero_grad();
+    tape_.backward(loss);  // adds into the Parameters' gradients
     if (memory) {
       const remat::MemoryStats m = tape_.memory();
       memory->peak_bytes = static_cast<double>(m.peak_bytes);
@@ -170,6 +178,11 @@ class RematModel<Workload, Variant, false> {
 
  private:
   const Data& data_;
+  void zero_grad() {
+    for (auto* list : {&weight_, &bias_, &gain_, &shift_})
+      for (Parameter<float>& p : *list) p.zero_grad();
+  }
+
   std::vector<Parameter<float>> weight_, bias_, gain_, shift_;
   remat::Tape<float> tape_;
   std::vector<V> w_, b_, g_, s_;

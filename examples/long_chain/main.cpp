@@ -132,7 +132,9 @@ Report train(const Options& o, Schedule schedule) {
     x = remat::Var<float>();
     r.saved_bytes = tape.memory().saved_bytes;
     r.losses.push_back(loss.item());
-    tape.backward(loss);
+    weight.zero_grad();
+    bias.zero_grad();
+    tape.backward(loss);  // adds into the parameters' gradients
     weight.mutable_value() -= learning_rate * w.grad();
     bias.mutable_value() -= learning_rate * b.grad();
     const auto m = tape.memory();

@@ -189,7 +189,7 @@ std::vector<unsigned char> encode_state(const Options& o, Model& model, std::uin
   w.u64(model.shuffle.state());
   w.u32(static_cast<std::uint32_t>(model.layers.size()));
   for (std::size_t k = 0; k < model.adam->size(); ++k) {
-    w.matrix(model.adam->parameter(k).value());
+    w.matrix(model.adam->value(k));
     w.matrix(model.adam->first_moment(k));
     w.matrix(model.adam->second_moment(k));
   }
@@ -419,16 +419,15 @@ int run(Options& o, const CLI::App& app) {
       Var<float> logits = forward(o, p, tape.constant(x_batch), true);
       Var<float> loss = remat::cross_entropy(logits, labels);
       saved_bytes = std::max(saved_bytes, tape.memory().saved_bytes);
-      tape.backward(loss);
+      model.adam->zero_grad();
+      tape.backward(loss);  // adds into the parameters' gradients
       peak_bytes = std::max(peak_bytes, tape.memory().peak_bytes);
-      std::vector<remat::MatrixView<float>> gradients;
-      for (const Var<float>& v : p) gradients.push_back(v.grad());
       if (o.schedule == "cosine")  // α_t = α·(1 + cos(π t / T)) / 2 over all T steps (Loshchilov & Hutter 2017)
         model.adam->set_learning_rate(std::max(
             o.lr * 0.5 *
                 (1 + std::cos(M_PI * static_cast<double>(model.adam->step_count()) / static_cast<double>(total_steps))),
             1e-12));
-      model.adam->step(gradients);
+      model.adam->step();
       loss_sum += static_cast<double>(loss.item()) * static_cast<double>(m);
       correct += count_correct(logits.value(), labels, 0);
       if (terminal && ((first / static_cast<std::size_t>(o.batch)) % 20 == 0 || first + m == n))

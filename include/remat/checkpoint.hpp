@@ -53,23 +53,24 @@ class Checkpointed {
   template <class... Args>
   auto operator()(Args&&... args) const {
     auto* state = detail::region_tape(args...);
-    const std::uint32_t generation = state->generation_;
+    const std::uint32_t generation = state->generation();
     const std::int32_t region = state->open_region(&detail::call_policy<Policy>, &policy_);
     state->add_ref();  // the state outlives a Tape destroyed inside f
     struct Release {
       decltype(state) s;
       ~Release() { s->drop_ref(); }
     } release{state};
-    std::vector<std::int32_t> outputs;
     try {
       auto result = f_(std::forward<Args>(args)...);
       if (!state->region_is_innermost(region, generation))
         throw tape_error("checkpoint: the tape was cleared or destroyed while the checkpointed function ran");
+      std::vector<std::int32_t>& outputs = state->output_scratch();
+      outputs.clear();
       detail::collect_outputs(state, outputs, result);
       state->close_region(outputs);
       return result;
     } catch (...) {
-      if (state->region_is_innermost(region, generation)) state->close_region({});
+      if (state->region_is_innermost(region, generation)) state->abort_region();
       throw;
     }
   }
@@ -91,7 +92,9 @@ class Checkpointed {
 /// Consequences: side effects in f happen once per call; dropout inside f regenerates the same mask;
 /// values captured by f (weights not passed as arguments) are kept by reference and receive gradients.
 /// Values computed inside f may be used outside only if f returns them (else tape_error). Regions nest.
-/// Memory: the region keeps its inputs plus what the policy saves; time: one replay of the dropped ops.
+/// Memory after the forward pass: what JAX's partial evaluation keeps — the values the policy saves
+/// that a backward or the replay reads, the inputs the replay reads, the outputs a backward reads
+/// (docs/checkpointing.md). Time: one replay of the dropped values the backward needs.
 template <class F, class Policy = policies::NothingSaveable>
 Checkpointed<F, Policy> checkpoint(F f, Policy policy = policies::nothing_saveable) {
   return Checkpointed<F, Policy>(std::move(f), std::move(policy));

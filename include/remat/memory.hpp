@@ -1,10 +1,7 @@
-// Memory statistics and the pooling allocator every tape-owned tensor buffer goes through.
+// Memory statistics of a tape (the pooling allocator behind them is detail/buffers.hpp).
 #pragma once
 
-#include <Eigen/Core>
 #include <cstddef>
-#include <unordered_map>
-#include <vector>
 
 namespace remat {
 
@@ -20,48 +17,4 @@ struct MemoryStats {
   std::size_t cached_bytes = 0;    ///< bytes kept in the pool's free lists for reuse
 };
 
-namespace detail {
-
-/// Exact-size free lists: a training loop allocates the same shapes every step, so after the first
-/// step every request is served from a list and no malloc happens on the hot path.
-template <class T>
-class Pool {
- public:
-  Pool() = default;
-  Pool(const Pool&) = delete;
-  Pool& operator=(const Pool&) = delete;
-  ~Pool() { trim(); }
-
-  T* acquire(std::size_t count) {
-    auto it = free_.find(count);
-    if (it != free_.end() && !it->second.empty()) {
-      T* p = it->second.back();
-      it->second.pop_back();
-      cached_bytes_ -= count * sizeof(T);
-      return p;
-    }
-    return static_cast<T*>(Eigen::internal::aligned_malloc(count * sizeof(T)));
-  }
-
-  void release(T* p, std::size_t count) {
-    free_[count].push_back(p);
-    cached_bytes_ += count * sizeof(T);
-  }
-
-  /// Returns every cached buffer to the system.
-  void trim() {
-    for (auto& [count, list] : free_)
-      for (T* p : list) Eigen::internal::aligned_free(p);
-    free_.clear();
-    cached_bytes_ = 0;
-  }
-
-  std::size_t cached_bytes() const { return cached_bytes_; }
-
- private:
-  std::unordered_map<std::size_t, std::vector<T*>> free_;
-  std::size_t cached_bytes_ = 0;
-};
-
-}  // namespace detail
 }  // namespace remat

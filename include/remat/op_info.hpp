@@ -23,14 +23,22 @@ enum class OpKind {
 /// Name of an OpKind, as printed in reports ("dot", "elementwise", ...).
 inline const char* to_string(OpKind kind) {
   switch (kind) {
-    case OpKind::leaf: return "leaf";
-    case OpKind::dot: return "dot";
-    case OpKind::elementwise: return "elementwise";
-    case OpKind::reduction: return "reduction";
-    case OpKind::normalization: return "normalization";
-    case OpKind::loss: return "loss";
-    case OpKind::random: return "random";
-    case OpKind::identity: return "identity";
+    case OpKind::leaf:
+      return "leaf";
+    case OpKind::dot:
+      return "dot";
+    case OpKind::elementwise:
+      return "elementwise";
+    case OpKind::reduction:
+      return "reduction";
+    case OpKind::normalization:
+      return "normalization";
+    case OpKind::loss:
+      return "loss";
+    case OpKind::random:
+      return "random";
+    case OpKind::identity:
+      return "identity";
   }
   return "unknown";
 }
@@ -40,10 +48,11 @@ inline const char* to_string(OpKind kind) {
 struct OpInfo {
   std::string_view name;  ///< op name, e.g. "matmul"
   OpKind kind = OpKind::elementwise;
-  std::string_view tag;   ///< name given by checkpoint_name(), empty otherwise
-  Shape shape;            ///< output shape
-  std::size_t bytes = 0;  ///< output bytes (rows * cols * sizeof(T))
-  double flops = 0;       ///< FLOP estimate of the forward computation
+  std::string_view tag;     ///< name given by checkpoint_name(), empty otherwise
+  bool batch_dims = false;  ///< a dot with batch dimensions (a batched product, e.g. attention scores)
+  Shape shape;              ///< output shape
+  std::size_t bytes = 0;    ///< output bytes (rows * cols * sizeof(T))
+  double flops = 0;         ///< FLOP estimate of the forward computation
 };
 
 }  // namespace remat

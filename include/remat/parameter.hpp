@@ -1,56 +1,182 @@
-// A trainable matrix that a tape references without copying, with a version counter.
+// A trainable matrix that tapes reference without copying: value, version counter and gradient.
 #pragma once
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "remat/matrix.hpp"
 
 namespace remat {
+namespace detail {
 
-/// A trainable weight matrix owned by the user (or a layer) across training steps.
+/// What a Parameter owns. Tape nodes and optimizers share it (std::shared_ptr), so a Parameter that is
+/// destroyed or moved (a std::vector<Parameter> reallocating) never leaves them a dangling pointer.
+template <class T>
+struct ParameterStorage {
+  Matrix<T> value;
+  std::uint64_t version = 0;
+  T* grad = nullptr;  // grad_size elements, Eigen-aligned (interchangeable with tape pool buffers), or null
+  Index grad_size = 0;
+  bool grad_defined = false;          // false: the gradient is zero (nothing added since zero_grad or creation)
+  std::uint64_t simulated_sweep = 0;  // a tape's dry run of a backward: the serial of the run that defined grad
+
+  ParameterStorage() = default;
+  ParameterStorage(const ParameterStorage&) = delete;
+  ParameterStorage& operator=(const ParameterStorage&) = delete;
+  ~ParameterStorage() { Eigen::internal::aligned_free(grad); }
+
+  /// Makes `grad` hold value.size() elements (contents unspecified). Throws std::bad_alloc.
+  void reserve_grad() {
+    if (grad && grad_size == value.size()) return;
+    T* p = static_cast<T*>(Eigen::internal::aligned_malloc(static_cast<std::size_t>(value.size()) * sizeof(T)));
+    Eigen::internal::aligned_free(grad);
+    grad = p;
+    grad_size = value.size();
+    grad_defined = false;
+  }
+  /// The gradient as a matrix of the value's shape; zero-filled (still "undefined") if nothing was added.
+  Eigen::Map<Matrix<T>> grad_matrix() {
+    if (!grad_defined) {
+      reserve_grad();
+      std::fill(grad, grad + grad_size, T(0));
+    }
+    return Eigen::Map<Matrix<T>>(grad, value.rows(), value.cols());
+  }
+  void copy_grad_from(const ParameterStorage& other) {
+    grad_defined = false;
+    if (!other.grad_defined) return;
+    reserve_grad();
+    std::copy(other.grad, other.grad + grad_size, grad);
+    grad_defined = true;
+  }
+};
+
+struct ParameterAccess;
+
+}  // namespace detail
+
+/// A trainable weight matrix owned by the user (or a layer) across training steps, with its gradient.
 ///
 /// Tape::variable(Parameter&) records a reference, not a copy, together with the current version.
-/// Every call of mutable_value() increments the version; if a backward pass (or a checkpoint replay)
-/// would read a parameter whose version changed since it was recorded, the tape throws
-/// remat::stale_value_error instead of computing a gradient from the modified value. This is the
-/// mechanism PyTorch calls a version counter. Write through mutable_value() only.
+/// Every call of mutable_value() (and every assignment) increments the version; if a backward pass or
+/// a checkpoint replay would read a parameter whose version changed since it was recorded, the tape
+/// throws remat::stale_value_error instead of computing a gradient from the modified value (the
+/// mechanism PyTorch calls a version counter). Write through mutable_value() only.
+///
+/// Gradients accumulate as in PyTorch: every Tape::backward adds d loss / d parameter into grad();
+/// zero_grad() clears it. So micro-batch accumulation is: for each micro-batch, record on a tape and
+/// backward; then the optimizer step; then zero_grad.
+///
+/// The value, version and gradient live in storage shared with the tapes and optimizers that reference
+/// the parameter: moving a Parameter (or a std::vector of them reallocating) keeps those references
+/// valid, and a Parameter destroyed before backward still receives its gradient in the shared storage.
+/// Copying makes an independent parameter (value, version and gradient copied).
 template <class T>
 class Parameter {
  public:
-  Parameter() = default;
-  explicit Parameter(Matrix<T> value) : value_(std::move(value)) {}
-  Parameter(const Parameter&) = default;
-  Parameter(Parameter&&) noexcept = default;
-  /// Assigning replaces the value, so it counts as a modification: the version moves past both
-  /// operands' versions (a tape that recorded this parameter becomes stale).
+  Parameter() : storage_(std::make_shared<detail::ParameterStorage<T>>()) {}
+  explicit Parameter(Matrix<T> value) : Parameter() { storage_->value = std::move(value); }
+  Parameter(const Parameter& other) : Parameter() {
+    storage_->value = other.value();
+    storage_->version = other.version();
+    if (other.storage_) storage_->copy_grad_from(*other.storage_);
+  }
+  /// The storage moves with the object: tapes and optimizers that referenced `other` now reference this.
+  /// `other` is left empty (0×0) and may be assigned to or destroyed.
+  Parameter(Parameter&& other) noexcept = default;
+
+  /// Replaces the value (and gradient): a modification, so the version moves past both operands' versions
+  /// and a tape that recorded this parameter becomes stale. Tapes and optimizers keep referencing this
+  /// object's storage.
   Parameter& operator=(const Parameter& other) {
-    const std::uint64_t next = std::max(version_, other.version_) + 1;
-    value_ = other.value_;
-    version_ = next;
+    if (this == &other) return *this;
+    auto& s = storage();
+    const std::uint64_t next = std::max(s.version, other.version()) + 1;
+    s.value = other.value();
+    if (other.storage_)
+      s.copy_grad_from(*other.storage_);
+    else
+      s.grad_defined = false;
+    s.version = next;
     return *this;
   }
-  Parameter& operator=(Parameter&& other) noexcept {
-    const std::uint64_t next = std::max(version_, other.version_) + 1;
-    value_ = std::move(other.value_);
-    version_ = next;
+  /// As copy assignment; `other`'s value moves out, which also makes `other` stale for tapes that
+  /// recorded it.
+  Parameter& operator=(Parameter&& other) {
+    if (this == &other) return *this;
+    if (!other.storage_) return *this = Parameter();
+    auto& s = storage();
+    auto& o = *other.storage_;
+    const std::uint64_t next = std::max(s.version, o.version) + 1;
+    s.value = std::move(o.value);
+    std::swap(s.grad, o.grad);
+    std::swap(s.grad_size, o.grad_size);
+    s.grad_defined = o.grad_defined;
+    o.grad_defined = false;
+    s.version = next;
+    o.value = Matrix<T>();
+    ++o.version;
     return *this;
   }
 
-  const Matrix<T>& value() const { return value_; }
+  const Matrix<T>& value() const { return storage_ ? storage_->value : empty(); }
   /// Write access; marks the parameter modified (any tape that recorded it becomes stale).
   Matrix<T>& mutable_value() {
-    ++version_;
-    return value_;
+    auto& s = storage();
+    ++s.version;
+    return s.value;
   }
-  std::uint64_t version() const { return version_; }
-  Index rows() const { return value_.rows(); }
-  Index cols() const { return value_.cols(); }
+  std::uint64_t version() const { return storage_ ? storage_->version : 0; }
+  Index rows() const { return value().rows(); }
+  Index cols() const { return value().cols(); }
+
+  /// d loss / d parameter summed over the backward passes since the last zero_grad(), of the value's
+  /// shape (zeros if none). Throws std::bad_alloc.
+  MatrixView<T> grad() const {
+    if (!storage_ || value().size() == 0) return MatrixView<T>(nullptr, rows(), cols());
+    auto g = storage_->grad_matrix();
+    return MatrixView<T>(g.data(), g.rows(), g.cols());
+  }
+  /// Write access to the gradient (e.g. for clipping or to set it by hand); marks it defined.
+  Eigen::Map<Matrix<T>> mutable_grad() {
+    auto& s = storage();
+    auto g = s.grad_matrix();
+    s.grad_defined = true;
+    return g;
+  }
+  /// True when some backward (or mutable_grad) wrote the gradient since the last zero_grad().
+  bool has_grad() const { return storage_ && storage_->grad_defined; }
+  /// Clears the gradient (the next backward assigns instead of adding); keeps its buffer for reuse.
+  void zero_grad() {
+    if (storage_) storage_->grad_defined = false;
+  }
 
  private:
-  Matrix<T> value_;
-  std::uint64_t version_ = 0;
+  friend struct detail::ParameterAccess;
+  static const Matrix<T>& empty() {
+    static const Matrix<T> e;
+    return e;
+  }
+  detail::ParameterStorage<T>& storage() {
+    if (!storage_) storage_ = std::make_shared<detail::ParameterStorage<T>>();
+    return *storage_;
+  }
+
+  std::shared_ptr<detail::ParameterStorage<T>> storage_;
 };
+
+namespace detail {
+/// The tape's and the optimizers' access to a Parameter's shared storage.
+struct ParameterAccess {
+  template <class T>
+  static std::shared_ptr<ParameterStorage<T>> storage(Parameter<T>& p) {
+    p.storage();
+    return p.storage_;
+  }
+};
+}  // namespace detail
 
 }  // namespace remat

@@ -14,8 +14,8 @@ class Tape;
 
 /// Handle to one value on a tape (a leaf or an op's output). Copying a Var is cheap (two counter
 /// increments). While any handle to a value exists the tape keeps the value; once the last handle is
-/// gone the tape keeps it only if a pending backward needs it. A Var may outlive its Tape; using it
-/// afterwards (or after Tape::clear()) throws remat::tape_error.
+/// gone the tape keeps it only if a pending backward or checkpoint replay reads it (docs/design.md §2). A Var may
+/// outlive its Tape; using it afterwards (or after Tape::clear()) throws remat::tape_error.
 template <class T>
 class Var {
  public:
@@ -37,35 +37,44 @@ class Var {
   }
 
   /// True when the handle refers to a value on a tape that has not been cleared since.
-  bool valid() const { return state_ && state_->generation_ == generation_; }
+  bool valid() const { return state_ && state_->generation() == generation_; }
 
   /// The value, [rows, cols]. Throws tape_error for an empty or stale handle.
   MatrixView<T> value() const {
     const auto& n = node("value");
+    if (n.parameter) state_->check_parameter(id_, "value");  // a modified Parameter's storage may have moved
     return MatrixView<T>(n.value, n.shape.rows, n.shape.cols);
   }
 
   /// The value of a [1,1] Var as a scalar. Throws shape_error otherwise.
   T item() const {
     const auto& n = node("item");
+    if (n.parameter) state_->check_parameter(id_, "item");
     if (n.shape.rows != 1 || n.shape.cols != 1)
       throw shape_error("item: the value is " + to_string(n.shape) + ", not [1,1]");
     return n.value[0];
   }
 
-  /// d loss / d this, same shape as the value, after Tape::backward(). Kept for variables only (zeros
-  /// if the loss does not depend on the variable). Throws tape_error for a constant or an interior
-  /// value; use Tape::gradient() for those.
+  /// d loss / d this for a variable, same shape as the value: the sum over every Tape::backward since
+  /// the variable was recorded (or since zero_grad()); zeros before any. For a variable recorded from a
+  /// remat::Parameter this is the Parameter's gradient (Parameter::grad()). Throws tape_error for a
+  /// constant or an interior value (use Tape::gradient() for those), std::bad_alloc.
   MatrixView<T> grad() const {
-    auto& n = const_cast<detail::Node<T>&>(node("grad"));
-    if (!n.keep_grad)
+    const auto& n = node("grad");
+    if (!n.is_variable)
       throw tape_error("grad: node #" + std::to_string(id_) + " (" + state_->node_name(id_) +
                        ") keeps no gradient; only variables do (use tape.gradient(loss, {v}) for other values)");
-    if (!n.grad) {
-      n.grad = state_->allocate(n.shape);
-      std::fill(n.grad, n.grad + n.shape.size(), T(0));
-    }
-    return MatrixView<T>(n.grad, n.shape.rows, n.shape.cols);
+    return state_->variable_grad(id_);
+  }
+
+  /// Clears a variable's accumulated gradient (for a Parameter-backed variable, the Parameter's). Throws
+  /// tape_error for a constant or an interior value.
+  void zero_grad() const {
+    const auto& n = node("zero_grad");
+    if (!n.is_variable)
+      throw tape_error("zero_grad: node #" + std::to_string(id_) + " (" + state_->node_name(id_) +
+                       ") is not a variable");
+    state_->zero_variable_grad(id_);
   }
 
   Shape shape() const { return node("shape").shape; }
@@ -83,10 +92,9 @@ class Var {
   /// Throws tape_error unless the handle is valid; `op` names the caller in the message.
   const detail::Node<T>& node(const char* op) const {
     if (!state_) throw tape_error(std::string(op) + ": empty Var (default-constructed or moved from)");
-    if (state_->generation_ != generation_)
+    if (state_->generation() != generation_)
       throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");
-    const auto& n = state_->nodes_[static_cast<std::size_t>(id_)];
-    if (state_->parameter_moved(n)) state_->check_parameter(id_, op);
+    const auto& n = state_->node(id_);
     if (!n.value)
       throw freed_value_error(std::string(op) + ": the value of node #" + std::to_string(id_) + " was freed");
     return n;
@@ -97,7 +105,7 @@ class Var {
     Var v;
     v.state_ = state;
     v.id_ = id;
-    v.generation_ = state->generation_;
+    v.generation_ = state->generation();
     state->add_ref();
     return v;
   }
@@ -106,11 +114,11 @@ class Var {
   void acquire() {
     if (!state_) return;
     state_->add_ref();
-    if (state_->generation_ == generation_) state_->acquire_handle(id_);
+    if (state_->generation() == generation_) state_->acquire_handle(id_);
   }
   void release() {
     if (!state_) return;
-    if (state_->generation_ == generation_) state_->release_handle(id_);
+    if (state_->generation() == generation_) state_->release_handle(id_);
     state_->drop_ref();
     state_ = nullptr;
   }

@@ -252,10 +252,18 @@ void run_and_compare(std::uint64_t seed) {
     ASSERT_NO_THROW(tape.backward(loss, /*retain_graph=*/mode == 1)) << "seed " << seed << " mode " << mode;
     for (auto& v : vars) grads[mode].push_back(Matrix<T>(v.grad()));
     if (mode == 1) {
-      // A retained graph gives the same bits on a second backward (fresh gradients, no accumulation).
-      ASSERT_NO_THROW(tape.backward(loss)) << "seed " << seed;
+      // A retained graph gives the same bits on a second backward once the accumulated gradients are
+      // cleared, and twice the gradient without clearing (accumulation, as PyTorch's .grad).
+      const std::size_t replayed = tape.memory().replayed_ops;
+      for (auto& v : vars) v.zero_grad();
+      ASSERT_NO_THROW(tape.backward(loss, /*retain_graph=*/true)) << "seed " << seed;
+      EXPECT_EQ(tape.memory().replayed_ops, replayed) << "seed " << seed;
       for (std::size_t k = 0; k < vars.size(); ++k)
         ASSERT_TRUE(bitwise_equal(grads[1][k], Matrix<T>(vars[k].grad()))) << "seed " << seed << " var " << k;
+      ASSERT_NO_THROW(tape.backward(loss)) << "seed " << seed;
+      for (std::size_t k = 0; k < vars.size(); ++k)
+        ASSERT_TRUE(Matrix<T>(grads[1][k] + grads[1][k]).isApprox(Matrix<T>(vars[k].grad())))
+            << "seed " << seed << " var " << k << ": the third backward adds to the second's gradient";
       EXPECT_THROW(tape.backward(loss), remat::freed_value_error);
     }
     vars.clear();

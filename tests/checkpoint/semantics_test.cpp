@@ -267,8 +267,17 @@ TYPED_TEST(Semantics, NamePoliciesSelectTaggedValues) {
   using namespace remat::policies;
   EXPECT_EQ(saved_with(save_only_these_names({"keep"})), std::make_pair(inputs + named, std::size_t{1}));
   EXPECT_EQ(saved_with(save_only_these_names({"other"})), std::make_pair(inputs, std::size_t{3}));
-  EXPECT_EQ(saved_with(save_any_names_but_these({"keep"})), std::make_pair(inputs + product, std::size_t{2}));
-  EXPECT_EQ(saved_with(save_any_names_but_these({"other"})), std::make_pair(inputs + named + product, std::size_t{0}));
+  // JAX semantics: save_any_names_but_these saves only *named* values (not listed); the unnamed product is
+  // recomputed either way. save_anything_except_these_names saves everything but the listed names.
+  EXPECT_EQ(saved_with(save_any_names_but_these({"keep"})), std::make_pair(inputs, std::size_t{3}));
+  EXPECT_EQ(saved_with(save_any_names_but_these({"other"})), std::make_pair(inputs + named, std::size_t{1}));
+  // Everything but the named value is saved, so the replay recomputes the name from the inner sin's saved
+  // output (a replay source) in 1 op.
+  const std::size_t inner_sin = bytes_of<T>(3, 5);
+  EXPECT_EQ(saved_with(save_anything_except_these_names({"keep"})),
+            std::make_pair(inputs + product + inner_sin, std::size_t{1}));
+  EXPECT_EQ(saved_with(save_anything_except_these_names({"other"})),
+            std::make_pair(inputs + named + product, std::size_t{0}));
   EXPECT_EQ(saved_with(save_from_both_policies(dots_saveable, save_only_these_names({"keep"}))),
             std::make_pair(inputs + named + product, std::size_t{0}));
   EXPECT_EQ(saved_with(dots_saveable), std::make_pair(inputs + product, std::size_t{2}));

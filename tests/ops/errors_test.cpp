@@ -269,7 +269,7 @@ TEST(Errors, SecondBackwardAfterAFreeingOne) {
 TEST(Errors, StaleParameter) {
   Tape<double> tape;
   remat::Parameter<double> p(remat_test::random_matrix(2, 2, 4));
-  const auto x = tape.constant(remat_test::random_matrix(3, 2, 5));
+  const auto x = tape.variable(remat_test::random_matrix(3, 2, 5));  // dx = g·Wᵀ reads the Parameter
   const auto w = tape.variable(p);
   const auto loss = remat::sum(remat::tanh(remat::matmul(x, w)));
   p.mutable_value()(0, 0) += 1;

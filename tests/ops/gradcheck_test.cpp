@@ -256,7 +256,7 @@ TEST(OpList, CoversEveryPublicOp) {
 // tanh with a wrong derivative (1 − y instead of 1 − y²): the gradcheck must reject it.
 struct WrongTanhOp : remat::detail::UnaryElementwise<WrongTanhOp> {
   static constexpr const char* name = "wrong_tanh";
-  static constexpr unsigned needs = remat::detail::needs_output;
+  static constexpr unsigned residuals = remat::detail::reads_output;
   static constexpr double flops_per_element = 1;
   template <class X>
   static auto value(const X& x, const remat::detail::Attributes&) {

@@ -141,6 +141,7 @@ struct W2 {
     remat::Tape<float> tape;
     std::vector<remat::Var<float>> params;
     auto use = [&](remat::Parameter<float>& p) {
+      p.zero_grad();  // Parameters accumulate gradients across backward passes (runs)
       params.push_back(tape.variable(p));
       return params.back();
     };

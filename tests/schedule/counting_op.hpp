@@ -13,7 +13,7 @@ inline std::vector<int> evaluations;
 
 struct LayerCountingTanhOp : remat::detail::UnaryElementwise<LayerCountingTanhOp> {
   static constexpr const char* name = "layer_counting_tanh";
-  static constexpr unsigned needs = remat::detail::needs_output;
+  static constexpr unsigned residuals = remat::detail::reads_output;
   static constexpr double flops_per_element = 10;
   template <class X>
   static auto value(const X& x, const remat::detail::Attributes& a) {

@@ -18,7 +18,7 @@ long tanh_evaluations = 0;
 
 struct CountingTanhOp : remat::detail::UnaryElementwise<CountingTanhOp> {
   static constexpr const char* name = "counting_tanh";
-  static constexpr unsigned needs = remat::detail::needs_output;
+  static constexpr unsigned residuals = remat::detail::reads_output;
   static constexpr double flops_per_element = 10;
   template <class X>
   static auto value(const X& x, const remat::detail::Attributes&) {
@@ -98,7 +98,9 @@ struct Result {
 };
 
 /// Explicit Euler step of dx/dt = tanh(x·W + b), h = 0.05, n steps; revolve with s checkpoints (s = 0: plain).
-Result run(const Model& model, std::int64_t steps, std::int64_t checkpoints) {
+Result run(Model& model, std::int64_t steps, std::int64_t checkpoints) {
+  model.weight.zero_grad();  // Parameters accumulate gradients across backward passes
+  model.bias.zero_grad();
   remat::Tape<float> tape;
   auto w = tape.variable(model.weight);
   auto b = tape.variable(model.bias);
@@ -134,7 +136,7 @@ bool bitwise_equal(const remat::Matrix<float>& a, const remat::Matrix<float>& b)
 }
 
 TEST(Revolve, StepEvaluationsMemoryAndGradientsOnTheTape) {
-  const Model model;
+  Model model;
   for (const auto& o : oracle) {
     SCOPED_TRACE("n = " + std::to_string(o.steps) + ", s = " + std::to_string(o.checkpoints));
     const Result plain = run(model, o.steps, 0);

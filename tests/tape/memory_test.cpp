@@ -26,7 +26,7 @@ TYPED_TEST_SUITE(MemoryTest, Scalars);
 // m = 4 rows, k = 3 inputs, n = 5 outputs: distinct sizes so that a wrong buffer shows as a wrong sum.
 constexpr remat::Index m = 4, k = 3, n = 5;
 
-TYPED_TEST(MemoryTest, TanhLayerKeepsInputWeightAndOutputOnly) {
+TYPED_TEST(MemoryTest, TanhLayerOnAConstantInputKeepsInputAndOutputOnly) {
   using T = TypeParam;
   Tape<T> tape;
   const auto x = tape.constant(remat_test::random_matrix<T>(m, k, 1));
@@ -39,9 +39,10 @@ TYPED_TEST(MemoryTest, TanhLayerKeepsInputWeightAndOutputOnly) {
   {
     const auto s = tape.memory();
     SCOPED_TRACE(describe(s));
-    // Residuals: x and W (matmul's backward reads both), tanh's output (its backward reads y).
-    // add reads nothing, and the pre-activations x·W and x·W + b lost their handles at the ';'.
-    EXPECT_EQ(s.saved_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(m, n));
+    // Residuals by need: x (dW = xᵀ·d(x·W) reads it) and tanh's output (its backward reads y). W would be
+    // read only for dx, and x is a constant; add reads nothing; the pre-activations x·W and x·W + b lost
+    // their handles at the ';'.
+    EXPECT_EQ(s.saved_bytes, bytes<T>(m, k) + bytes<T>(m, n));
     // Live: the three leaves and y.
     EXPECT_EQ(s.live_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(1, n) + bytes<T>(m, n));
     // Peak: the leaves and the three [m,n] results, all alive until the end of the expression.
@@ -106,6 +107,22 @@ TYPED_TEST(MemoryTest, ConstantsOnlyGraphKeepsNothing) {
   EXPECT_EQ(s.live_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(1, 1));
 }
 
+TYPED_TEST(MemoryTest, MatmulKeepsWhatTheGradientsThatAreWantedRead) {
+  using T = TypeParam;
+  auto saved = [](bool x_variable, bool w_variable) {
+    Tape<T> tape;
+    const auto xm = remat_test::random_matrix<T>(m, k, 1), wm = remat_test::random_matrix<T>(k, n, 2);
+    const auto x = x_variable ? tape.variable(xm) : tape.constant(xm);
+    const auto W = w_variable ? tape.variable(wm) : tape.constant(wm);
+    const auto loss = remat::sum(remat::matmul(x, W));  // sum's backward reads nothing
+    return tape.memory().saved_bytes;
+  };
+  EXPECT_EQ(saved(false, true), bytes<T>(m, k)) << "dW = xᵀ·g reads x only";
+  EXPECT_EQ(saved(true, false), bytes<T>(k, n)) << "dx = g·Wᵀ reads W only";
+  EXPECT_EQ(saved(true, true), bytes<T>(m, k) + bytes<T>(k, n));
+  EXPECT_EQ(saved(false, false), 0u) << "no gradient wanted: nothing read";
+}
+
 TYPED_TEST(MemoryTest, CrossEntropyKeepsItsSoftmaxAsExtra) {
   using T = TypeParam;
   Tape<T> tape;
@@ -114,8 +131,9 @@ TYPED_TEST(MemoryTest, CrossEntropyKeepsItsSoftmaxAsExtra) {
   const auto loss = remat::cross_entropy(remat::matmul(x, W), {0, 1, 2, 3});
   const auto s = tape.memory();
   SCOPED_TRACE(describe(s));
-  // x, W for matmul; the softmax [m,n] as cross_entropy's extra; the logits are not kept.
-  EXPECT_EQ(s.saved_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(m, n));
+  // x for matmul's dW (x is a constant, so W is not read); the softmax [m,n] as cross_entropy's extra;
+  // the logits are not kept.
+  EXPECT_EQ(s.saved_bytes, bytes<T>(m, k) + bytes<T>(m, n));
   EXPECT_EQ(s.live_bytes, bytes<T>(m, k) + bytes<T>(k, n) + bytes<T>(m, n) + bytes<T>(1, 1));
   tape.backward(loss);
   EXPECT_EQ(tape.memory().saved_bytes, 0u);
@@ -151,11 +169,12 @@ TYPED_TEST(MemoryTest, RetainGraphKeepsResidualsAndParametersAreNotCounted) {
   EXPECT_EQ(tape.memory().saved_bytes, saved);
   tape.backward(loss, /*retain_graph=*/true);
   EXPECT_EQ(tape.memory().saved_bytes, saved) << "retain_graph keeps every residual";
-  // Live: x, the sigmoid output (no handle, kept as a residual), loss, and dW.
-  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k) + bytes<T>(m, n) + bytes<T>(1, 1) + bytes<T>(k, n));
+  // Live: x, the sigmoid output (no handle, kept as a residual) and the loss; dW is the Parameter's own.
+  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k) + bytes<T>(m, n) + bytes<T>(1, 1));
+  EXPECT_TRUE(p.has_grad());
   tape.backward(loss);
   EXPECT_EQ(tape.memory().saved_bytes, 0u);
-  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k) + bytes<T>(1, 1) + bytes<T>(k, n));
+  EXPECT_EQ(tape.memory().live_bytes, bytes<T>(m, k) + bytes<T>(1, 1));
 }
 
 TYPED_TEST(MemoryTest, ClearReusesThePoolWithoutNewAllocations) {

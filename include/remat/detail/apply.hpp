@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "remat/detail/contexts.hpp"
 #include "remat/detail/tape_state.hpp"
 #include "remat/var.hpp"
 
@@ -13,12 +14,14 @@ namespace remat::detail {
 struct OpBase {
   /// Shape of the op-specific residual its backward reads (empty: none).
   static Shape extra_shape(const Shape* /*inputs*/, const Attributes& /*attributes*/) { return {}; }
+  /// A dot with batch dimensions (a batched product); dots_with_no_batch_dims_saveable does not save it.
+  static constexpr bool batch_dims = false;
 };
 
 /// The static table describing Op for scalar type T.
 template <class Op, class T>
-inline const OpTable<T> op_table = {Op::name, Op::kind, Op::needs, &Op::template forward<T>,
-                                    &Op::template backward<T>, &Op::flops};
+inline const OpTable<T> op_table = {
+    Op::name, Op::kind, Op::batch_dims, &Op::reads, &Op::template forward<T>, &Op::template backward<T>, &Op::flops};
 
 /// The tape shared by `vars`; throws tape_error naming `op` if a Var is empty, stale, or from another tape.
 template <class T, std::size_t N>
@@ -49,8 +52,7 @@ Var<T> apply(const Attributes& attributes, const Var<T>& first, const Rest&... r
   }
   const Shape out = Op::output_shape(shapes, attributes);
   const Shape extra = Op::extra_shape(shapes, attributes);
-  const std::int32_t id =
-      state->record(&op_table<Op, T>, ids, static_cast<int>(arity), attributes, out, extra);
+  const std::int32_t id = state->record(&op_table<Op, T>, ids, static_cast<int>(arity), attributes, out, extra);
   return Var<T>::adopt(state, id);
 }
 
@@ -59,20 +61,21 @@ Var<T> apply(const Var<T>& first, const Rest&... rest) {
   return apply<Op>(Attributes{}, first, rest...);
 }
 
-/// Base of one-input elementwise ops: Derived supplies name, needs, flops_per_element,
-/// value(x, attributes) and derivative(x, y, g, attributes) on Eigen arrays (y = output, g = dL/dy).
+/// Base of one-input elementwise ops: Derived supplies name, residuals (reads_input0 or reads_output:
+/// what its derivative reads), flops_per_element, value(x, attributes) and derivative(x, y, g, attributes)
+/// on Eigen arrays (y = output, g = dL/dy).
 template <class Derived>
 struct UnaryElementwise : OpBase {
   static constexpr OpKind kind = OpKind::elementwise;
   static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  static unsigned reads(GradInputs g) { return wants(g, 0) ? Derived::residuals : reads_nothing; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     c.out().array() = Derived::value(c.in(0).array(), c.attributes());
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    if (c.wants_grad(0))
-      c.add_grad(0, Derived::derivative(c.in(0).array(), c.out().array(), c.grad_out().array(), c.attributes()));
+    c.add_grad(0, Derived::derivative(c.in(0).array(), c.out().array(), c.grad_out().array(), c.attributes()));
   }
   static double flops(const Shape*, int, const Shape& out) {
     return Derived::flops_per_element * static_cast<double>(out.size());

@@ -3,7 +3,8 @@
 
 #include <string>
 
-#include "remat/detail/tape_state.hpp"
+#include "remat/detail/contexts.hpp"
+#include "remat/errors.hpp"
 
 namespace remat::detail {
 
@@ -42,10 +43,9 @@ void broadcast_apply(const A& a, const B& b, AlignedMap<T>& out, F f) {
   }
 }
 
-/// b broadcast to `shape` as a dense matrix (slow path for gradients of broadcast operands).
-template <class T, class B>
-Matrix<T> broadcast_to(const B& b, const Shape& shape) {
-  if (b.rows() == shape.rows && b.cols() == shape.cols) return b;
+/// b broadcast to `shape`, as an Eigen expression (no temporary; for gradients of broadcast operands).
+template <class B>
+auto broadcast_view(const B& b, const Shape& shape) {
   return b.replicate(shape.rows / b.rows(), shape.cols / b.cols());
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,10 +22,14 @@ namespace remat::nn {
 /// evaluated as torch.optim.Adam does: θ ← θ − (α/(1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε).
 /// Defaults α = 1e-3, β₁ = 0.9, β₂ = 0.999, ε = 1e-8 (the paper's). No weight decay.
 ///
-/// The optimizer keeps pointers to the parameters (they must outlive it) and writes them through
-/// Parameter::mutable_value(), so a tape that recorded them before the update reports a stale value
-/// instead of using the new one. Its whole state (step count t, first and second moments m and v) is
-/// reachable through step_count(), first_moment() and second_moment(), for saving and restoring.
+/// The optimizer shares each parameter's storage (as a tape does), so a Parameter moved or destroyed after
+/// construction is still updated safely; it writes the value as Parameter::mutable_value() does, so a tape
+/// that recorded a parameter before the update reports a stale value instead of using the new one. Its
+/// whole state (step count t, first and second moments m and v) is reachable through step_count(),
+/// first_moment() and second_moment(), for saving and restoring.
+///
+/// Training step, as with torch.optim: zero_grad(); record; tape.backward(loss); step(). Gradients of
+/// several backward passes (micro-batches) accumulate in the parameters between zero_grad() and step().
 template <class T>
 class Adam {
  public:
@@ -35,18 +40,37 @@ class Adam {
     double epsilon = 1e-8;        ///< ε, added to √v̂
   };
 
-  /// Zero moments, t = 0. Throws domain_error unless α > 0, 0 ≤ β₁, β₂ < 1 and ε > 0.
-  explicit Adam(std::vector<Parameter<T>*> parameters, Options options = {})
-      : parameters_(std::move(parameters)), options_(options) {
+  /// Zero moments, t = 0. Throws domain_error unless α > 0, 0 ≤ β₁, β₂ < 1 and ε > 0, and for a null
+  /// pointer.
+  explicit Adam(const std::vector<Parameter<T>*>& parameters, Options options = {}) : options_(options) {
     if (!(options.learning_rate > 0) || !(options.beta1 >= 0 && options.beta1 < 1) ||
         !(options.beta2 >= 0 && options.beta2 < 1) || !(options.epsilon > 0))
       throw domain_error("nn::Adam: need learning_rate > 0, 0 <= beta1, beta2 < 1 and epsilon > 0; got " +
                          std::to_string(options.learning_rate) + ", " + std::to_string(options.beta1) + ", " +
                          std::to_string(options.beta2) + ", " + std::to_string(options.epsilon));
-    for (const Parameter<T>* p : parameters_) {
+    for (Parameter<T>* p : parameters) {
+      if (!p) throw domain_error("nn::Adam: a null parameter pointer");
+      parameters_.push_back(detail::ParameterAccess::storage(*p));
       m_.push_back(Matrix<T>::Zero(p->rows(), p->cols()));
       v_.push_back(Matrix<T>::Zero(p->rows(), p->cols()));
     }
+  }
+
+  /// One update from the parameters' own gradients (Parameter::grad(), filled by backward). A parameter
+  /// without a gradient since its last zero_grad() is left unchanged (its moments too), as in torch.optim.
+  /// Throws shape_error, before changing anything, if a parameter's shape changed since construction.
+  void step() {
+    check_shapes();
+    ++t_;
+    for (std::size_t k = 0; k < parameters_.size(); ++k) {
+      detail::ParameterStorage<T>& p = *parameters_[k];
+      if (p.grad_defined) update(k, p.grad);
+    }
+  }
+
+  /// Clears every parameter's gradient (Parameter::zero_grad()).
+  void zero_grad() {
+    for (auto& p : parameters_) p->grad_defined = false;
   }
 
   /// One update: gradients[k] is d loss / d parameter k, of its shape, stored contiguously row-major
@@ -60,35 +84,13 @@ class Adam {
       throw shape_error("nn::Adam::step: " + std::to_string(gradients.size()) + " gradients for " +
                         std::to_string(parameters_.size()) + " parameters");
     for (std::size_t k = 0; k < gradients.size(); ++k)
-      if (gradients[k].rows() != parameters_[k]->rows() || gradients[k].cols() != parameters_[k]->cols())
+      if (gradients[k].rows() != parameters_[k]->value.rows() || gradients[k].cols() != parameters_[k]->value.cols())
         throw shape_error("nn::Adam::step: gradient " + std::to_string(k) + " is " +
                           to_string(Shape{gradients[k].rows(), gradients[k].cols()}) + " but its parameter is " +
-                          to_string(Shape{parameters_[k]->rows(), parameters_[k]->cols()}));
+                          to_string(Shape{parameters_[k]->value.rows(), parameters_[k]->value.cols()}));
+    check_shapes();
     ++t_;
-    const double t = static_cast<double>(t_);
-    const T beta1 = static_cast<T>(options_.beta1), beta2 = static_cast<T>(options_.beta2);
-    const T step_size = static_cast<T>(options_.learning_rate / (1 - std::pow(options_.beta1, t)));
-    const T correction2 = static_cast<T>(std::sqrt(1 - std::pow(options_.beta2, t)));
-    const T epsilon = static_cast<T>(options_.epsilon);
-    for (std::size_t k = 0; k < gradients.size(); ++k) {
-      // Blocks of 512 elements, each updated by three vectorised Eigen statements while it stays in L1:
-      // in effect one pass over memory (the update is memory-bound: 4 arrays read, 3 written).
-      const T* g = gradients[k].data();
-      T* m = m_[k].data();
-      T* v = v_[k].data();
-      T* theta = parameters_[k]->mutable_value().data();
-      const Index count = m_[k].size();
-      constexpr Index block = 512;
-      for (Index i = 0; i < count; i += block) {
-        const Index n = std::min(block, count - i);
-        using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
-        const Eigen::Map<const Array> gi(g + i, n);
-        Eigen::Map<Array> mi(m + i, n), vi(v + i, n), thetai(theta + i, n);
-        mi = beta1 * mi + (1 - beta1) * gi;
-        vi = beta2 * vi + (1 - beta2) * gi.square();
-        thetai -= step_size * mi / (vi.sqrt() / correction2 + epsilon);
-      }
-    }
+    for (std::size_t k = 0; k < gradients.size(); ++k) update(k, gradients[k].data());
   }
 
   const Options& options() const { return options_; }
@@ -104,10 +106,47 @@ class Adam {
   /// m and v of parameter k (same shape as the parameter).
   Matrix<T>& first_moment(std::size_t k) { return m_.at(k); }
   Matrix<T>& second_moment(std::size_t k) { return v_.at(k); }
-  Parameter<T>& parameter(std::size_t k) { return *parameters_.at(k); }
+  /// The current value of parameter k.
+  const Matrix<T>& value(std::size_t k) const { return parameters_.at(k)->value; }
 
  private:
-  std::vector<Parameter<T>*> parameters_;
+  void check_shapes() const {
+    for (std::size_t k = 0; k < parameters_.size(); ++k)
+      if (parameters_[k]->value.rows() != m_[k].rows() || parameters_[k]->value.cols() != m_[k].cols())
+        throw shape_error("nn::Adam::step: parameter " + std::to_string(k) + " is " +
+                          to_string(Shape{parameters_[k]->value.rows(), parameters_[k]->value.cols()}) + " but was " +
+                          to_string(Shape{m_[k].rows(), m_[k].cols()}) + " when the optimizer was made");
+  }
+
+  /// θ_k ← θ_k − α̂ · m / (√v / √(1−β₂ᵗ) + ε) with the moments updated from gradient `g` (row-major,
+  /// θ_k's size).
+  void update(std::size_t k, const T* g) {
+    const double t = static_cast<double>(t_);
+    const T beta1 = static_cast<T>(options_.beta1), beta2 = static_cast<T>(options_.beta2);
+    const T step_size = static_cast<T>(options_.learning_rate / (1 - std::pow(options_.beta1, t)));
+    const T correction2 = static_cast<T>(std::sqrt(1 - std::pow(options_.beta2, t)));
+    const T epsilon = static_cast<T>(options_.epsilon);
+    detail::ParameterStorage<T>& p = *parameters_[k];
+    ++p.version;  // as mutable_value(): tapes that recorded the old value become stale
+    // Blocks of 512 elements, each updated by three vectorised Eigen statements while it stays in L1:
+    // in effect one pass over memory (the update is memory-bound: 4 arrays read, 3 written).
+    T* m = m_[k].data();
+    T* v = v_[k].data();
+    T* theta = p.value.data();
+    const Index count = m_[k].size();
+    constexpr Index block = 512;
+    for (Index i = 0; i < count; i += block) {
+      const Index n = std::min(block, count - i);
+      using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
+      const Eigen::Map<const Array> gi(g + i, n);
+      Eigen::Map<Array> mi(m + i, n), vi(v + i, n), thetai(theta + i, n);
+      mi = beta1 * mi + (1 - beta1) * gi;
+      vi = beta2 * vi + (1 - beta2) * gi.square();
+      thetai -= step_size * mi / (vi.sqrt() / correction2 + epsilon);
+    }
+  }
+
+  std::vector<std::shared_ptr<detail::ParameterStorage<T>>> parameters_;
   Options options_;
   std::vector<Matrix<T>> m_, v_;
   std::uint64_t t_ = 0;

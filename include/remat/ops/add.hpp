@@ -10,7 +10,7 @@ namespace detail {
 struct AddOp : OpBase {
   static constexpr const char* name = "add";
   static constexpr OpKind kind = OpKind::elementwise;
-  static constexpr unsigned needs = needs_nothing;
+  static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {

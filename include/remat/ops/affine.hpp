@@ -12,7 +12,7 @@ namespace detail {
 struct AffineOp : OpBase {
   static constexpr const char* name = "affine";
   static constexpr OpKind kind = OpKind::elementwise;
-  static constexpr unsigned needs = needs_nothing;
+  static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {

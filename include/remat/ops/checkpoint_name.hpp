@@ -11,7 +11,7 @@ namespace detail {
 struct CheckpointNameOp : OpBase {
   static constexpr const char* name = "checkpoint_name";
   static constexpr OpKind kind = OpKind::identity;
-  static constexpr unsigned needs = needs_nothing;
+  static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -32,17 +32,10 @@ struct CheckpointNameOp : OpBase {
 template <class T>
 Var<T> checkpoint_name(const Var<T>& x, const std::string& name) {
   if (name.empty()) throw domain_error("checkpoint_name: the name must not be empty");
-  auto* state = x.state();
   x.node("checkpoint_name");
-  state->tags_.push_back(name);
   detail::Attributes a;
-  a.tag = static_cast<std::int32_t>(state->tags_.size() - 1);
-  try {
-    return detail::apply<detail::CheckpointNameOp>(a, x);
-  } catch (...) {
-    state->tags_.pop_back();
-    throw;
-  }
+  a.tag = x.state()->intern_tag(name);
+  return detail::apply<detail::CheckpointNameOp>(a, x);
 }
 
 }  // namespace remat

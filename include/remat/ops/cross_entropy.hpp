@@ -13,21 +13,22 @@ namespace detail {
 struct CrossEntropyOp : OpBase {
   static constexpr const char* name = "cross_entropy";
   static constexpr OpKind kind = OpKind::loss;
-  static constexpr unsigned needs = needs_nothing;  // its residual is the softmax, kept in extra
+  /// Its only residual is softmax(x), kept in its extra.
+  static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_extra : reads_nothing; }
   static Shape output_shape(const Shape*, const Attributes&) { return {1, 1}; }
   static Shape extra_shape(const Shape* in, const Attributes&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto x = c.in(0);
     auto p = c.extra();
-    const auto& labels = c.labels();
+    const int* labels = c.labels();
     T total = 0;
     for (Index i = 0; i < x.rows(); ++i) {
       const T m = x.row(i).maxCoeff();
       p.row(i).array() = (x.row(i).array() - m).exp();
       const T z = p.row(i).sum();
       p.row(i) /= z;
-      total += m + std::log(z) - x(i, labels[static_cast<std::size_t>(i)]);
+      total += m + std::log(z) - x(i, labels[i]);
     }
     c.out()(0, 0) = total / static_cast<T>(x.rows());
   }
@@ -35,11 +36,11 @@ struct CrossEntropyOp : OpBase {
   static void backward(const BackwardContext<T>& c) {
     if (!c.wants_grad(0)) return;
     const auto p = c.extra();
-    const auto& labels = c.labels();
+    const int* labels = c.labels();
     const T scale = c.grad_out()(0, 0) / static_cast<T>(p.rows());
-    Matrix<T> d = scale * p;
-    for (Index i = 0; i < p.rows(); ++i) d(i, labels[static_cast<std::size_t>(i)]) -= scale;
-    c.add_grad(0, d);
+    c.add_grad(0, scale * p);
+    auto d = c.grad(0);
+    for (Index i = 0; i < p.rows(); ++i) d(i, labels[i]) -= scale;
   }
   static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
 };
@@ -61,13 +62,12 @@ Var<T> cross_entropy(const Var<T>& logits, const std::vector<int>& labels) {
       throw index_error("cross_entropy: label " + std::to_string(labels[i]) + " at row " + std::to_string(i) +
                         " is outside [0, " + std::to_string(s.cols) + ") for logits " + to_string(s));
   auto* state = logits.state();
-  state->labels_.push_back(labels);
   detail::Attributes a;
-  a.labels = static_cast<std::int32_t>(state->labels_.size() - 1);
+  a.labels = state->store_labels(labels);
   try {
     return detail::apply<detail::CrossEntropyOp>(a, logits);
   } catch (...) {
-    state->labels_.pop_back();
+    state->unstore_labels(a.labels);
     throw;
   }
 }

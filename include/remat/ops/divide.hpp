@@ -10,7 +10,8 @@ namespace detail {
 struct DivideOp : OpBase {
   static constexpr const char* name = "divide";
   static constexpr OpKind kind = OpKind::elementwise;
-  static constexpr unsigned needs = needs_input0 | needs_input1;
+  /// da = g/b reads b; db = −g·a/b² reads a and b.
+  static unsigned reads(GradInputs g) { return (g ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -28,9 +29,10 @@ struct DivideOp : OpBase {
       if (c.wants_grad(1)) c.add_grad(1, -(g.array() * a) / b.square());
       return;
     }
-    const Matrix<T> a = broadcast_to<T>(c.in(0), s), b = broadcast_to<T>(c.in(1), s);
-    if (c.wants_grad(0)) add_reduced_grad<T>(c, 0, Matrix<T>(g.array() / b.array()));
-    if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, Matrix<T>(-(g.array() * a.array()) / b.array().square()));
+    const auto b = broadcast_view(c.in(1), s);
+    if (c.wants_grad(0)) add_reduced_grad<T>(c, 0, (g.array() / b.array()).matrix());
+    if (c.wants_grad(1))
+      add_reduced_grad<T>(c, 1, (-(g.array() * broadcast_view(c.in(0), s).array()) / b.array().square()).matrix());
   }
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
 };

@@ -27,13 +27,12 @@ inline bool dropout_keeps(const Attributes& a, std::uint64_t k) {
 struct DropoutOp : OpBase {
   static constexpr const char* name = "dropout";
   static constexpr OpKind kind = OpKind::random;
-  static constexpr unsigned needs = needs_nothing;  // the mask is regenerated from seed and offset
+  static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
   template <class T>
   static void apply_mask(const Attributes& a, const T* in, T* out, Index count) {
     const T scale = T(1) / T(1 - a.scalar);
-    for (Index k = 0; k < count; ++k)
-      out[k] = dropout_keeps(a, static_cast<std::uint64_t>(k)) ? in[k] * scale : T(0);
+    for (Index k = 0; k < count; ++k) out[k] = dropout_keeps(a, static_cast<std::uint64_t>(k)) ? in[k] * scale : T(0);
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -42,9 +41,15 @@ struct DropoutOp : OpBase {
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     if (!c.wants_grad(0)) return;
-    Matrix<T> d(c.node.shape.rows, c.node.shape.cols);
-    apply_mask(c.attributes(), c.grad_out().data(), d.data(), d.size());
-    c.add_grad(0, d);
+    GradTarget<T> d = c.grad_target(0);
+    const Attributes& a = c.attributes();
+    const T scale = T(1) / T(1 - a.scalar);
+    const T* g = c.grad_out().data();
+    T* out = d.map.data();
+    for (Index k = 0; k < d.map.size(); ++k) {
+      const T v = dropout_keeps(a, static_cast<std::uint64_t>(k)) ? g[k] * scale : T(0);
+      out[k] = d.accumulate ? out[k] + v : v;
+    }
   }
   static double flops(const Shape*, int, const Shape& out) { return 10.0 * static_cast<double>(out.size()); }
 };
@@ -58,14 +63,14 @@ struct DropoutOp : OpBase {
 template <class T>
 Var<T> dropout(const Var<T>& x, double p) {
   if (!(p >= 0 && p < 1)) throw domain_error("dropout: p must be in [0, 1), got " + std::to_string(p));
-  auto* state = x.state();
   x.node("dropout");
+  auto* state = x.state();
   detail::Attributes a;
   a.scalar = p;
-  a.seed = state->seed_;
-  a.offset = state->random_offset_;
+  a.seed = state->random_seed();
+  a.offset = state->random_offset();
   Var<T> y = detail::apply<detail::DropoutOp>(a, x);
-  state->next_random_offset(static_cast<std::uint64_t>(x.shape().size()));
+  state->advance_random_offset(static_cast<std::uint64_t>(x.shape().size()));
   return y;
 }
 

@@ -8,7 +8,7 @@ namespace detail {
 
 struct GeluOp : UnaryElementwise<GeluOp> {
   static constexpr const char* name = "gelu";
-  static constexpr unsigned needs = needs_input0;
+  static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 20;
   static constexpr double k = 0.7978845608028654;  // √(2/π)
   static constexpr double c = 0.044715;

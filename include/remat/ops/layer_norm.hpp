@@ -12,7 +12,11 @@ namespace detail {
 struct LayerNormOp : OpBase {
   static constexpr const char* name = "layer_norm";
   static constexpr OpKind kind = OpKind::normalization;
-  static constexpr unsigned needs = needs_input0 | needs_input1;  // x and gain; extra = row mean, 1/σ
+  /// dx reads x, gain and the row statistics (extra: μ, 1/σ); dgain reads x and the statistics; dbias
+  /// reads nothing.
+  static unsigned reads(GradInputs g) {
+    return (wants(g, 0) || wants(g, 1) ? reads_input0 | reads_extra : 0u) | (wants(g, 0) ? reads_input1 : 0u);
+  }
   static Shape output_shape(const Shape* in, const Attributes&) {
     for (int k = 1; k <= 2; ++k)
       if (in[k].rows != 1 || in[k].cols != in[0].cols)
@@ -40,25 +44,28 @@ struct LayerNormOp : OpBase {
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    const auto x = c.in(0);
     const auto g = c.grad_out();
-    const auto stats = c.extra();
-    const Index n = x.cols();
-    Matrix<T> xhat(x.rows(), n);
-    for (Index i = 0; i < x.rows(); ++i) xhat.row(i).array() = (x.row(i).array() - stats(i, 0)) * stats(i, 1);
-    if (c.wants_grad(0)) {
-      const auto gain = c.in(1).row(0).array();
-      Matrix<T> dx(x.rows(), n);
-      for (Index i = 0; i < x.rows(); ++i) {
-        const Eigen::Array<T, 1, Eigen::Dynamic> dxhat = g.row(i).array() * gain;
-        const T mean_d = dxhat.mean();
-        const T mean_dx = (dxhat * xhat.row(i).array()).mean();
-        dx.row(i).array() = stats(i, 1) * (dxhat - mean_d - xhat.row(i).array() * mean_dx);
+    if (c.wants_grad(0) || c.wants_grad(1)) {
+      const auto x = c.in(0);
+      const auto stats = c.extra();
+      auto xhat = [&](Index i) { return (x.row(i).array() - stats(i, 0)) * stats(i, 1); };
+      if (c.wants_grad(0)) {
+        const auto gain = c.in(1).row(0).array();
+        GradTarget<T> dx = c.grad_target(0);
+        for (Index i = 0; i < x.rows(); ++i) {
+          const auto dxhat = g.row(i).array() * gain;
+          const T mean_d = dxhat.mean();
+          const T mean_dx = (dxhat * xhat(i)).mean();
+          assign_or_add(dx.map.row(i).array(), stats(i, 1) * (dxhat - mean_d - xhat(i) * mean_dx), dx.accumulate);
+        }
       }
-      c.add_grad(0, dx);
+      if (c.wants_grad(1)) {
+        GradTarget<T> dgain = c.grad_target(1);
+        for (Index i = 0; i < x.rows(); ++i)
+          assign_or_add(dgain.map.row(0).array(), g.row(i).array() * xhat(i), dgain.accumulate || i > 0);
+      }
     }
-    if (c.wants_grad(1)) c.add_grad(1, (g.array() * xhat.array()).colwise().sum());
-    if (c.wants_grad(2)) c.add_grad(2, g.colwise().sum());
+    c.add_grad(2, g.colwise().sum());
   }
   static double flops(const Shape* in, int, const Shape&) { return 8.0 * static_cast<double>(in[0].size()); }
 };

@@ -9,7 +9,8 @@ namespace detail {
 struct LinearOp : OpBase {
   static constexpr const char* name = "linear";
   static constexpr OpKind kind = OpKind::dot;
-  static constexpr unsigned needs = needs_input0 | needs_input1;
+  /// dx reads W, dW reads x, db reads nothing.
+  static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Attributes&) {
     if (in[0].cols != in[1].rows)
       throw shape_error("linear: x is " + to_string(in[0]) + " but W is " + to_string(in[1]) +

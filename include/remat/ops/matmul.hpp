@@ -9,7 +9,8 @@ namespace detail {
 struct MatmulOp : OpBase {
   static constexpr const char* name = "matmul";
   static constexpr OpKind kind = OpKind::dot;
-  static constexpr unsigned needs = needs_input0 | needs_input1;
+  /// dA reads B, dB reads A.
+  static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Attributes&) {
     if (in[0].cols != in[1].rows)
       throw shape_error("matmul: A is " + to_string(in[0]) + " but B is " + to_string(in[1]) +

@@ -9,7 +9,7 @@ namespace detail {
 struct MeanOp : OpBase {
   static constexpr const char* name = "mean";
   static constexpr OpKind kind = OpKind::reduction;
-  static constexpr unsigned needs = needs_nothing;
+  static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape*, const Attributes&) { return {1, 1}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {

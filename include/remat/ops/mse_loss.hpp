@@ -9,7 +9,7 @@ namespace detail {
 struct MseLossOp : OpBase {
   static constexpr const char* name = "mse_loss";
   static constexpr OpKind kind = OpKind::loss;
-  static constexpr unsigned needs = needs_input0 | needs_input1;
+  static unsigned reads(GradInputs g) { return g ? reads_input0 | reads_input1 : reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) {
     if (in[0] != in[1])
       throw shape_error("mse_loss: prediction is " + to_string(in[0]) + " but target is " + to_string(in[1]) +

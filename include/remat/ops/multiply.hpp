@@ -10,7 +10,8 @@ namespace detail {
 struct MultiplyOp : OpBase {
   static constexpr const char* name = "multiply";
   static constexpr OpKind kind = OpKind::elementwise;
-  static constexpr unsigned needs = needs_input0 | needs_input1;
+  /// da reads b, db reads a.
+  static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -26,8 +27,8 @@ struct MultiplyOp : OpBase {
       if (c.wants_grad(1)) c.add_grad(1, g.array() * c.in(0).array());
       return;
     }
-    if (c.wants_grad(0)) add_reduced_grad<T>(c, 0, Matrix<T>(g.array() * broadcast_to<T>(c.in(1), s).array()));
-    if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, Matrix<T>(g.array() * broadcast_to<T>(c.in(0), s).array()));
+    if (c.wants_grad(0)) add_reduced_grad<T>(c, 0, (g.array() * broadcast_view(c.in(1), s).array()).matrix());
+    if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, (g.array() * broadcast_view(c.in(0), s).array()).matrix());
   }
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
 };

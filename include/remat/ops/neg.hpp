@@ -8,7 +8,7 @@ namespace detail {
 
 struct NegOp : UnaryElementwise<NegOp> {
   static constexpr const char* name = "neg";
-  static constexpr unsigned needs = needs_nothing;
+  static constexpr unsigned residuals = reads_nothing;
   static constexpr double flops_per_element = 1;
   template <class X>
   static auto value(const X& x, const Attributes&) {

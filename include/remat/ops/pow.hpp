@@ -10,7 +10,7 @@ namespace detail {
 
 struct PowOp : UnaryElementwise<PowOp> {
   static constexpr const char* name = "pow";
-  static constexpr unsigned needs = needs_input0;
+  static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 20;
   template <class X>
   static auto value(const X& x, const Attributes& a) {
@@ -25,7 +25,6 @@ struct PowOp : UnaryElementwise<PowOp> {
   // x⁰ = 1 is constant: its derivative is 0 even at x = 0, where p·x^(p−1) would be 0·inf = NaN.
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    if (!c.wants_grad(0)) return;
     if (c.attributes().scalar == 0)
       c.add_grad(0, Matrix<T>::Zero(c.node.shape.rows, c.node.shape.cols));
     else

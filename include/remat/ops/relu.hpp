@@ -8,7 +8,7 @@ namespace detail {
 
 struct ReluOp : UnaryElementwise<ReluOp> {
   static constexpr const char* name = "relu";
-  static constexpr unsigned needs = needs_output;
+  static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 1;
   template <class X>
   static auto value(const X& x, const Attributes&) {

@@ -12,7 +12,7 @@ namespace detail {
 struct ScalarDivideOp : OpBase {
   static constexpr const char* name = "scalar_divide";
   static constexpr OpKind kind = OpKind::elementwise;
-  static constexpr unsigned needs = needs_input0 | needs_output;
+  static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_input0 | reads_output : reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {

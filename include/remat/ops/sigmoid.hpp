@@ -8,7 +8,7 @@ namespace detail {
 
 struct SigmoidOp : UnaryElementwise<SigmoidOp> {
   static constexpr const char* name = "sigmoid";
-  static constexpr unsigned needs = needs_output;
+  static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 12;
   template <class X>
   static auto value(const X& x, const Attributes&) {

@@ -9,7 +9,7 @@ namespace detail {
 struct SoftmaxOp : OpBase {
   static constexpr const char* name = "softmax";
   static constexpr OpKind kind = OpKind::normalization;
-  static constexpr unsigned needs = needs_output;
+  static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_output : reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -23,10 +23,13 @@ struct SoftmaxOp : OpBase {
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     if (!c.wants_grad(0)) return;
-    const auto y = c.out().array();
-    const auto g = c.grad_out().array();
-    const Eigen::Array<T, Eigen::Dynamic, 1> dot = (g * y).rowwise().sum();
-    c.add_grad(0, y * (g.colwise() - dot));
+    const auto y = c.out();
+    const auto g = c.grad_out();
+    GradTarget<T> dx = c.grad_target(0);
+    for (Index i = 0; i < y.rows(); ++i) {
+      const T dot = (g.row(i).array() * y.row(i).array()).sum();
+      assign_or_add(dx.map.row(i).array(), y.row(i).array() * (g.row(i).array() - dot), dx.accumulate);
+    }
   }
   static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
 };

@@ -8,7 +8,7 @@ namespace detail {
 
 struct SoftplusOp : UnaryElementwise<SoftplusOp> {
   static constexpr const char* name = "softplus";
-  static constexpr unsigned needs = needs_input0;
+  static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 20;
   template <class X>
   static auto value(const X& x, const Attributes&) {
@@ -24,8 +24,8 @@ struct SoftplusOp : UnaryElementwise<SoftplusOp> {
 
 }  // namespace detail
 
-/// Elementwise y = ln(1 + eˣ), evaluated as max(x, 0) + ln(1 + e^(−|x|)) so that it never overflows; dy/dx = sigmoid(x).
-/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+/// Elementwise y = ln(1 + eˣ), evaluated as max(x, 0) + ln(1 + e^(−|x|)) so that it never overflows; dy/dx =
+/// sigmoid(x). x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> softplus(const Var<T>& x) {
   return detail::apply<detail::SoftplusOp>(x);

@@ -8,7 +8,7 @@ namespace detail {
 
 struct SqrtOp : UnaryElementwise<SqrtOp> {
   static constexpr const char* name = "sqrt";
-  static constexpr unsigned needs = needs_output;
+  static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 4;
   template <class X>
   static auto value(const X& x, const Attributes&) {

@@ -8,7 +8,7 @@ namespace detail {
 
 struct SquareOp : UnaryElementwise<SquareOp> {
   static constexpr const char* name = "square";
-  static constexpr unsigned needs = needs_input0;
+  static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 1;
   template <class X>
   static auto value(const X& x, const Attributes&) {

@@ -10,7 +10,7 @@ namespace detail {
 struct SubtractOp : OpBase {
   static constexpr const char* name = "subtract";
   static constexpr OpKind kind = OpKind::elementwise;
-  static constexpr unsigned needs = needs_nothing;
+  static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -20,7 +20,7 @@ struct SubtractOp : OpBase {
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     add_reduced_grad<T>(c, 0, c.grad_out());
-    if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, Matrix<T>(-c.grad_out()));
+    if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, -c.grad_out());
   }
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
 };

@@ -9,7 +9,7 @@ namespace detail {
 struct SumRowsOp : OpBase {
   static constexpr const char* name = "sum_rows";
   static constexpr OpKind kind = OpKind::reduction;
-  static constexpr unsigned needs = needs_nothing;
+  static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Attributes&) { return {in[0].rows, 1}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {

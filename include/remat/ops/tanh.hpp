@@ -8,7 +8,7 @@ namespace detail {
 
 struct TanhOp : UnaryElementwise<TanhOp> {
   static constexpr const char* name = "tanh";
-  static constexpr unsigned needs = needs_output;
+  static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 10;
   template <class X>
   static auto value(const X& x, const Attributes&) {

@@ -122,24 +122,24 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   auto units = [&](std::size_t bytes) { return static_cast<std::int64_t>((bytes + unit - 1) / unit); };
 
   Chain chain;
-  chain.activation_size.push_back(units(detail::TapeState<T>::bytes(x.shape())));
+  chain.activation_size.push_back(units(detail::Buffers<T>::bytes(x.shape())));
   checkpoint([&](Var<T> v) {
     for (int i = 0; i < L; ++i) {
-      const auto begin = static_cast<std::int32_t>(state->nodes_.size());
+      const std::int32_t begin = state->size();
       v = layers[static_cast<std::size_t>(i)](std::move(v));
-      const auto end = static_cast<std::int32_t>(state->nodes_.size());
+      const std::int32_t end = state->size();
       double flops = 0;
-      std::size_t tape = detail::TapeState<T>::bytes(v.shape());
+      std::size_t tape = detail::Buffers<T>::bytes(v.shape());
       for (std::int32_t j = begin; j < end; ++j) {
-        const auto& n = state->nodes_[static_cast<std::size_t>(j)];
-        if (n.is_leaf()) continue;
-        flops += state->op_info(n).flops;
-        if (j != v.id() && n.holds > n.region_holds) tape += detail::TapeState<T>::bytes(n.shape);
-        if (n.requires_grad) tape += detail::TapeState<T>::bytes(n.extra_shape);
+        const detail::NodeCost c = state->cost(j);
+        if (c.leaf) continue;
+        flops += c.flops;
+        if (c.value_read && j != v.id()) tape += c.bytes;  // the layer's output is counted above
+        tape += c.extra_read_bytes;
       }
       chain.forward_time.push_back(std::max(flops, 1.0));
       chain.backward_time.push_back(2 * std::max(flops, 1.0));
-      chain.activation_size.push_back(units(detail::TapeState<T>::bytes(v.shape())));
+      chain.activation_size.push_back(units(detail::Buffers<T>::bytes(v.shape())));
       chain.tape_size.push_back(units(tape));
     }
     return v;

@@ -119,7 +119,7 @@ Var<T> revolve(const Step& step, Var<T> x0, std::int64_t steps, std::int64_t che
     throw domain_error("revolve: need steps ≥ 1 and checkpoints ≥ 1, got " + std::to_string(steps) + " and " +
                        std::to_string(checkpoints));
   x0.node("revolve");  // throws tape_error for an empty or stale handle
-  const auto open = static_cast<int>(x0.state()->open_.size());
+  const int open = x0.state()->open_depth();
   const int depth = detail::revolve_depth(steps, checkpoints);
   if (open + depth > detail::max_region_depth)
     throw domain_error("revolve: " + std::to_string(steps) + " steps with " + std::to_string(checkpoints) +

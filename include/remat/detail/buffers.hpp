@@ -1,0 +1,252 @@
+// Tensor buffers: the pooling allocator every tape-owned buffer comes from, exact live/peak accounting,
+// and the dry run that lets a backward sweep reserve everything it will allocate before it changes
+// anything (so a std::bad_alloc leaves the tape as it was).
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cassert>
+#include <cstddef>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "remat/matrix.hpp"
+
+namespace remat::detail {
+
+/// Test hook: when set, called with the byte count before every system allocation of a tensor buffer
+/// (a pool miss); it may throw std::bad_alloc to simulate exhaustion. Null in normal use.
+inline thread_local void (*allocation_hook)(std::size_t bytes) = nullptr;
+
+/// Exact-size free lists: a training loop allocates the same shapes every step, so after the first step
+/// every request is served from a list and no malloc happens on the hot path. Every list has room for
+/// every buffer of its size that the pool ever handed out, so returning a buffer never allocates.
+template <class T>
+class Pool {
+ public:
+  Pool() = default;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool() { trim(); }
+
+  /// A buffer of `count` elements, from the free list or the system. Throws std::bad_alloc.
+  T* acquire(std::size_t count) {
+    SizeClass& c = classes_[count];
+    if (!c.free.empty()) {
+      T* p = c.free.back();
+      c.free.pop_back();
+      cached_bytes_ -= count * sizeof(T);
+      return p;
+    }
+    return system_allocate(c, count);
+  }
+
+  /// Returns a buffer that acquire() handed out (or one adopted in exchange, see exchange()). Never throws.
+  void release(T* p, std::size_t count) noexcept {
+    SizeClass& c = classes_.find(count)->second;
+    c.free.push_back(p);  // within capacity: reserved when the buffer was allocated
+    cached_bytes_ += count * sizeof(T);
+  }
+
+  /// A buffer of `count` elements leaves the pool for good (a Parameter adopts it as its gradient); `other`,
+  /// a buffer of the same size or null, takes its place in the free list. Never throws.
+  void exchange(std::size_t count, T* other) noexcept {
+    SizeClass& c = classes_.find(count)->second;
+    if (other) {
+      c.free.push_back(other);
+      cached_bytes_ += count * sizeof(T);
+    } else {
+      --c.total;
+    }
+  }
+
+  /// Buffers of `count` elements in the free list now.
+  std::size_t available(std::size_t count) const {
+    auto it = classes_.find(count);
+    return it == classes_.end() ? 0 : it->second.free.size();
+  }
+
+  /// Adds `n` system-allocated buffers of `count` elements to the free list; all or nothing.
+  void reserve(std::size_t count, std::size_t n) {
+    SizeClass& c = classes_[count];
+    std::size_t added = 0;
+    try {
+      for (; added < n; ++added) {
+        T* p = system_allocate(c, count);
+        c.free.push_back(p);
+        cached_bytes_ += count * sizeof(T);
+      }
+    } catch (...) {
+      for (; added > 0; --added) {
+        Eigen::internal::aligned_free(c.free.back());
+        c.free.pop_back();
+        --c.total;
+        cached_bytes_ -= count * sizeof(T);
+      }
+      throw;
+    }
+  }
+
+  /// Returns `n` buffers of `count` elements from the free list to the system (undoes reserve()).
+  void discard(std::size_t count, std::size_t n) noexcept {
+    SizeClass& c = classes_.find(count)->second;
+    for (std::size_t i = 0; i < n && !c.free.empty(); ++i) {
+      Eigen::internal::aligned_free(c.free.back());
+      c.free.pop_back();
+      --c.total;
+      cached_bytes_ -= count * sizeof(T);
+    }
+  }
+
+  /// Returns every cached buffer to the system.
+  void trim() {
+    for (auto& [count, c] : classes_) {
+      for (T* p : c.free) Eigen::internal::aligned_free(p);
+      c.total -= c.free.size();
+      c.free.clear();
+    }
+    cached_bytes_ = 0;
+  }
+
+  std::size_t cached_bytes() const { return cached_bytes_; }
+
+ private:
+  struct SizeClass {
+    std::vector<T*> free;
+    std::size_t total = 0;  // buffers of this size handed out and not returned to the system
+  };
+
+  T* system_allocate(SizeClass& c, std::size_t count) {
+    if (allocation_hook) allocation_hook(count * sizeof(T));
+    c.free.reserve(c.total + 1);  // room to return it later without allocating
+    T* p = static_cast<T*>(Eigen::internal::aligned_malloc(count * sizeof(T)));
+    ++c.total;
+    return p;
+  }
+
+  std::unordered_map<std::size_t, SizeClass> classes_;
+  std::size_t cached_bytes_ = 0;
+};
+
+/// Every tape-owned buffer goes through here: exact live and peak byte counts, and a simulation mode in
+/// which the same sequence of allocate/free calls is only counted, to learn how many buffers of each
+/// size the pool must hold for that sequence never to reach the system allocator.
+template <class T>
+class Buffers {
+ public:
+  static std::size_t bytes(const Shape& s) { return static_cast<std::size_t>(s.size()) * sizeof(T); }
+
+  /// A buffer for `s` (uninitialised). Throws std::bad_alloc (never in a simulation).
+  T* allocate(const Shape& s) {
+    const auto count = static_cast<std::size_t>(s.size());
+    if (simulating_) {
+      Simulated& c = simulated(count);
+      if (c.available > 0)
+        --c.available;
+      else
+        ++c.missing;
+      count_in(simulated_live_, simulated_peak_, bytes(s));
+      return dummy();
+    }
+    T* p = pool_.acquire(count);
+    count_in(live_bytes_, peak_bytes_, bytes(s));
+    return p;
+  }
+
+  /// Frees `p` (a buffer for `s`, or null) and nulls it. Never throws.
+  void free(T*& p, const Shape& s) noexcept {
+    if (!p) return;
+    if (simulating_) {
+      ++simulated(static_cast<std::size_t>(s.size())).available;
+      simulated_live_ -= bytes(s);
+    } else {
+      pool_.release(p, static_cast<std::size_t>(s.size()));
+      live_bytes_ -= bytes(s);
+    }
+    p = nullptr;
+  }
+
+  /// `p` (a buffer for `s`) leaves the tape: its new owner frees it. `replacement`, a buffer of the same
+  /// size from the same allocator or null, joins the pool in its place. Never throws.
+  void hand_over(T*& p, const Shape& s, T* replacement) noexcept {
+    const auto count = static_cast<std::size_t>(s.size());
+    if (simulating_) {
+      if (replacement) ++simulated(count).available;
+      simulated_live_ -= bytes(s);
+    } else {
+      pool_.exchange(count, replacement);
+      live_bytes_ -= bytes(s);
+    }
+    p = nullptr;
+  }
+
+  // ---- simulation (a dry run of a backward sweep) ----
+  /// Makes room to simulate buffers of `count` elements. Throws std::bad_alloc; call it for every size
+  /// the simulated sequence uses before changing anything.
+  void prepare_simulation(std::size_t count) { simulated_.try_emplace(count); }
+
+  /// From now on allocate/free only count, starting from the pool's current free lists. Never throws.
+  void begin_simulation() noexcept {
+    for (auto& [count, c] : simulated_) c = Simulated{pool_.available(count), 0};
+    simulated_live_ = live_bytes_;
+    simulated_peak_ = peak_bytes_;
+    simulating_ = true;
+  }
+  /// Ends the simulation; returns the peak live bytes the simulated sequence would reach.
+  std::size_t end_simulation() noexcept {
+    simulating_ = false;
+    return simulated_peak_;
+  }
+  /// Makes the pool hold what the last simulation found missing, all or nothing. Throws std::bad_alloc.
+  void reserve_simulated() {
+    std::size_t done = 0;
+    try {
+      for (auto& [count, c] : simulated_) {
+        if (c.missing > 0) pool_.reserve(count, c.missing);
+        ++done;
+      }
+    } catch (...) {
+      // Undo the size classes already reserved so the pool is as it was.
+      for (auto& [count, c] : simulated_) {
+        if (done-- == 0) break;
+        if (c.missing > 0) pool_.discard(count, c.missing);
+      }
+      throw;
+    }
+  }
+  std::size_t live_bytes() const { return live_bytes_; }
+  std::size_t peak_bytes() const { return peak_bytes_; }
+  void reset_peak() { peak_bytes_ = live_bytes_; }
+  std::size_t cached_bytes() const { return pool_.cached_bytes(); }
+  void trim() { pool_.trim(); }
+
+ private:
+  struct Simulated {
+    std::size_t available = 0;  // buffers in the free list at this point of the simulated sequence
+    std::size_t missing = 0;    // allocations the free list could not have served
+  };
+
+  static void count_in(std::size_t& live, std::size_t& peak, std::size_t b) {
+    live += b;
+    peak = std::max(peak, live);
+  }
+  static T* dummy() {
+    alignas(64) static T slot[1];
+    return slot;
+  }
+  Simulated& simulated(std::size_t count) noexcept {
+    auto it = simulated_.find(count);
+    assert(it != simulated_.end() && "prepare_simulation() was not called for this size");
+    return it->second;
+  }
+
+  Pool<T> pool_;
+  std::size_t live_bytes_ = 0;
+  std::size_t peak_bytes_ = 0;
+  bool simulating_ = false;
+  std::unordered_map<std::size_t, Simulated> simulated_;
+  std::size_t simulated_live_ = 0, simulated_peak_ = 0;
+};
+
+}  // namespace remat::detail

@@ -1,0 +1,160 @@
+// The tape's records: one Node per value (a leaf or an op's output), one Region per checkpoint call, and
+// the static OpTable through which the tape runs an op without knowing its name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/matrix.hpp"
+#include "remat/op_info.hpp"
+#include "remat/parameter.hpp"
+
+namespace remat::detail {
+
+constexpr int max_inputs = 3;
+constexpr int max_region_depth = 62;
+
+/// What an op's backward reads (its residuals), as bits: input k's value, its own output, its extra.
+enum Reads : unsigned {
+  reads_nothing = 0,
+  reads_input0 = 1u << 0,
+  reads_input1 = 1u << 1,
+  reads_input2 = 1u << 2,
+  reads_output = 1u << 3,
+  reads_extra = 1u << 4,
+};
+constexpr unsigned reads_input(int k) {
+  return 1u << k;
+}
+
+/// Bit k set: input k of an op requires a gradient. An op's `reads(GradInputs)` says what its backward
+/// reads to produce exactly those gradients (residuals by need: matmul(x, W) with W constant keeps W,
+/// not x).
+using GradInputs = unsigned;
+constexpr bool wants(GradInputs g, int k) {
+  return (g >> k) & 1u;
+}
+
+/// Per-node attributes that, with the op and the input ids, make a node re-executable.
+struct Attributes {
+  double scalar = 0;         ///< op-specific (pow exponent, dropout p, layer_norm eps, affine scale)
+  double scalar2 = 0;        ///< op-specific (affine shift)
+  std::uint64_t seed = 0;    ///< random ops: generator seed
+  std::uint64_t offset = 0;  ///< random ops: counter offset of element 0
+  std::int64_t labels = -1;  ///< cross_entropy: first label in the tape's flat label store
+  std::int32_t tag = -1;     ///< checkpoint_name: index into the tape's interned tag names
+};
+
+template <class T>
+struct ForwardContext;
+template <class T>
+struct BackwardContext;
+
+/// One static table per (op, scalar type): everything the tape knows of an op. No virtual call, no
+/// std::function per node.
+template <class T>
+struct OpTable {
+  const char* name;
+  OpKind kind;
+  bool batch_dims;                ///< a dot with batch dimensions (OpInfo::batch_dims)
+  unsigned (*reads)(GradInputs);  ///< residuals its backward reads for these input gradients
+  void (*forward)(const ForwardContext<T>&);
+  void (*backward)(const BackwardContext<T>&);
+  double (*flops)(const Shape* inputs, int arity, const Shape& output);
+};
+
+/// One recorded value. The counters are the inputs of the lifetime rule (detail/lifetime.hpp).
+template <class T>
+struct Node {
+  const OpTable<T>* op = nullptr;  // null for leaves
+  std::int32_t inputs[max_inputs] = {-1, -1, -1};
+  std::int8_t arity = 0;
+  bool is_variable = false;    // a leaf that receives a gradient
+  bool requires_grad = false;  // a variable, or some input requires grad
+  std::uint8_t reads = 0;      // Reads bits of its backward (0 unless requires_grad)
+  std::int8_t level = 0;       // residence level: deepest enclosing region that drops it (0: none)
+  Shape shape;
+  Shape extra_shape;  // op-specific residual (layer_norm statistics, cross_entropy softmax), or empty
+  T* value = nullptr;
+  T* extra = nullptr;
+  T* grad = nullptr;
+  bool grad_assigned = false;  // grad holds a value: the next contribution adds to it
+  Attributes attributes;
+
+  // Lifetime counters (lifetime.hpp): a value is kept while a handle refers to it or, at its level,
+  // a pending reader needs it.
+  std::int32_t handles = 0;         // live Var handles
+  std::int32_t backward_reads = 0;  // pending backwards that read the value (its own included)
+  std::int32_t replay_reads = 0;    // checkpoint replays that read it (sources of a replay)
+  bool pending = false;             // held until the outermost open region decides its replay reads
+  bool extra_read = false;          // its own pending backward reads the extra
+
+  std::int32_t region = -1;       // innermost enclosing checkpoint region, -1 outside any
+  std::uint64_t drop_mask = 0;    // bit d: the enclosing region at depth d drops this value
+  std::uint64_t output_mask = 0;  // bit d: returned by the enclosing region at depth d
+  std::uint32_t mark = 0;         // scratch for region analyses (stamp of the last analysis that marked it)
+
+  std::shared_ptr<ParameterStorage<T>> parameter;  // a referenced Parameter (value not tape-owned)
+  std::uint64_t parameter_version = 0;
+
+  bool is_leaf() const { return op == nullptr; }
+  bool value_owned() const { return parameter == nullptr; }
+  std::int32_t holds() const { return backward_reads + replay_reads + (pending ? 1 : 0); }
+};
+
+/// A checkpoint region: the contiguous range of nodes recorded while a checkpointed function ran.
+struct Region {
+  std::int32_t begin = 0;
+  std::int32_t end = -1;  // one past the last node; -1 while open
+  std::int32_t parent = -1;
+  int depth = 1;
+  bool open = true;
+  bool replays = false;  // its backward needs values it dropped (set when it closes)
+  // Sources of its replay: [sources_begin, sources_end) in Graph::region_sources.
+  std::int32_t sources_begin = 0, sources_end = 0;
+  bool (*policy)(const void*, const OpInfo&) = nullptr;
+  const void* policy_object = nullptr;
+};
+
+/// The recorded graph: nodes, regions and the side stores their attributes index into. Every vector
+/// keeps its capacity across Tape::clear(), so a steady training loop does not allocate here.
+template <class T>
+struct Graph {
+  std::vector<Node<T>> nodes;
+  std::vector<Region> regions;
+  std::vector<std::int32_t> open;            // open regions, outermost first
+  std::vector<std::int32_t> region_sources;  // flat lists of replay sources, one range per region
+  std::vector<std::int32_t> pending;         // values with Node::pending set
+  std::vector<int> labels;                   // cross_entropy labels, flat
+  std::vector<std::string> tags;             // checkpoint_name names, interned (kept across clear())
+
+  Node<T>& operator[](std::int32_t id) { return nodes[static_cast<std::size_t>(id)]; }
+  const Node<T>& operator[](std::int32_t id) const { return nodes[static_cast<std::size_t>(id)]; }
+  std::int32_t size() const { return static_cast<std::int32_t>(nodes.size()); }
+  Region& region(std::int32_t id) { return regions[static_cast<std::size_t>(id)]; }
+  const Region& region(std::int32_t id) const { return regions[static_cast<std::size_t>(id)]; }
+  int open_depth() const { return static_cast<int>(open.size()); }
+
+  /// Index of `name` in the tag store, adding it the first time.
+  std::int32_t intern_tag(const std::string& name) {
+    for (std::size_t i = 0; i < tags.size(); ++i)
+      if (tags[i] == name) return static_cast<std::int32_t>(i);
+    tags.push_back(name);
+    return static_cast<std::int32_t>(tags.size() - 1);
+  }
+
+  std::string node_name(std::int32_t id) const {
+    const Node<T>& n = (*this)[id];
+    if (n.is_leaf()) return n.is_variable ? "variable" : "constant";
+    return n.op->name;
+  }
+};
+
+/// Residence level of a drop mask: the deepest dropping depth, 0 when no region drops the value.
+inline int level_of(std::uint64_t drop_mask) {
+  return drop_mask == 0 ? 0 : 63 - __builtin_clzll(drop_mask);
+}
+
+}  // namespace remat::detail

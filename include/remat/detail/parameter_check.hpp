@@ -1,0 +1,26 @@
+// Stale-Parameter detection: a Parameter's version must be the one recorded whenever its value is read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "remat/detail/node.hpp"
+#include "remat/errors.hpp"
+
+namespace remat::detail {
+
+/// Throws stale_value_error naming `op` if node `id` references a Parameter modified since it was recorded
+/// (its storage may have been reallocated, so reading the node's value would read freed memory).
+template <class T>
+void check_parameter_current(const Graph<T>& graph, std::int32_t id, const char* op) {
+  const Node<T>& n = graph[id];
+  if (!n.parameter || n.parameter->version == n.parameter_version) return;
+  const Shape now{n.parameter->value.rows(), n.parameter->value.cols()};
+  throw stale_value_error(std::string(op) + ": the Parameter " + to_string(n.shape) + " recorded as node #" +
+                          std::to_string(id) + " was modified after it was recorded (version " +
+                          std::to_string(n.parameter->version) + ", recorded at version " +
+                          std::to_string(n.parameter_version) + (now != n.shape ? ", now " + to_string(now) : "") +
+                          "); run the forward pass again after updating parameters");
+}
+
+}  // namespace remat::detail

@@ -1,0 +1,243 @@
+// Recording: leaves, ops (run forward at once), and checkpoint regions with their record-time policy
+// decisions and close-time analysis (which values their replay will read).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/detail/buffers.hpp"
+#include "remat/detail/contexts.hpp"
+#include "remat/detail/lifetime.hpp"
+#include "remat/detail/node.hpp"
+#include "remat/detail/parameter_check.hpp"
+#include "remat/detail/replay_plan.hpp"
+#include "remat/errors.hpp"
+
+namespace remat::detail {
+
+template <class T>
+class Recorder {
+ public:
+  Recorder(Graph<T>& graph, Buffers<T>& buffers, Lifetime<T>& lifetime)
+      : graph_(graph), buffers_(buffers), lifetime_(lifetime) {}
+
+  /// A leaf with an uninitialised tape-owned value (the caller fills it). Throws shape_error for an
+  /// empty shape, std::bad_alloc; the tape is unchanged then.
+  std::int32_t add_leaf(const Shape& shape, bool variable) {
+    check_leaf_shape(shape, variable ? "variable" : "constant", "matrix");
+    Node<T>& n = new_leaf(shape, variable);
+    try {
+      n.value = buffers_.allocate(shape);
+    } catch (...) {
+      graph_.nodes.pop_back();
+      throw;
+    }
+    return graph_.size() - 1;
+  }
+
+  /// A variable referencing a Parameter's storage (no copy). Throws shape_error for an empty parameter.
+  std::int32_t add_parameter(std::shared_ptr<ParameterStorage<T>> storage) {
+    check_leaf_shape(Shape{storage->value.rows(), storage->value.cols()}, "variable", "parameter");
+    Node<T>& n = new_leaf(Shape{storage->value.rows(), storage->value.cols()}, true);
+    n.value = storage->value.data();
+    n.parameter_version = storage->version;
+    n.parameter = std::move(storage);
+    return graph_.size() - 1;
+  }
+
+  /// Records and runs one op whose inputs are live (the caller holds their handles). On any exception
+  /// (bad_alloc, a throwing policy, a stale or escaped input) the tape is left as it was.
+  std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
+                      const Shape& shape, const Shape& extra_shape) {
+    for (int k = 0; k < arity; ++k) {
+      check_not_escaped(table->name, inputs[k]);
+      check_parameter_current(graph_, inputs[k], table->name);
+    }
+    const bool in_region = !graph_.open.empty();
+    if (in_region) graph_.pending.reserve(graph_.pending.size() + static_cast<std::size_t>(arity));
+    graph_.nodes.emplace_back();
+    const std::int32_t id = graph_.size() - 1;
+    try {
+      Node<T>& n = graph_[id];
+      n.op = table;
+      n.arity = static_cast<std::int8_t>(arity);
+      for (int k = 0; k < arity; ++k) n.inputs[k] = inputs[k];
+      n.attributes = attributes;
+      n.shape = shape;
+      n.extra_shape = extra_shape;
+      n.region = in_region ? graph_.open.back() : -1;
+      n.value = buffers_.allocate(shape);
+      if (extra_shape.size() > 0) n.extra = buffers_.allocate(extra_shape);
+      table->forward(ForwardContext<T>{graph_, n});
+      if (in_region) n.drop_mask = policy_decisions(n);
+    } catch (...) {
+      Node<T>& n = graph_[id];
+      buffers_.free(n.value, n.shape);
+      buffers_.free(n.extra, n.extra_shape);
+      graph_.nodes.pop_back();
+      throw;
+    }
+    commit(id);
+    return id;
+  }
+
+  // ---- checkpoint regions ----
+  std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object) {
+    if (graph_.open_depth() >= max_region_depth)
+      throw tape_error("checkpoint: regions nested deeper than " + std::to_string(max_region_depth) + " levels");
+    graph_.open.reserve(graph_.open.size() + 1);
+    Region r;
+    r.begin = graph_.size();
+    r.parent = graph_.open.empty() ? -1 : graph_.open.back();
+    r.depth = graph_.open_depth() + 1;
+    r.policy = policy;
+    r.policy_object = policy_object;
+    graph_.regions.push_back(r);
+    graph_.open.push_back(static_cast<std::int32_t>(graph_.regions.size() - 1));
+    return graph_.open.back();
+  }
+
+  /// Closes the innermost open region; `outputs` are the ids its function returned. Decides what its
+  /// replay will read and holds those values (JAX's partial evaluation, detail/replay_plan.hpp). Throws
+  /// std::bad_alloc before changing anything.
+  void close_region(const std::int32_t* outputs, std::size_t count) {
+    Region& r = graph_.region(graph_.open.back());
+    const auto length = static_cast<std::size_t>(graph_.size() - r.begin);
+    members_.reserve(length);
+    uses_.assign(length, 0);
+    graph_.region_sources.reserve(graph_.region_sources.size() + max_inputs * length);
+    // Nothing below throws.
+    const std::uint64_t bit = std::uint64_t{1} << r.depth;
+    for (std::size_t o = 0; o < count; ++o) {
+      Node<T>& n = graph_[outputs[o]];
+      if (outputs[o] < r.begin) continue;  // an input passed through
+      n.output_mask |= bit;
+      n.drop_mask &= ~bit;  // a region does not drop what it returns
+      n.level = static_cast<std::int8_t>(level_of(n.drop_mask));
+    }
+    finish(r);
+    plan_replay(graph_, r, PresentBelowLevel{r.depth}, members_, uses_);
+    r.replays = !members_.empty();
+    hold_sources(r);
+    if (graph_.open.empty()) lifetime_.release_pending();
+  }
+
+  /// Closes the innermost open region after its function threw: it returns nothing and never replays.
+  void abort_region() noexcept {
+    finish(graph_.region(graph_.open.back()));
+    if (graph_.open.empty()) lifetime_.release_pending();
+  }
+
+  OpInfo op_info(const Node<T>& n) const {
+    OpInfo info;
+    info.name = n.op->name;
+    info.kind = n.op->kind;
+    info.batch_dims = n.op->batch_dims;
+    if (n.attributes.tag >= 0) info.tag = graph_.tags[static_cast<std::size_t>(n.attributes.tag)];
+    info.shape = n.shape;
+    info.bytes = Buffers<T>::bytes(n.shape);
+    Shape in[max_inputs];
+    for (int k = 0; k < n.arity; ++k) in[k] = graph_[n.inputs[k]].shape;
+    info.flops = n.op->flops(in, n.arity, n.shape);
+    return info;
+  }
+
+ private:
+  static void check_leaf_shape(const Shape& shape, const char* op, const char* what) {
+    if (shape.rows <= 0 || shape.cols <= 0)
+      throw shape_error(std::string(op) + ": empty " + what + " " + to_string(shape) +
+                        "; every tensor needs at least one row and one column");
+  }
+
+  Node<T>& new_leaf(const Shape& shape, bool variable) {
+    graph_.nodes.emplace_back();
+    Node<T>& n = graph_.nodes.back();
+    n.shape = shape;
+    n.is_variable = n.requires_grad = variable;
+    n.region = graph_.open.empty() ? -1 : graph_.open.back();
+    n.handles = 1;
+    return n;
+  }
+
+  /// Bit d set: the open region at depth d does not save this op's output. May throw (a user policy).
+  std::uint64_t policy_decisions(const Node<T>& n) const {
+    const OpInfo info = op_info(n);
+    std::uint64_t mask = 0;
+    for (std::int32_t rid : graph_.open) {
+      const Region& r = graph_.region(rid);
+      if (!r.policy(r.policy_object, info)) mask |= std::uint64_t{1} << r.depth;
+    }
+    return mask;
+  }
+
+  /// After a successful forward: what the op's backward will read, and the pending holds. Never throws.
+  void commit(std::int32_t id) noexcept {
+    Node<T>& n = graph_[id];
+    n.level = static_cast<std::int8_t>(level_of(n.drop_mask));
+    GradInputs grad_inputs = 0;
+    for (int k = 0; k < n.arity; ++k)
+      if (graph_[n.inputs[k]].requires_grad) grad_inputs |= 1u << k;
+    n.requires_grad = grad_inputs != 0;
+    n.reads = static_cast<std::uint8_t>(n.requires_grad ? n.op->reads(grad_inputs) : 0u);
+    for (int k = 0; k < n.arity; ++k)
+      if (n.reads & reads_input(k)) lifetime_.add_backward_read(n.inputs[k]);
+    if (n.reads & reads_output) lifetime_.add_backward_read(id);
+    n.extra_read = (n.reads & reads_extra) != 0;
+    // A level-0 input of an op some region may replay may become a source of that replay; which ones,
+    // the regions say when they close.
+    if (n.level > 0)
+      for (int k = 0; k < n.arity; ++k)
+        if (graph_[n.inputs[k]].level == 0) lifetime_.hold_pending(n.inputs[k]);
+    n.handles = 1;
+    lifetime_.settle(id);  // an extra no backward reads goes now
+  }
+
+  void finish(Region& r) noexcept {
+    graph_.open.pop_back();
+    r.open = false;
+    r.end = graph_.size();
+    r.policy = nullptr;
+    r.policy_object = nullptr;
+    r.replays = false;
+    r.sources_begin = r.sources_end = static_cast<std::int32_t>(graph_.region_sources.size());
+  }
+
+  /// Holds every value the replay of r reads that it does not compute (capacity reserved). Never throws.
+  void hold_sources(Region& r) noexcept {
+    if (++stamp_ == 0) ++stamp_;
+    r.sources_begin = static_cast<std::int32_t>(graph_.region_sources.size());
+    for (std::int32_t m : members_) {
+      const Node<T>& n = graph_[m];
+      for (int k = 0; k < n.arity; ++k) {
+        Node<T>& w = graph_[n.inputs[k]];
+        if (w.level >= r.depth || w.mark == stamp_) continue;
+        w.mark = stamp_;
+        lifetime_.add_replay_read(n.inputs[k]);
+        graph_.region_sources.push_back(n.inputs[k]);
+      }
+    }
+    r.sources_end = static_cast<std::int32_t>(graph_.region_sources.size());
+  }
+
+  /// A value computed inside a closed region may be used outside it only if the region returned it.
+  void check_not_escaped(const char* op, std::int32_t id) const {
+    const Node<T>& n = graph_[id];
+    for (std::int32_t r = n.region; r != -1 && !graph_.region(r).open; r = graph_.region(r).parent) {
+      if (!(n.output_mask & (std::uint64_t{1} << graph_.region(r).depth)))
+        throw tape_error(std::string(op) + ": its input (node #" + std::to_string(id) + ", " + graph_.node_name(id) +
+                         " " + to_string(n.shape) +
+                         ") was computed inside a checkpointed function that did not return it; return every "
+                         "value used outside the function from it");
+    }
+  }
+
+  Graph<T>& graph_;
+  Buffers<T>& buffers_;
+  Lifetime<T>& lifetime_;
+  std::vector<std::int32_t> members_, uses_;  // scratch of close_region
+  std::uint32_t stamp_ = 0;
+};
+
+}  // namespace remat::detail

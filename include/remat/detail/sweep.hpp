@@ -1,0 +1,308 @@
+// The backward sweep: one reverse pass over the nodes, replaying each checkpoint region as the sweep
+// enters it and releasing what it read as it goes.
+//
+// Strong exception safety: before changing anything, the sweep runs once as a dry run (same code, kernels
+// skipped, buffers only counted) to learn how many buffers of each size it will need, and makes the pool
+// hold them. The real pass then never reaches the system allocator and cannot throw, so a std::bad_alloc
+// from a backward leaves the tape exactly as it was.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cassert>
+#include <cstdint>
+#include <vector>
+
+#include "remat/detail/buffers.hpp"
+#include "remat/detail/contexts.hpp"
+#include "remat/detail/lifetime.hpp"
+#include "remat/detail/node.hpp"
+#include "remat/detail/replay_plan.hpp"
+#include "remat/errors.hpp"
+
+namespace remat::detail {
+
+/// How a sweep treats what it computes.
+struct SweepMode {
+  bool retain_graph = false;  ///< keep every residual and hold, so another backward can run
+  bool accumulate = true;     ///< add into variables' gradients (backward); false for gradient()
+};
+
+template <class T>
+class Sweep {
+ public:
+  Sweep(Graph<T>& graph, Buffers<T>& buffers, Lifetime<T>& lifetime)
+      : graph_(graph), buffers_(buffers), lifetime_(lifetime) {}
+
+  /// Per node, filled by the caller before run(): wanted = its gradient is asked for (a gradient flows
+  /// into it); keep = its gradient outlives the sweep (gradient() targets; tape variables in backward()).
+  std::vector<std::uint8_t> wanted, keep;
+
+  /// Sweeps from `loss`. Throws std::bad_alloc (or shape_error for a Parameter gradient of the wrong size)
+  /// before changing anything; cannot fail once it starts changing the tape.
+  void run(std::int32_t loss, SweepMode mode) {
+    prepare();
+    simulate(loss, mode);
+    buffers_.reserve_simulated();
+    pass(loss, mode);
+  }
+
+  /// After a run with mode.accumulate == false: frees the kept gradients and puts back the variables'
+  /// accumulated gradients set aside for it. Never throws.
+  void finish_gradient() noexcept {
+    for (std::int32_t i = 0; i < graph_.size(); ++i)
+      if (keep[static_cast<std::size_t>(i)]) free_grad(graph_[i]);
+    for (const Stashed& s : stash_) {
+      Node<T>& n = graph_[s.id];
+      n.grad = s.grad;
+      n.grad_assigned = s.assigned;
+    }
+    stash_.clear();
+  }
+
+  std::size_t replayed_bytes() const { return replayed_bytes_; }
+  std::size_t replayed_ops() const { return replayed_ops_; }
+  /// The peak live bytes the last run's dry run predicted (equal to what the real pass reached).
+  std::size_t predicted_peak_bytes() const { return predicted_peak_; }
+
+ private:
+  struct Stashed {
+    std::int32_t id;
+    T* grad;
+    bool assigned;
+  };
+  struct Snapshot {
+    T *value, *extra, *grad;
+    std::int32_t backward_reads, replay_reads;
+    bool grad_assigned, extra_read;
+  };
+
+  /// Everything that may allocate or throw, before the tape changes.
+  void prepare() {
+    const auto count = static_cast<std::size_t>(graph_.size());
+    entering_.clear();
+    leaving_.clear();
+    entering_.reserve(graph_.regions.size());
+    leaving_.reserve(graph_.regions.size());
+    std::size_t longest = 0, variables = 0;
+    for (std::int32_t r = 0; r < static_cast<std::int32_t>(graph_.regions.size()); ++r) {
+      const Region& region = graph_.region(r);
+      if (region.end <= region.begin) continue;
+      entering_.push_back(r);
+      leaving_.push_back(r);
+      longest = std::max(longest, static_cast<std::size_t>(region.end - region.begin));
+    }
+    std::sort(entering_.begin(), entering_.end(), [&](std::int32_t a, std::int32_t b) {
+      const Region &ra = graph_.region(a), &rb = graph_.region(b);
+      return ra.end != rb.end ? ra.end > rb.end : ra.depth < rb.depth;
+    });
+    std::sort(leaving_.begin(), leaving_.end(), [&](std::int32_t a, std::int32_t b) {
+      const Region &ra = graph_.region(a), &rb = graph_.region(b);
+      return ra.begin != rb.begin ? ra.begin > rb.begin : ra.depth > rb.depth;
+    });
+    members_.reserve(longest);
+    uses_.reserve(longest);
+    snapshot_.resize(count);
+    for (std::int32_t i = 0; i < graph_.size(); ++i) {
+      const Node<T>& n = graph_[i];
+      buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
+      if (n.extra_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.extra_shape.size()));
+      if (n.is_variable) ++variables;
+      if (n.parameter && n.parameter->grad_defined && n.parameter->grad_size != n.shape.size())
+        throw shape_error("backward: the gradient of the Parameter recorded as node #" + std::to_string(i) + " has " +
+                          std::to_string(n.parameter->grad_size) + " elements but its value is " + to_string(n.shape) +
+                          "; call zero_grad() after resizing a parameter");
+    }
+    stash_.reserve(variables);
+  }
+
+  /// The dry run: the same pass with kernels skipped and buffers counted, then everything put back.
+  void simulate(std::int32_t loss, SweepMode mode) noexcept {
+    for (std::int32_t i = 0; i < graph_.size(); ++i) {
+      const Node<T>& n = graph_[i];
+      snapshot_[static_cast<std::size_t>(i)] = {n.value,        n.extra,         n.grad,      n.backward_reads,
+                                                n.replay_reads, n.grad_assigned, n.extra_read};
+    }
+    simulation_ = next_simulation_serial();
+    buffers_.begin_simulation();
+    pass(loss, mode);
+    predicted_peak_ = buffers_.end_simulation();
+    simulation_ = 0;
+    for (std::int32_t i = 0; i < graph_.size(); ++i) {
+      Node<T>& n = graph_[i];
+      const Snapshot& s = snapshot_[static_cast<std::size_t>(i)];
+      n.value = s.value;
+      n.extra = s.extra;
+      n.grad = s.grad;
+      n.backward_reads = s.backward_reads;
+      n.replay_reads = s.replay_reads;
+      n.grad_assigned = s.grad_assigned;
+      n.extra_read = s.extra_read;
+    }
+    stash_.clear();
+  }
+
+  static std::uint64_t next_simulation_serial() {
+    static std::atomic<std::uint64_t> serial{0};
+    return ++serial;
+  }
+  bool simulating() const { return simulation_ != 0; }
+
+  void pass(std::int32_t loss, SweepMode mode) noexcept {
+    replayed_bytes_ = 0;
+    replayed_ops_ = 0;
+    if (!mode.accumulate) set_aside_accumulated_gradients();
+    seed(loss);
+    auto enter = entering_.begin();
+    auto leave = leaving_.begin();
+    lifetime_.set_level(0);
+    for (std::int32_t i = graph_.size() - 1; i >= 0; --i) {
+      for (; enter != entering_.end() && graph_.region(*enter).end - 1 == i; ++enter) {
+        const Region& r = graph_.region(*enter);
+        lifetime_.set_level(r.depth);
+        if (r.replays && receives_gradient(r)) replay(r);
+      }
+      if (graph_[i].is_leaf())
+        finish_leaf(i, mode);
+      else
+        sweep_op(i, mode);
+      for (; leave != leaving_.end() && graph_.region(*leave).begin == i; ++leave) leave_region(*leave, mode);
+    }
+    lifetime_.set_level(0);
+  }
+
+  void set_aside_accumulated_gradients() noexcept {
+    for (std::int32_t i = 0; i < graph_.size(); ++i) {
+      Node<T>& n = graph_[i];
+      if (!n.is_variable || !n.grad) continue;
+      stash_.push_back({i, n.grad, n.grad_assigned});  // capacity reserved
+      n.grad = nullptr;
+      n.grad_assigned = false;
+    }
+  }
+
+  void seed(std::int32_t loss) noexcept {
+    Node<T>& l = graph_[loss];
+    if (!l.grad) l.grad = buffers_.allocate(l.shape);
+    if (!simulating()) l.grad[0] = l.grad_assigned ? l.grad[0] + T(1) : T(1);
+    l.grad_assigned = true;
+  }
+
+  bool receives_gradient(const Region& r) const {
+    for (std::int32_t i = r.begin; i < r.end; ++i)
+      if (graph_[i].grad && wanted[static_cast<std::size_t>(i)]) return true;
+    return false;
+  }
+
+  /// Regenerates the values of region r that are needed at its level and missing, by re-running the
+  /// recorded ops (never the user's function); transients go after their last use.
+  void replay(const Region& r) noexcept {
+    uses_.assign(static_cast<std::size_t>(r.end - r.begin), 0);  // within capacity
+    plan_replay(graph_, r, PresentNow{}, members_, uses_);
+    for (std::int32_t u : members_) {
+      Node<T>& n = graph_[u];
+      if (!n.value) n.value = buffers_.allocate(n.shape);
+      if (n.extra_shape.size() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
+      if (!simulating()) n.op->forward(ForwardContext<T>{graph_, n});
+      replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
+      ++replayed_ops_;
+      for (int k = 0; k < n.arity; ++k) {
+        const std::int32_t w = n.inputs[k];
+        if (w < r.begin) continue;
+        std::int32_t& left = uses_[static_cast<std::size_t>(w - r.begin)];
+        if (left > 0 && --left == 0) lifetime_.settle(w);
+      }
+      if (uses_[static_cast<std::size_t>(u - r.begin)] == 0) lifetime_.settle(u);
+    }
+  }
+
+  void sweep_op(std::int32_t i, SweepMode mode) noexcept {
+    Node<T>& n = graph_[i];
+    if (n.grad && wanted[static_cast<std::size_t>(i)]) {
+      assert(residuals_present(n) && "a residual was freed before its backward ran");
+      for (int k = 0; k < n.arity; ++k) {
+        Node<T>& in = graph_[n.inputs[k]];
+        if (wanted[static_cast<std::size_t>(n.inputs[k])] && !in.grad) in.grad = buffers_.allocate(in.shape);
+      }
+      if (!simulating()) n.op->backward(BackwardContext<T>{graph_, n, wanted.data()});
+    }
+    if (!keep[static_cast<std::size_t>(i)]) free_grad(n);
+    if (mode.retain_graph || !n.requires_grad) return;
+    for (int k = 0; k < n.arity; ++k)
+      if (n.reads & reads_input(k)) lifetime_.release_backward_read(n.inputs[k]);
+    if (n.reads & reads_output) lifetime_.release_backward_read(i);
+    if (n.extra_read) lifetime_.release_extra_read(i);
+  }
+
+  bool residuals_present(const Node<T>& n) const {
+    for (int k = 0; k < n.arity; ++k)
+      if ((n.reads & reads_input(k)) && !graph_[n.inputs[k]].value) return false;
+    if ((n.reads & reads_output) && !n.value) return false;
+    return !(n.reads & reads_extra) || n.extra;
+  }
+
+  void finish_leaf(std::int32_t i, SweepMode mode) noexcept {
+    Node<T>& n = graph_[i];
+    if (!n.grad) return;
+    if (n.parameter && mode.accumulate)
+      add_to_parameter(n);
+    else if (!keep[static_cast<std::size_t>(i)])
+      free_grad(n);  // e.g. a constant used as the loss got the seed gradient
+  }
+
+  /// The Parameter's gradient += this node's. The first contribution since zero_grad() hands the tape's
+  /// buffer over to the Parameter (no copy) and takes the Parameter's previous buffer into the pool.
+  void add_to_parameter(Node<T>& n) noexcept {
+    ParameterStorage<T>& s = *n.parameter;
+    const bool defined = s.grad_defined || (simulating() && s.simulated_sweep == simulation_);
+    if (defined) {
+      if (!simulating())
+        Eigen::Map<Matrix<T>>(s.grad, n.shape.rows, n.shape.cols) +=
+            ConstAlignedMap<T>(n.grad, n.shape.rows, n.shape.cols);
+      free_grad(n);
+      return;
+    }
+    T* previous = s.grad && s.grad_size == n.shape.size() ? s.grad : nullptr;
+    if (simulating()) {
+      buffers_.hand_over(n.grad, n.shape, previous);
+      s.simulated_sweep = simulation_;
+    } else {
+      if (s.grad && !previous) Eigen::internal::aligned_free(s.grad);
+      s.grad = n.grad;
+      s.grad_size = n.shape.size();
+      s.grad_defined = true;
+      buffers_.hand_over(n.grad, n.shape, previous);
+    }
+    n.grad_assigned = false;
+  }
+
+  void leave_region(std::int32_t rid, SweepMode mode) noexcept {
+    const Region& r = graph_.region(rid);
+    if (!mode.retain_graph)
+      for (std::int32_t k = r.sources_begin; k < r.sources_end; ++k)
+        lifetime_.release_replay_read(graph_.region_sources[static_cast<std::size_t>(k)]);
+    lifetime_.set_level(r.depth - 1);
+    // With retain_graph the holds stay; what this region's replay regenerated goes now all the same.
+    if (mode.retain_graph)
+      for (std::int32_t i = r.begin; i < r.end; ++i)
+        if (graph_[i].level >= r.depth) lifetime_.settle(i);
+  }
+
+  void free_grad(Node<T>& n) noexcept {
+    buffers_.free(n.grad, n.shape);
+    n.grad_assigned = false;
+  }
+
+  Graph<T>& graph_;
+  Buffers<T>& buffers_;
+  Lifetime<T>& lifetime_;
+  std::vector<std::int32_t> entering_, leaving_;  // regions by the order the sweep enters / leaves them
+  std::vector<std::int32_t> members_, uses_;      // replay scratch
+  std::vector<Snapshot> snapshot_;
+  std::vector<Stashed> stash_;
+  std::uint64_t simulation_ = 0;  // serial of the running dry run, 0 outside one
+  std::size_t replayed_bytes_ = 0, replayed_ops_ = 0;
+  std::size_t predicted_peak_ = 0;
+};
+
+}  // namespace remat::detail

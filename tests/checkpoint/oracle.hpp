@@ -1,0 +1,344 @@
+// An oracle for the values a tape keeps after the forward pass and the ops a backward replays, computed
+// from the STRUCTURE of a recorded graph alone, following docs/design.md §2 ("the spec":
+// §2.1 backward reads, §2.2 residence levels, §2.3 replay plans and stored values, §2.5 byte counts). It knows nothing
+// of remat: no remat header, no remat type, no call into the tape. The test that uses it (oracle_property_test.cpp)
+// describes each graph it records in a Graph and compares tape.memory() with compute(graph).
+//
+// What a Graph says, per node: the op name (as in the spec's table), which inputs it reads, its output
+// and extra shapes, whether it is a leaf and of which kind, its innermost region, and the decision of
+// every enclosing region's policy (evaluated by the caller: the policies of docs/checkpointing.md §4). Per region: its
+// parent and the node ids its function returned. Plus the loss. Everything else (requires-grad, residence levels, what
+// is read, replay sets) is derived here.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <initializer_list>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace remat_oracle {
+
+enum class Leaf { none, constant, variable, parameter };  // none = an op node
+
+struct Node {
+  std::string op;                       // op name, e.g. "tanh", "matmul" (ignored for leaves)
+  std::string tag;                      // checkpoint_name tag, for printing only
+  Leaf leaf = Leaf::none;               // constant / tape variable / Parameter for leaves
+  std::vector<int> inputs;              // ids of earlier nodes (at most 3)
+  long rows = 0, cols = 0;              // output shape
+  long extra_rows = 0, extra_cols = 0;  // the op's extra buffer; 0 x 0 = none
+  int region = -1;                      // innermost enclosing region, -1 = outside every region
+  std::vector<bool> saved_by;           // op nodes: saved_by[d-1] = the policy of the enclosing region at
+                                        // depth d says "may save" (one entry per enclosing region)
+};
+
+struct Region {
+  int parent = -1;           // enclosing region (an earlier index), -1 = top level
+  std::vector<int> outputs;  // node ids the region's function returned
+  std::string label;         // e.g. the policy, for printing only
+};
+
+struct Graph {
+  std::vector<Node> nodes;      // in recording order
+  std::vector<Region> regions;  // in opening order (a parent before its children)
+  int loss = -1;
+  std::size_t scalar_bytes = sizeof(float);
+};
+
+/// What the backward of one op node reads (spec §2.1).
+struct Reads {
+  bool input[3] = {false, false, false};
+  bool output = false;
+  bool extra = false;
+};
+
+/// Spec §2.1, the table, row by row. r0, r1, r2: whether input 0, 1, 2 requires grad. Only called
+/// for nodes that require grad ("an op whose node does not require grad reads nothing").
+inline Reads backward_reads(const std::string& op, bool r0, bool r1, bool r2) {
+  (void)r2;  // no row of the table depends on r2 (linear's and layer_norm's bias)
+  Reads r;
+  auto is = [&](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (op == n) return true;
+    return false;
+  };
+  if (is({"abs", "cos", "sin", "log", "gelu", "softplus", "square", "pow"})) {
+    r.input[0] = r0;
+  } else if (is({"exp", "relu", "sigmoid", "sqrt", "tanh", "softmax", "log_softmax"})) {
+    r.output = r0;
+  } else if (is({"scalar_divide"})) {
+    r.input[0] = r.output = r0;
+  } else if (is({"neg", "affine", "checkpoint_name", "sum", "mean", "sum_rows", "add", "subtract", "dropout"})) {
+    // nothing
+  } else if (is({"multiply"})) {
+    r.input[0] = r1;
+    r.input[1] = r0;
+  } else if (is({"divide"})) {
+    r.input[1] = r0 || r1;
+    r.input[0] = r1;
+  } else if (is({"matmul"})) {
+    r.input[0] = r1;
+    r.input[1] = r0;
+  } else if (is({"linear"})) {
+    r.input[0] = r1;
+    r.input[1] = r0;
+  } else if (is({"mse_loss"})) {
+    r.input[0] = r.input[1] = r0 || r1;
+  } else if (is({"layer_norm"})) {
+    r.input[0] = r0 || r1;
+    r.input[1] = r0;
+    r.extra = r0 || r1;
+  } else if (is({"cross_entropy"})) {
+    r.extra = r0;
+  } else {
+    throw std::invalid_argument("oracle: op '" + op + "' is not in the spec's table (§2.1)");
+  }
+  return r;
+}
+
+/// The oracle's answer for one region.
+struct RegionResult {
+  int depth = 0;
+  std::vector<int> value_targets;  // §2.3 targets: values needed at this region's level
+  std::vector<int> extra_targets;  // §2.3 extra targets: nodes whose extra is needed at this level
+  std::vector<int> members;        // §2.3 replay: ops the replay re-runs, in forward order
+  std::vector<int> sources;        // §2.3 replay: inputs of members kept at an outer level
+  bool receives_gradient = false;  // §2.3 replay
+  bool replays = false;            // §2.3 replay: has members and receives a gradient
+};
+
+struct Result {
+  std::vector<bool> requires_grad;  // per node (Terms)
+  std::vector<int> level;           // per node: L(v) (§2.2)
+  std::vector<int> saved_values;    // §2.3 stored values
+  std::vector<int> saved_extras;    // §2.3 stored values (node ids whose extra is saved)
+  std::size_t saved_bytes = 0;      // §2.3 stored values
+  std::vector<RegionResult> regions;
+  std::size_t replayed_ops = 0;    // §2.5
+  std::size_t replayed_bytes = 0;  // §2.5
+};
+
+inline Result compute(const Graph& g) {
+  const int n = static_cast<int>(g.nodes.size());
+  const int regions = static_cast<int>(g.regions.size());
+  Result res;
+  auto fail = [](const std::string& what) { throw std::invalid_argument("oracle: malformed graph: " + what); };
+  if (g.loss < 0 || g.loss >= n) fail("no loss node");
+
+  // Region depths (depth 1 = outermost) and membership: `inside(v, r)` = v was recorded while r was open.
+  std::vector<int> depth(static_cast<std::size_t>(regions));
+  for (int r = 0; r < regions; ++r) {
+    const int p = g.regions[static_cast<std::size_t>(r)].parent;
+    if (p >= r) fail("region " + std::to_string(r) + " opened before its parent");
+    depth[static_cast<std::size_t>(r)] = p < 0 ? 1 : depth[static_cast<std::size_t>(p)] + 1;
+  }
+  auto inside = [&](int v, int r) {
+    for (int q = g.nodes[static_cast<std::size_t>(v)].region; q >= 0; q = g.regions[static_cast<std::size_t>(q)].parent)
+      if (q == r) return true;
+    return false;
+  };
+  auto node = [&](int v) -> const Node& { return g.nodes[static_cast<std::size_t>(v)]; };
+  auto is_op = [&](int v) { return node(v).leaf == Leaf::none; };
+
+  // Terms: a node requires grad iff it is a variable (tape variable or Parameter) or some input does.
+  res.requires_grad.assign(static_cast<std::size_t>(n), false);
+  for (int v = 0; v < n; ++v) {
+    const Node& x = node(v);
+    if (!is_op(v)) {
+      if (!x.inputs.empty()) fail("leaf #" + std::to_string(v) + " has inputs");
+      res.requires_grad[static_cast<std::size_t>(v)] = x.leaf == Leaf::variable || x.leaf == Leaf::parameter;
+      continue;
+    }
+    if (x.inputs.empty() || x.inputs.size() > 3) fail("op #" + std::to_string(v) + " has no or more than 3 inputs");
+    for (int w : x.inputs) {
+      if (w < 0 || w >= v) fail("op #" + std::to_string(v) + " reads a later node");
+      if (res.requires_grad[static_cast<std::size_t>(w)]) res.requires_grad[static_cast<std::size_t>(v)] = true;
+    }
+  }
+  auto rg = [&](int v) { return static_cast<bool>(res.requires_grad[static_cast<std::size_t>(v)]); };
+
+  // Section 2: L(v) = depth of the deepest enclosing region whose policy drops v; returning v from a region
+  // clears that region's depth; leaves are never dropped. An extra has its node's level.
+  res.level.assign(static_cast<std::size_t>(n), 0);
+  for (int v = 0; v < n; ++v) {
+    const Node& x = node(v);
+    const std::size_t enclosing =
+        x.region < 0 ? 0 : static_cast<std::size_t>(depth[static_cast<std::size_t>(x.region)]);
+    if (!is_op(v)) continue;
+    if (x.saved_by.size() != enclosing)
+      fail("op #" + std::to_string(v) + " has " + std::to_string(x.saved_by.size()) + " policy decisions for " +
+           std::to_string(enclosing) + " enclosing regions");
+    for (int q = x.region; q >= 0; q = g.regions[static_cast<std::size_t>(q)].parent) {
+      const int d = depth[static_cast<std::size_t>(q)];
+      const auto& outs = g.regions[static_cast<std::size_t>(q)].outputs;
+      const bool returned = std::find(outs.begin(), outs.end(), v) != outs.end();
+      if (!x.saved_by[static_cast<std::size_t>(d - 1)] && !returned)
+        res.level[static_cast<std::size_t>(v)] = std::max(res.level[static_cast<std::size_t>(v)], d);
+    }
+  }
+  auto L = [&](int v) { return res.level[static_cast<std::size_t>(v)]; };
+
+  // Section 1: which values (and extras) some backward reads. Static: every node that requires grad.
+  std::vector<bool> value_read(static_cast<std::size_t>(n), false), extra_read(static_cast<std::size_t>(n), false);
+  for (int v = 0; v < n; ++v) {
+    const Node& x = node(v);
+    if (!is_op(v) || !rg(v)) continue;
+    bool r[3] = {false, false, false};
+    for (std::size_t k = 0; k < x.inputs.size(); ++k) r[k] = rg(x.inputs[k]);
+    const Reads reads = backward_reads(x.op, r[0], r[1], r[2]);
+    for (std::size_t k = 0; k < x.inputs.size(); ++k)
+      if (reads.input[k]) value_read[static_cast<std::size_t>(x.inputs[k])] = true;
+    if (reads.output) value_read[static_cast<std::size_t>(v)] = true;
+    if (reads.extra) {
+      if (x.extra_rows * x.extra_cols == 0)
+        fail("op #" + std::to_string(v) + " (" + x.op + ") reads an extra it lacks");
+      extra_read[static_cast<std::size_t>(v)] = true;
+    }
+  }
+
+  // Section 4 ("R receives a gradient"): a node has a gradient when it requires grad and is the loss or an
+  // input of a node that has one (every op's backward passes a gradient to each input that requires grad).
+  std::vector<bool> has_gradient(static_cast<std::size_t>(n), false);
+  has_gradient[static_cast<std::size_t>(g.loss)] = rg(g.loss);
+  for (int v = g.loss; v >= 0; --v)
+    if (has_gradient[static_cast<std::size_t>(v)])
+      for (int w : node(v).inputs)
+        if (rg(w)) has_gradient[static_cast<std::size_t>(w)] = true;
+
+  // Sections 3 and 4, region by region from the deepest outwards (a source found at depth d is needed at a
+  // smaller depth, so it is known before that region is processed).
+  std::vector<bool> source_of_replay(static_cast<std::size_t>(n), false);  // §2.3 sources / stored values
+  std::vector<int> order(static_cast<std::size_t>(regions));
+  for (int r = 0; r < regions; ++r) order[static_cast<std::size_t>(r)] = r;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return depth[static_cast<std::size_t>(a)] > depth[static_cast<std::size_t>(b)];
+  });
+  res.regions.assign(static_cast<std::size_t>(regions), RegionResult{});
+  for (int r : order) {
+    RegionResult& out = res.regions[static_cast<std::size_t>(r)];
+    const int d = depth[static_cast<std::size_t>(r)];
+    out.depth = d;
+    // Section 3: targets = values inside R with L = d that are (a) read by a backward or (b) a source of a
+    // nested region's replay; (c) extras of nodes inside R with L = d whose own backward reads them.
+    std::vector<bool> value_target(static_cast<std::size_t>(n), false), member(static_cast<std::size_t>(n), false);
+    std::vector<int> work;
+    for (int v = 0; v < n; ++v) {
+      if (L(v) != d || !inside(v, r)) continue;
+      if (value_read[static_cast<std::size_t>(v)] || source_of_replay[static_cast<std::size_t>(v)]) {
+        value_target[static_cast<std::size_t>(v)] = true;
+        out.value_targets.push_back(v);
+      }
+      if (extra_read[static_cast<std::size_t>(v)]) out.extra_targets.push_back(v);
+      if (value_target[static_cast<std::size_t>(v)] || extra_read[static_cast<std::size_t>(v)]) {
+        member[static_cast<std::size_t>(v)] = true;  // a target is produced by re-running its op
+        work.push_back(v);
+      }
+    }
+    // Section 4: walk back from the targets. An input w of a member is available if L(w) < d (then it is a
+    // SOURCE, needed at its own level) or w is a target; otherwise it is a member too (a transient).
+    std::vector<bool> source(static_cast<std::size_t>(n), false);
+    while (!work.empty()) {
+      const int m = work.back();
+      work.pop_back();
+      for (int w : node(m).inputs) {
+        if (L(w) < d) {
+          if (!source[static_cast<std::size_t>(w)]) out.sources.push_back(w);
+          source[static_cast<std::size_t>(w)] = true;
+          source_of_replay[static_cast<std::size_t>(w)] = true;
+          // The spec's level L(w) > 0 names a region at depth L(w) enclosing w; it must enclose R too, or
+          // no replay would regenerate w before R's (§2.3 (sources of nested replays) speaks of regions nested inside).
+          if (L(w) > 0) {
+            int q = r;
+            while (q >= 0 && depth[static_cast<std::size_t>(q)] > L(w))
+              q = g.regions[static_cast<std::size_t>(q)].parent;
+            if (q < 0 || !inside(w, q))
+              fail("source #" + std::to_string(w) + " of region " + std::to_string(r) +
+                   " is kept by no region enclosing it");
+          }
+        } else if (!value_target[static_cast<std::size_t>(w)] && !member[static_cast<std::size_t>(w)]) {
+          if (!is_op(w) || !inside(w, r)) fail("transient #" + std::to_string(w) + " is not an op of the region");
+          member[static_cast<std::size_t>(w)] = true;
+          work.push_back(w);
+        }
+      }
+    }
+    for (int v = 0; v < n; ++v)
+      if (member[static_cast<std::size_t>(v)]) out.members.push_back(v);  // forward (recording) order
+    std::sort(out.sources.begin(), out.sources.end());
+    // Section 4: a replay runs only if R has members and receives a gradient (some node of R has one).
+    for (int v = 0; v < n && !out.receives_gradient; ++v)
+      out.receives_gradient = inside(v, r) && has_gradient[static_cast<std::size_t>(v)];
+    out.replays = !out.members.empty() && out.receives_gradient;
+  }
+
+  // Section 6: replayed_ops = ops re-run by the replays of this backward; replayed_bytes = their output
+  // plus extra bytes.
+  for (const RegionResult& rr : res.regions) {
+    if (!rr.replays) continue;
+    for (int m : rr.members) {
+      const Node& x = node(m);
+      ++res.replayed_ops;
+      res.replayed_bytes += static_cast<std::size_t>(x.rows * x.cols + x.extra_rows * x.extra_cols) * g.scalar_bytes;
+    }
+  }
+
+  // Section 5: after the forward pass the tape keeps the values with L = 0 that a backward reads or that are
+  // sources of some replay, and the extras of L = 0 nodes whose own backward reads them. Parameters: 0 bytes.
+  for (int v = 0; v < n; ++v) {
+    const Node& x = node(v);
+    if (L(v) != 0) continue;
+    if (value_read[static_cast<std::size_t>(v)] || source_of_replay[static_cast<std::size_t>(v)]) {
+      res.saved_values.push_back(v);
+      if (x.leaf != Leaf::parameter) res.saved_bytes += static_cast<std::size_t>(x.rows * x.cols) * g.scalar_bytes;
+    }
+    if (extra_read[static_cast<std::size_t>(v)]) {
+      res.saved_extras.push_back(v);
+      res.saved_bytes += static_cast<std::size_t>(x.extra_rows * x.extra_cols) * g.scalar_bytes;
+    }
+  }
+  return res;
+}
+
+/// The graph and the oracle's sets as text, for a failure report.
+inline std::string describe(const Graph& g, const Result& r) {
+  std::ostringstream os;
+  auto list = [&](const std::vector<int>& ids) {
+    std::string s;
+    for (int v : ids) s += (s.empty() ? "#" : " #") + std::to_string(v);
+    return s.empty() ? std::string("-") : s;
+  };
+  const char* leaf_names[] = {"op", "constant", "variable", "parameter"};
+  os << "  (saved_by: the policy decision of each enclosing region, outermost first, S = may save, d = drops;"
+        " rg = requires grad; L = residence level)\n";
+  for (std::size_t v = 0; v < g.nodes.size(); ++v) {
+    const Node& x = g.nodes[v];
+    os << "  #" << v << " = " << (x.leaf == Leaf::none ? x.op : leaf_names[static_cast<int>(x.leaf)]);
+    if (!x.inputs.empty()) os << "(" << list(x.inputs) << ")";
+    if (!x.tag.empty()) os << " '" << x.tag << "'";
+    os << " [" << x.rows << "," << x.cols << "]";
+    if (x.extra_rows * x.extra_cols > 0) os << " extra [" << x.extra_rows << "," << x.extra_cols << "]";
+    if (x.region >= 0) os << " region " << x.region;
+    if (!x.saved_by.empty()) {
+      os << " saved_by ";
+      for (bool s : x.saved_by) os << (s ? 'S' : 'd');
+    }
+    os << (r.requires_grad[v] ? " rg" : "") << " L=" << r.level[v] << (static_cast<int>(v) == g.loss ? "  <- loss" : "")
+       << "\n";
+  }
+  for (std::size_t q = 0; q < g.regions.size(); ++q) {
+    const Region& reg = g.regions[q];
+    const RegionResult& rr = r.regions[q];
+    os << "  region " << q << " (depth " << rr.depth << ", parent " << reg.parent << ", " << reg.label << ") outputs "
+       << list(reg.outputs) << ": targets " << list(rr.value_targets) << ", extra targets " << list(rr.extra_targets)
+       << ", members " << list(rr.members) << ", sources " << list(rr.sources)
+       << (rr.receives_gradient ? ", receives a gradient" : ", no gradient") << (rr.replays ? ", REPLAYS" : "") << "\n";
+  }
+  os << "  oracle: saved values " << list(r.saved_values) << ", saved extras " << list(r.saved_extras) << " = "
+     << r.saved_bytes << " B; replayed " << r.replayed_ops << " ops / " << r.replayed_bytes << " B\n";
+  return os.str();
+}
+
+}  // namespace remat_oracle
