@@ -45,6 +45,21 @@ struct Sequential {
   }
 };
 
+/// checkpoint_sequential with 4 segments of L/4 layers, `Policy` inside each (PyTorch semantics: the last
+/// segment is not checkpointed): multi-layer regions, where a policy decides what the replay recomputes.
+template <class Policy>
+struct Segments4 {
+  static constexpr const char* name = std::is_same_v<Policy, remat::policies::NothingSaveable>
+                                          ? "segments4_nothing_saveable"
+                                          : "segments4_dots_saveable";
+  template <class Layers, class V>
+  static V run(const Layers& layers, V h) {
+    return remat::checkpoint_sequential(layers, 4, h, Policy{});
+  }
+};
+using Segments4NothingSaveable = Segments4<remat::policies::NothingSaveable>;
+using Segments4DotsSaveable = Segments4<remat::policies::DotsSaveable>;
+
 /// What an instrumented step measured (tape figures; see remat::MemoryStats).
 struct StepMemory {
   double saved_bytes = 0, peak_bytes = 0, replayed_bytes = 0;

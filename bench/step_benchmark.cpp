@@ -67,13 +67,14 @@ struct Remat {
   };
 };
 
-/// Hand-written backprop; Segmented: checkpointed segments of round(√L) are recomputed by hand.
-template <bool Segmented>
+/// Hand-written backprop; Segments > 1: that many segments (0: round(√L)), all but the last recomputed by
+/// hand before their backward (PyTorch's checkpoint_sequential semantics).
+template <int Segments>
 struct HandWrittenImpl {
   template <class W>
   struct Model {
     explicit Model(const Data& data)
-        : chain(data, W::shape, Segmented ? sqrt_segments(chain_length<W>()) : 1) {}
+        : chain(data, W::shape, Segments == 0 ? sqrt_segments(chain_length<W>()) : Segments) {}
     float step() { return chain.step(); }
     StepMemory memory() {
       chain.step();
@@ -83,8 +84,9 @@ struct HandWrittenImpl {
     HandChain<HandModel<W>> chain;
   };
 };
-using HandWritten = HandWrittenImpl<false>;
-using HandWrittenSequential = HandWrittenImpl<true>;
+using HandWritten = HandWrittenImpl<1>;
+using HandWrittenSequential = HandWrittenImpl<0>;
+using HandWrittenSegments4 = HandWrittenImpl<4>;
 
 #ifdef REMAT_BENCH_LIBTORCH
 struct LibTorch {
@@ -162,7 +164,8 @@ void Step(benchmark::State& state) {
   if (memory.replayed_bytes >= 0) state.counters["replayed_bytes"] = memory.replayed_bytes;
   // The gradients of the last timed step, checked once per thread count.
   auto checked = fixture->error.find(threads);
-  if (checked == fixture->error.end()) checked = fixture->error.emplace(threads, gradient_error<W>(model.gradients())).first;
+  if (checked == fixture->error.end())
+    checked = fixture->error.emplace(threads, gradient_error<W>(model.gradients())).first;
   const double error = checked->second;
   state.counters["gradient_error"] = error;
   if (!(error < 1e-3)) state.SkipWithError("gradients differ from the hand-written reference");
@@ -177,25 +180,34 @@ using RematNothingSaveable = Remat<NothingSaveable>;
 using RematDotsSaveable = Remat<DotsSaveable>;
 using RematEverythingSaveable = Remat<EverythingSaveable>;
 using RematSequential = Remat<Sequential>;
+using RematSegments4NothingSaveable = Remat<Segments4NothingSaveable>;
+using RematSegments4DotsSaveable = Remat<Segments4DotsSaveable>;
+
+/// Multi-layer regions (4 segments), where the policy decides what the replay recomputes; for chains of
+/// at least 8 layers, so each segment holds several.
+#define BENCH_SEGMENTS(W)                                                       \
+  BENCHMARK_TEMPLATE(Step, W, HandWrittenSegments4)->Apply(configure);          \
+  BENCHMARK_TEMPLATE(Step, W, RematSegments4NothingSaveable)->Apply(configure); \
+  BENCHMARK_TEMPLATE(Step, W, RematSegments4DotsSaveable)->Apply(configure)
 
 #ifdef REMAT_BENCH_LIBTORCH
-#define BENCH_WORKLOAD(W)                                                   \
-  BENCHMARK_TEMPLATE(Step, W, HandWritten)->Apply(configure);              \
-  BENCHMARK_TEMPLATE(Step, W, LibTorch)->Apply(configure);                 \
-  BENCHMARK_TEMPLATE(Step, W, RematPlain)->Apply(configure);               \
-  BENCHMARK_TEMPLATE(Step, W, RematNothingSaveable)->Apply(configure);     \
-  BENCHMARK_TEMPLATE(Step, W, RematDotsSaveable)->Apply(configure);        \
-  BENCHMARK_TEMPLATE(Step, W, RematEverythingSaveable)->Apply(configure);  \
-  BENCHMARK_TEMPLATE(Step, W, HandWrittenSequential)->Apply(configure);    \
+#define BENCH_WORKLOAD(W)                                                 \
+  BENCHMARK_TEMPLATE(Step, W, HandWritten)->Apply(configure);             \
+  BENCHMARK_TEMPLATE(Step, W, LibTorch)->Apply(configure);                \
+  BENCHMARK_TEMPLATE(Step, W, RematPlain)->Apply(configure);              \
+  BENCHMARK_TEMPLATE(Step, W, RematNothingSaveable)->Apply(configure);    \
+  BENCHMARK_TEMPLATE(Step, W, RematDotsSaveable)->Apply(configure);       \
+  BENCHMARK_TEMPLATE(Step, W, RematEverythingSaveable)->Apply(configure); \
+  BENCHMARK_TEMPLATE(Step, W, HandWrittenSequential)->Apply(configure);   \
   BENCHMARK_TEMPLATE(Step, W, RematSequential)->Apply(configure)
 #else
-#define BENCH_WORKLOAD(W)                                                   \
-  BENCHMARK_TEMPLATE(Step, W, HandWritten)->Apply(configure);              \
-  BENCHMARK_TEMPLATE(Step, W, RematPlain)->Apply(configure);               \
-  BENCHMARK_TEMPLATE(Step, W, RematNothingSaveable)->Apply(configure);     \
-  BENCHMARK_TEMPLATE(Step, W, RematDotsSaveable)->Apply(configure);        \
-  BENCHMARK_TEMPLATE(Step, W, RematEverythingSaveable)->Apply(configure);  \
-  BENCHMARK_TEMPLATE(Step, W, HandWrittenSequential)->Apply(configure);    \
+#define BENCH_WORKLOAD(W)                                                 \
+  BENCHMARK_TEMPLATE(Step, W, HandWritten)->Apply(configure);             \
+  BENCHMARK_TEMPLATE(Step, W, RematPlain)->Apply(configure);              \
+  BENCHMARK_TEMPLATE(Step, W, RematNothingSaveable)->Apply(configure);    \
+  BENCHMARK_TEMPLATE(Step, W, RematDotsSaveable)->Apply(configure);       \
+  BENCHMARK_TEMPLATE(Step, W, RematEverythingSaveable)->Apply(configure); \
+  BENCHMARK_TEMPLATE(Step, W, HandWrittenSequential)->Apply(configure);   \
   BENCHMARK_TEMPLATE(Step, W, RematSequential)->Apply(configure)
 #endif
 
@@ -203,6 +215,9 @@ BENCH_WORKLOAD(W0);
 BENCH_WORKLOAD(W1Small);
 BENCH_WORKLOAD(W1);
 BENCH_WORKLOAD(W2);
+BENCH_SEGMENTS(W0);
+BENCH_SEGMENTS(W1);
+BENCH_SEGMENTS(W2);
 
 /// The shared library that provides `symbol` in this process (which BLAS really runs).
 std::string library_of(const char* symbol) {

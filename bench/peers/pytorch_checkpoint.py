@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """PyTorch peer of bench/step_benchmark: W0, W1, W1-small and W2 (docs/design.md §6) in PyTorch (Debian's
-python3-torch 1.13), plain, with torch.utils.checkpoint per layer (W2: per block) and with
-checkpoint_sequential over round(sqrt(L)) segments. Reports the median step time, the ratio to plain and
-the bytes saved for backward after the forward pass.
+python3-torch 1.13), plain, with torch.utils.checkpoint per layer (W2: per block), with
+checkpoint_sequential over round(sqrt(L)) segments and, for chains of 8 or more, over 4 segments.
+Reports the median step time, the ratio to plain and the bytes saved for backward after the forward pass.
 
 Saved bytes: a saved_tensors_hooks pack hook records every tensor autograd saves outside checkpointed
 functions (checkpoint installs its own hooks inside them, which take precedence), plus the inputs each
@@ -144,11 +144,11 @@ def step(variant, x, labels, layers, head, params, saved=None):
         elif variant == "checkpoint_per_layer":
             for layer in layers:
                 h = run_checkpoint(layer, h)
-        elif variant == "checkpoint_sequential":
+        elif variant in ("checkpoint_sequential", "checkpoint_sequential_4"):
             # 1.13's checkpoint_sequential is reentrant-only: without an input that requires grad the
             # first segment's weights would get no gradient, so x requires grad here (one extra GEMM
             # for dx of the first layer). Its saved_for_backward segment inputs reach our pack hook.
-            segments = round(math.sqrt(len(layers)))
+            segments = 4 if variant == "checkpoint_sequential_4" else round(math.sqrt(len(layers)))
             h = checkpoint_sequential(torch.nn.Sequential(*[Lambda(f) for f in layers]), segments,
                                       x.detach().requires_grad_())
         return F.cross_entropy(head(h), labels)
@@ -184,7 +184,10 @@ def main():
     for name in args.workloads.split(","):
         x, labels, layers, head, params = build(name)
         plain_time = None
-        for variant in ("plain", "checkpoint_per_layer", "checkpoint_sequential"):
+        variants = ["plain", "checkpoint_per_layer", "checkpoint_sequential"]
+        if len(layers) >= 8:
+            variants.append("checkpoint_sequential_4")  # multi-layer regions, as remat's segments4 rows
+        for variant in variants:
             saved = Saved(exclude=params)
             step(variant, x, labels, layers, head, params, saved)
             saved_bytes = saved.total()

@@ -123,6 +123,35 @@ TYPED_TEST(MemoryTest, MatmulKeepsWhatTheGradientsThatAreWantedRead) {
   EXPECT_EQ(saved(false, false), 0u) << "no gradient wanted: nothing read";
 }
 
+// Fine-tuning the last layers of an MLP: layer 1 frozen (its weights are constants), layers 2 and 3 learn.
+// Residuals by need, derived per op (m rows; widths k → n → n → c):
+//   layer 1  h1 = tanh(x·W1 + b1): nothing requires a gradient, so nothing is read;
+//   layer 2  h2 = tanh(linear(h1, W2, b2)): linear reads h1 (for dW2; dh1 is not wanted, so W2 is not read),
+//            tanh reads its output h2;
+//   layer 3  logits = linear(h2, W3, b3): reads h2 (dW3) and W3 (dh2, wanted because W2 learns);
+//   cross_entropy reads its softmax [m,c].
+// The same MLP with every layer learning also keeps x (for dW1) and W2 (for dh1).
+TYPED_TEST(MemoryTest, FrozenLayerMlpKeepsOnlyWhatTheLearningLayersRead) {
+  using T = TypeParam;
+  constexpr remat::Index c = 2;
+  auto saved = [](bool frozen) {
+    Tape<T> tape;
+    auto leaf = [&](const Matrix<T>& v, bool learns) { return learns ? tape.variable(v) : tape.constant(v); };
+    const auto x = tape.constant(remat_test::random_matrix<T>(m, k, 30));
+    const auto W1 = leaf(remat_test::random_matrix<T>(k, n, 31), !frozen), b1 = leaf(Matrix<T>::Zero(1, n), !frozen);
+    const auto W2 = tape.variable(remat_test::random_matrix<T>(n, n, 32)), b2 = tape.variable(Matrix<T>::Zero(1, n));
+    const auto W3 = tape.variable(remat_test::random_matrix<T>(n, c, 33)), b3 = tape.variable(Matrix<T>::Zero(1, c));
+    const auto h1 = remat::tanh(remat::linear(x, W1, b1));
+    const auto h2 = remat::tanh(remat::linear(h1, W2, b2));
+    const auto loss = remat::cross_entropy(remat::linear(h2, W3, b3), {0, 1, 0, 1});
+    return tape.memory().saved_bytes;
+  };
+  EXPECT_EQ(saved(true), bytes<T>(m, n) + bytes<T>(m, n) + bytes<T>(n, c) + bytes<T>(m, c)) << "h1, h2, W3, softmax";
+  EXPECT_EQ(saved(false),
+            bytes<T>(m, k) + bytes<T>(m, n) + bytes<T>(n, n) + bytes<T>(m, n) + bytes<T>(n, c) + bytes<T>(m, c))
+      << "x, h1, W2, h2, W3, softmax (W1 is read only for dx, and x is a constant)";
+}
+
 TYPED_TEST(MemoryTest, CrossEntropyKeepsItsSoftmaxAsExtra) {
   using T = TypeParam;
   Tape<T> tape;
