@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs the whole test suite twice: an optimised build, and an
-# AddressSanitizer + UndefinedBehaviorSanitizer build with assertions on (-g1: line tables only, which keep
-# sanitizer reports readable at a fraction of the compile time of full debug information).
+# AddressSanitizer + UndefinedBehaviorSanitizer build with assertions on. The sanitizer build is compiled at
+# -O0 with line tables (-g1): ASan and UBSan check every access and operation at -O0 as well (none is
+# optimised away), reports keep file and line, and it compiles in well under half the time of -O1 -g1.
+# The two builds share one pool of $(nproc) compile jobs (one make jobserver), so that neither build's last,
+# largest translation unit leaves a core idle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DREMAT_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build build -j"$jobs"
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1" \
   -DREMAT_SANITIZE=ON -DREMAT_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build build-sanitize -j"$jobs"
+make --no-print-directory -j"$jobs" -f - both <<'EOF'
+both: optimised sanitized
+optimised: ; +cmake --build build
+sanitized: ; +cmake --build build-sanitize
+.PHONY: both optimised sanitized
+EOF
 echo "== optimised build =="
 (cd build && ctest --output-on-failure -j"$jobs")
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build =="
