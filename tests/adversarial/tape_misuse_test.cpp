@@ -12,7 +12,8 @@
 
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace tape_misuse_test {
 
 using remat::Matrix;
 using remat::Parameter;
@@ -546,4 +547,4 @@ TEST(Threads, TwoTapesInTwoThreadsGiveIdenticalCheckpointedGradients) {
   EXPECT_TRUE(same_bits(b, c));
 }
 
-}  // namespace
+}  // namespace tape_misuse_test

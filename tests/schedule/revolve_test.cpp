@@ -11,7 +11,8 @@
 #include "remat/remat.hpp"
 #include "remat/schedule/revolve.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace revolve_test {
 
 // tanh that counts its forward evaluations (first sweep and replays alike).
 long tanh_evaluations = 0;
@@ -195,4 +196,4 @@ TEST(Revolve, StepIndexAndEdgeCases) {
   EXPECT_THROW(remat::revolve_recomputations(0, 3), remat::domain_error);
 }
 
-}  // namespace
+}  // namespace revolve_test
