@@ -23,9 +23,14 @@ POLICY_OF = {
     "RematDotsSaveable": "dots_saveable",
     "RematEverythingSaveable": "everything_saveable",
     "RematSequential": "sequential_sqrt",
+    "RematSegments4NothingSaveable": "segments4_nothing_saveable",
+    "RematSegments4DotsSaveable": "segments4_dots_saveable",
 }
-ORDER = ["HandWritten", "HandWrittenSequential", "LibTorch", "RematPlain", "RematNothingSaveable",
-         "RematDotsSaveable", "RematEverythingSaveable", "RematSequential"]
+# The hand-written baseline doing the same recomputation as each remat variant.
+HAND_OF = {"RematSequential": "HandWrittenSequential", "RematSegments4NothingSaveable": "HandWrittenSegments4"}
+ORDER = ["HandWritten", "HandWrittenSequential", "HandWrittenSegments4", "LibTorch", "RematPlain",
+         "RematNothingSaveable", "RematDotsSaveable", "RematEverythingSaveable", "RematSequential",
+         "RematSegments4NothingSaveable", "RematSegments4DotsSaveable"]
 
 
 def load(path):
@@ -97,7 +102,7 @@ def main():
         for key in sorted(rows, key=lambda k: (list(WORKLOAD_NAMES.values()).index(k[0]), k[2], ORDER.index(k[1]))):
             r = dict(rows[key])
             wl, impl, th = key
-            hand = "HandWrittenSequential" if impl == "RematSequential" else "HandWritten"
+            hand = HAND_OF.get(impl, "HandWritten")
             r["ratio_to_hand_written"] = ratio(rows, key, (wl, hand, th))
             r["ratio_to_libtorch"] = ratio(rows, key, (wl, "LibTorch", th))
             r["ratio_to_remat_plain"] = ratio(rows, key, (wl, "RematPlain", th))
@@ -120,7 +125,7 @@ def main():
     for key in sorted(rows, key=lambda k: (list(WORKLOAD_NAMES.values()).index(k[0]), k[2], ORDER.index(k[1]))):
         r = rows[key]
         wl, impl, th = key
-        hand = "HandWrittenSequential" if impl == "RematSequential" else "HandWritten"
+        hand = HAND_OF.get(impl, "HandWritten")
         lines.append(f"| {wl} | {th} | {impl} | {r['median_ms']:.3f} | {r['gflops']:.1f} | "
                      f"{fmt(ratio(rows, key, (wl, hand, th)))} | {fmt(ratio(rows, key, (wl, 'LibTorch', th)))} | "
                      f"{fmt(ratio(rows, key, (wl, 'RematPlain', th)))} | {r['cpu_ms']:.3f} | "
@@ -165,7 +170,7 @@ def main():
     # Under load the main thread's CPU time is the steadier figure at 1 thread (all work is on it);
     # at 2 threads only wall time measures the step. Colour = policy, marker = measure.
     fig, ax = plt.subplots(figsize=(10, 5.5))
-    colours = dict(zip(POLICY_OF.values(), ["tab:gray", "tab:orange", "tab:green", "tab:red", "tab:purple"]))
+    colours = dict(zip(POLICY_OF.values(), ["tab:gray", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:olive"]))
     for th, marker, measure in ((1, "o", "cpu_ms"), (2, "s", "median_ms")):
         plain = rows.get(("W2", "RematPlain", th))
         if not plain:

@@ -34,7 +34,7 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+namespace oracle_property_test {
 
 using remat::Matrix;
 using remat::OpInfo;
@@ -1312,4 +1312,4 @@ TEST(OracleHandCounted, SingleLayerNothingSaveable) {
       {1024, 0, 0});
 }
 
-}  // namespace
+}  // namespace oracle_property_test

@@ -14,7 +14,7 @@
 #include "remat/nn/adam.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+namespace parameter_test {
 
 using remat::Matrix;
 using remat::Parameter;
@@ -235,4 +235,4 @@ TEST(Adam, OutlivesItsParameters) {
   EXPECT_EQ(adam.value(0).rows(), 3);
 }
 
-}  // namespace
+}  // namespace parameter_test
