@@ -169,10 +169,19 @@ class Buffers {
 
   /// `p` (a buffer for `s`) leaves the tape: its new owner frees it. `replacement`, a buffer of the same
   /// size from the same allocator or null, joins the pool in its place. Never throws.
+  ///
+  /// Without a replacement (a Parameter's first gradient), the dry run counts one more buffer of this
+  /// size as missing, so the reservation before the real pass obtains it and it stays in the pool: the
+  /// next step, which hands the tape's buffer over again and only then gets the Parameter's previous one
+  /// back, finds it there. Otherwise the second step of a training loop would allocate one buffer per
+  /// Parameter.
   void hand_over(T*& p, const Shape& s, T* replacement) noexcept {
     const auto count = static_cast<std::size_t>(s.size());
     if (simulating_) {
-      if (replacement) ++simulated(count).available;
+      if (replacement)
+        ++simulated(count).available;
+      else
+        ++simulated(count).missing;
       simulated_live_ -= bytes(s);
     } else {
       pool_.exchange(count, replacement);
