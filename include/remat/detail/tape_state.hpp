@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
@@ -66,7 +67,7 @@ class TapeState {
     return begin;
   }
   void unstore_labels(std::int64_t begin) { graph_.labels.resize(static_cast<std::size_t>(begin)); }
-  std::int32_t intern_tag(const std::string& name) { return graph_.intern_tag(name); }
+  std::int32_t intern_tag(std::string_view name) { return graph_.intern_tag(name); }
   std::uint64_t random_seed() const { return seed_; }
   void set_random_seed(std::uint64_t seed) {
     seed_ = seed;
