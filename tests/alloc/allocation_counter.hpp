@@ -191,6 +191,9 @@ inline void* new_impl(std::size_t size, std::size_t alignment, bool nothrow) {
   }
 }
 
+/// operator delete's free, out of line: inlined, GCC warns that free() gets memory from operator new.
+[[gnu::noinline]] inline void release(void* p) noexcept { std::free(p); }
+
 }  // namespace detail
 
 /// Counts every heap allocation of the process (all threads) from construction to stop().
@@ -283,18 +286,18 @@ void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noe
 void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
   return operator new(n, a, t);
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p) noexcept { remat_alloc::detail::release(p); }
+void operator delete[](void* p) noexcept { remat_alloc::detail::release(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { remat_alloc::detail::release(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { remat_alloc::detail::release(p); }
+void operator delete(void* p, std::size_t) noexcept { remat_alloc::detail::release(p); }
+void operator delete[](void* p, std::size_t) noexcept { remat_alloc::detail::release(p); }
+void operator delete(void* p, std::align_val_t) noexcept { remat_alloc::detail::release(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { remat_alloc::detail::release(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { remat_alloc::detail::release(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { remat_alloc::detail::release(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { remat_alloc::detail::release(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { remat_alloc::detail::release(p); }
 
 #ifndef REMAT_ALLOC_ASAN
 // glibc supports replacing malloc in the executable ("Replacing malloc" in its manual): these count and

@@ -120,6 +120,7 @@ TEST(SteadyState, W2StepWithCheckpointingAllocatesNothingAfterTheFirstStep) {
     steps[static_cast<std::size_t>(s)].after_step = tape.memory();
     (s == 0 ? first_loss : last_loss) = loss;
   }
+  std::printf("W2 step:\n%s", describe(steps).c_str());
   expect_steady(steps);
   EXPECT_GT(steps[0].after_backward.replayed_ops, 0u) << "the regions replayed nothing";
   EXPECT_LT(last_loss, first_loss) << "Adam did not train";
