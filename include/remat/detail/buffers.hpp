@@ -190,6 +190,50 @@ class Buffers {
     p = nullptr;
   }
 
+  // ---- all-or-nothing allocation for recording ----
+  /// Buffers make_room() obtained from the system, per size, so that give_back() can return them.
+  struct Room {
+    std::size_t count[2] = {0, 0};
+    std::size_t added[2] = {0, 0};
+  };
+
+  /// Makes the free lists hold a buffer for `a` and one for `b` (none if `b` is empty), so that
+  /// allocate(a) and allocate(b) cannot throw. All or nothing: throws std::bad_alloc with the pool as it
+  /// was. Not during a simulation.
+  Room make_room(const Shape& a, const Shape& b) {
+    Room r;
+    const auto ca = static_cast<std::size_t>(a.size()), cb = static_cast<std::size_t>(b.size());
+    const std::size_t want = cb == ca ? 2 : 1;
+    const std::size_t have = pool_.available(ca);
+    r.count[0] = ca;
+    r.added[0] = want > have ? want - have : 0;
+    pool_.reserve(ca, r.added[0]);
+    if (cb > 0 && cb != ca) {
+      r.count[1] = cb;
+      r.added[1] = pool_.available(cb) > 0 ? 0 : 1;
+      try {
+        pool_.reserve(cb, r.added[1]);
+      } catch (...) {
+        pool_.discard(ca, r.added[0]);
+        throw;
+      }
+    }
+    return r;
+  }
+
+  /// Undoes make_room() once the buffers allocated since have been freed again: the pool, and so
+  /// cached_bytes(), are as before it. Never throws.
+  void give_back(const Room& r) noexcept {
+    for (int i = 0; i < 2; ++i)
+      if (r.added[i] > 0) pool_.discard(r.count[i], r.added[i]);
+  }
+
+  /// Puts peak_bytes() back to `peak` (≥ live_bytes()) after undoing allocations. Never throws.
+  void restore_peak(std::size_t peak) noexcept {
+    assert(peak >= live_bytes_);
+    peak_bytes_ = peak;
+  }
+
   // ---- simulation (a dry run of a backward sweep) ----
   /// Makes room to simulate buffers of `count` elements. Throws std::bad_alloc; call it for every size
   /// the simulated sequence uses before changing anything.

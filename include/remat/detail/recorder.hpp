@@ -2,6 +2,7 @@
 // decisions and close-time analysis (which values their replay will read).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -48,7 +49,9 @@ class Recorder {
   }
 
   /// Records and runs one op whose inputs are live (the caller holds their handles). On any exception
-  /// (bad_alloc, a throwing policy, a stale or escaped input) the tape is left as it was.
+  /// (bad_alloc, a throwing policy, a stale or escaped input, a throwing forward) the tape is left as it
+  /// was, memory() figures included: everything that may throw happens before the first change, and the
+  /// forward, which should not throw, is undone exactly if it does.
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const Shape& shape, const Shape& extra_shape) {
     for (int k = 0; k < arity; ++k) {
@@ -56,26 +59,37 @@ class Recorder {
       check_parameter_current(graph_, inputs[k], table->name);
     }
     const bool in_region = !graph_.open.empty();
-    if (in_region) graph_.pending.reserve(graph_.pending.size() + static_cast<std::size_t>(arity));
+    const std::uint64_t drop_mask = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : 0;
+    if (in_region) reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
     graph_.nodes.emplace_back();
     const std::int32_t id = graph_.size() - 1;
+    typename Buffers<T>::Room room;
     try {
-      Node<T>& n = graph_[id];
-      n.op = table;
-      n.arity = static_cast<std::int8_t>(arity);
-      for (int k = 0; k < arity; ++k) n.inputs[k] = inputs[k];
-      n.attributes = attributes;
-      n.shape = shape;
-      n.extra_shape = extra_shape;
-      n.region = in_region ? graph_.open.back() : -1;
-      n.value = buffers_.allocate(shape);
-      if (extra_shape.size() > 0) n.extra = buffers_.allocate(extra_shape);
-      table->forward(ForwardContext<T>{graph_, n});
-      if (in_region) n.drop_mask = policy_decisions(n);
+      room = buffers_.make_room(shape, extra_shape);
     } catch (...) {
-      Node<T>& n = graph_[id];
+      graph_.nodes.pop_back();
+      throw;
+    }
+    // Nothing below throws, except an op's forward (which should not).
+    const std::size_t peak = buffers_.peak_bytes();
+    Node<T>& n = graph_[id];
+    n.op = table;
+    n.arity = static_cast<std::int8_t>(arity);
+    for (int k = 0; k < arity; ++k) n.inputs[k] = inputs[k];
+    n.attributes = attributes;
+    n.shape = shape;
+    n.extra_shape = extra_shape;
+    n.region = in_region ? graph_.open.back() : -1;
+    n.drop_mask = drop_mask;
+    n.value = buffers_.allocate(shape);
+    if (extra_shape.size() > 0) n.extra = buffers_.allocate(extra_shape);
+    try {
+      table->forward(ForwardContext<T>{graph_, n});
+    } catch (...) {
       buffers_.free(n.value, n.shape);
       buffers_.free(n.extra, n.extra_shape);
+      buffers_.give_back(room);
+      buffers_.restore_peak(peak);
       graph_.nodes.pop_back();
       throw;
     }
@@ -130,17 +144,19 @@ class Recorder {
     if (graph_.open.empty()) lifetime_.release_pending();
   }
 
-  OpInfo op_info(const Node<T>& n) const {
+  OpInfo op_info(const Node<T>& n) const { return op_info(n.op, n.inputs, n.arity, n.attributes, n.shape); }
+  OpInfo op_info(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
+                 const Shape& shape) const {
     OpInfo info;
-    info.name = n.op->name;
-    info.kind = n.op->kind;
-    info.batch_dims = n.op->batch_dims;
-    if (n.attributes.tag >= 0) info.tag = graph_.tags[static_cast<std::size_t>(n.attributes.tag)];
-    info.shape = n.shape;
-    info.bytes = Buffers<T>::bytes(n.shape);
+    info.name = table->name;
+    info.kind = table->kind;
+    info.batch_dims = table->batch_dims;
+    if (attributes.tag >= 0) info.tag = graph_.tags[static_cast<std::size_t>(attributes.tag)];
+    info.shape = shape;
+    info.bytes = Buffers<T>::bytes(shape);
     Shape in[max_inputs];
-    for (int k = 0; k < n.arity; ++k) in[k] = graph_[n.inputs[k]].shape;
-    info.flops = n.op->flops(in, n.arity, n.shape);
+    for (int k = 0; k < arity; ++k) in[k] = graph_[inputs[k]].shape;
+    info.flops = table->flops(in, arity, shape);
     return info;
   }
 
@@ -162,14 +178,20 @@ class Recorder {
   }
 
   /// Bit d set: the open region at depth d does not save this op's output. May throw (a user policy).
-  std::uint64_t policy_decisions(const Node<T>& n) const {
-    const OpInfo info = op_info(n);
+  std::uint64_t policy_decisions(const OpInfo& info) const {
     std::uint64_t mask = 0;
     for (std::int32_t rid : graph_.open) {
       const Region& r = graph_.region(rid);
       if (!r.policy(r.policy_object, info)) mask |= std::uint64_t{1} << r.depth;
     }
     return mask;
+  }
+
+  /// `v`'s capacity becomes at least `n`, growing geometrically (a reserve per record must not make
+  /// recording quadratic). Throws std::bad_alloc with `v` unchanged.
+  template <class V>
+  static void reserve_at_least(V& v, std::size_t n) {
+    if (n > v.capacity()) v.reserve(std::max(n, 2 * v.capacity()));
   }
 
   /// After a successful forward: what the op's backward will read, and the pending holds. Never throws.
