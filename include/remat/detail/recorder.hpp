@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@ class Recorder {
   /// empty shape, std::bad_alloc; the tape is unchanged then.
   std::int32_t add_leaf(const Shape& shape, bool variable) {
     check_leaf_shape(shape, variable ? "variable" : "constant", "matrix");
+    if (!graph_.open.empty()) reserve_for_close();
     Node<T>& n = new_leaf(shape, variable);
     try {
       n.value = buffers_.allocate(shape);
@@ -41,6 +43,7 @@ class Recorder {
   /// A variable referencing a Parameter's storage (no copy). Throws shape_error for an empty parameter.
   std::int32_t add_parameter(std::shared_ptr<ParameterStorage<T>> storage) {
     check_leaf_shape(Shape{storage->value.rows(), storage->value.cols()}, "variable", "parameter");
+    if (!graph_.open.empty()) reserve_for_close();
     Node<T>& n = new_leaf(Shape{storage->value.rows(), storage->value.cols()}, true);
     n.value = storage->value.data();
     n.parameter_version = storage->version;
@@ -60,7 +63,10 @@ class Recorder {
     }
     const bool in_region = !graph_.open.empty();
     const std::uint64_t drop_mask = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : 0;
-    if (in_region) reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
+    if (in_region) {
+      reserve_for_close();
+      reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
+    }
     graph_.nodes.emplace_back();
     const std::int32_t id = graph_.size() - 1;
     typename Buffers<T>::Room room;
@@ -114,15 +120,16 @@ class Recorder {
   }
 
   /// Closes the innermost open region; `outputs` are the ids its function returned. Decides what its
-  /// replay will read and holds those values (JAX's partial evaluation, detail/replay_plan.hpp). Throws
-  /// std::bad_alloc before changing anything.
-  void close_region(const std::int32_t* outputs, std::size_t count) {
+  /// replay will read and holds those values (JAX's partial evaluation, detail/replay_plan.hpp). Does not
+  /// allocate: every node recorded in an open region made room for closing it (reserve_for_close), so
+  /// that a region whose function returned is never lost to a std::bad_alloc (checkpoint() would have to
+  /// abort it, leaving its nodes on the tape).
+  void close_region(const std::int32_t* outputs, std::size_t count) noexcept {
     Region& r = graph_.region(graph_.open.back());
     const auto length = static_cast<std::size_t>(graph_.size() - r.begin);
-    members_.reserve(length);
-    uses_.assign(length, 0);
-    graph_.region_sources.reserve(graph_.region_sources.size() + max_inputs * length);
-    // Nothing below throws.
+    assert(members_.capacity() >= length && uses_.capacity() >= length &&
+           graph_.region_sources.capacity() >= graph_.region_sources.size() + max_inputs * length);
+    uses_.assign(length, 0);  // within capacity
     const std::uint64_t bit = std::uint64_t{1} << r.depth;
     for (std::size_t o = 0; o < count; ++o) {
       Node<T>& n = graph_[outputs[o]];
@@ -192,6 +199,19 @@ class Recorder {
   template <class V>
   static void reserve_at_least(V& v, std::size_t n) {
     if (n > v.capacity()) v.reserve(std::max(n, 2 * v.capacity()));
+  }
+
+  /// Inside open regions, before a node is added: room for everything closing them will need once it is
+  /// recorded (close_region's scratch and each region's replay sources, at most max_inputs per node), so
+  /// that close_region cannot throw. Throws std::bad_alloc before changing anything.
+  void reserve_for_close() {
+    const auto next = static_cast<std::size_t>(graph_.size()) + 1;
+    const std::size_t outermost = next - static_cast<std::size_t>(graph_.region(graph_.open.front()).begin);
+    reserve_at_least(members_, outermost);
+    reserve_at_least(uses_, outermost);
+    std::size_t open_nodes = 0;
+    for (std::int32_t rid : graph_.open) open_nodes += next - static_cast<std::size_t>(graph_.region(rid).begin);
+    reserve_at_least(graph_.region_sources, graph_.region_sources.size() + max_inputs * open_nodes);
   }
 
   /// After a successful forward: what the op's backward will read, and the pending holds. Never throws.

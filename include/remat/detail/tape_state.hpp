@@ -84,7 +84,8 @@ class TapeState {
   bool region_is_innermost(std::int32_t region, std::uint32_t generation) const {
     return generation == generation_ && !graph_.open.empty() && graph_.open.back() == region;
   }
-  void close_region(const std::vector<std::int32_t>& outputs) {
+  /// Never throws (recording inside the region made room for it).
+  void close_region(const std::vector<std::int32_t>& outputs) noexcept {
     recorder_.close_region(outputs.data(), outputs.size());
   }
   void abort_region() noexcept { recorder_.abort_region(); }
