@@ -150,9 +150,14 @@ class Tape {
  private:
   template <class Derived>
   Var<T> leaf(const Eigen::MatrixBase<Derived>& value, bool variable) {
-    const std::int32_t id = state_->add_leaf(Shape{value.rows(), value.cols()}, variable);
     const Shape s{value.rows(), value.cols()};
-    detail::AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
+    const std::int32_t id = state_->add_leaf(s, variable);
+    try {
+      detail::AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
+    } catch (...) {
+      state_->remove_last_leaf(id);  // an expression whose evaluation allocates a temporary threw
+      throw;
+    }
     return Var<T>::adopt(state_, id);
   }
 

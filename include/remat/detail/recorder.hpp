@@ -25,19 +25,32 @@ class Recorder {
   Recorder(Graph<T>& graph, Buffers<T>& buffers, Lifetime<T>& lifetime)
       : graph_(graph), buffers_(buffers), lifetime_(lifetime) {}
 
-  /// A leaf with an uninitialised tape-owned value (the caller fills it). Throws shape_error for an
-  /// empty shape, std::bad_alloc; the tape is unchanged then.
+  /// A leaf with an uninitialised tape-owned value (the caller fills it; if that throws, it calls
+  /// remove_last_leaf()). Throws shape_error for an empty shape, std::bad_alloc; the tape is unchanged then.
   std::int32_t add_leaf(const Shape& shape, bool variable) {
     check_leaf_shape(shape, variable ? "variable" : "constant", "matrix");
     if (!graph_.open.empty()) reserve_for_close();
     Node<T>& n = new_leaf(shape, variable);
     try {
-      n.value = buffers_.allocate(shape);
+      leaf_room_ = buffers_.make_room(shape, Shape{});
     } catch (...) {
       graph_.nodes.pop_back();
       throw;
     }
+    leaf_peak_ = buffers_.peak_bytes();
+    n.value = buffers_.allocate(shape);  // cannot throw now
     return graph_.size() - 1;
+  }
+
+  /// Undoes the add_leaf() that returned `id` (the last node) when filling its value threw (an Eigen
+  /// expression that allocates a temporary): the tape, its pool and its figures are as before. Never throws.
+  void remove_last_leaf(std::int32_t id) noexcept {
+    assert(id == graph_.size() - 1 && graph_[id].is_leaf());
+    Node<T>& n = graph_[id];
+    buffers_.free(n.value, n.shape);
+    buffers_.give_back(leaf_room_);
+    buffers_.restore_peak(leaf_peak_);
+    graph_.nodes.pop_back();
   }
 
   /// A variable referencing a Parameter's storage (no copy). Throws shape_error for an empty parameter.
@@ -280,6 +293,8 @@ class Recorder {
   Lifetime<T>& lifetime_;
   std::vector<std::int32_t> members_, uses_;  // scratch of close_region
   std::uint32_t stamp_ = 0;
+  typename Buffers<T>::Room leaf_room_;  // what the last add_leaf() reserved, for remove_last_leaf()
+  std::size_t leaf_peak_ = 0;
 };
 
 }  // namespace remat::detail

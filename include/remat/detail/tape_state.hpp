@@ -54,6 +54,8 @@ class TapeState {
 
   // ---- recording ----
   std::int32_t add_leaf(const Shape& shape, bool variable) { return recorder_.add_leaf(shape, variable); }
+  /// Undoes the last add_leaf() (filling its value threw). Never throws.
+  void remove_last_leaf(std::int32_t id) noexcept { recorder_.remove_last_leaf(id); }
   T* leaf_value(std::int32_t id) { return graph_[id].value; }
   std::int32_t add_parameter(Parameter<T>& p) { return recorder_.add_parameter(ParameterAccess::storage(p)); }
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
