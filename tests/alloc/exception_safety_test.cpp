@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "op_list.hpp"
+#include "blas_threads.hpp"
 #include "w2_model.hpp"
 
 namespace {
@@ -456,7 +457,6 @@ std::vector<Matrix<float>> w2_training(remat::Tape<float>& tape, Driver& d) {
   shape.batch = 4;
   shape.width = 8;
   shape.hidden = 12;
-  shape.blocks = 4;
   shape.classes = 5;
   remat_alloc_test::W2Model model(shape);
   for (auto& p : model.parameters()) d.track(p);
@@ -477,10 +477,33 @@ std::vector<Matrix<float>> w2_training(remat::Tape<float>& tape, Driver& d) {
   return out;
 }
 
+/// Recording products big enough for Eigen's own GEMM (without BLAS) to malloc its packing buffers in
+/// the forward: there the failure hits an op's forward after its buffers were taken, which the tape
+/// undoes. The backward runs outside the driver: without BLAS, a product in the sweep (which cannot
+/// throw once it changes the tape) that fails to allocate terminates (docs/design.md §2.5).
+std::vector<Matrix<float>> large_products(remat::Tape<float>& tape, Driver& d) {
+  remat::Parameter<float> w1(remat_test::random_matrix<float>(128, 512, 21));
+  remat::Parameter<float> w2(remat_test::random_matrix<float>(512, 128, 22));
+  d.track(w1);
+  d.track(w2);
+  const Matrix<float> xm = remat_test::random_matrix<float>(32, 128, 23);
+  V x = d("variable", [&] { return tape.variable(xm); });
+  V a = d("variable (Parameter)", [&] { return tape.variable(w1); });
+  V b = d("variable (Parameter)", [&] { return tape.variable(w2); });
+  V h = d("matmul", [&] { return remat::matmul(x, a); });
+  h = d("tanh", [&] { return remat::tanh(h); });
+  h = d("matmul", [&] { return remat::matmul(h, b); });
+  V loss = d("mean", [&] { return remat::mean(h); });
+  tape.backward(loss);
+  return {Matrix<float>(x.grad()), Matrix<float>(w1.grad()), Matrix<float>(w2.grad())};
+}
+
 TEST(StrongExceptionSafety, EveryOpOutsideRegionsAndBackward) { fail_every_allocation(&ops_outside_regions); }
 
 TEST(StrongExceptionSafety, EveryOpInsideNestedRegionsAndBackward) { fail_every_allocation(&ops_inside_nested_regions); }
 
 TEST(StrongExceptionSafety, W2TrainingSteps) { fail_every_allocation(&w2_training); }
+
+TEST(StrongExceptionSafety, RecordingLargeProducts) { fail_every_allocation(&large_products); }
 
 }  // namespace

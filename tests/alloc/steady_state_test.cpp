@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "training_step.hpp"  // examples/mlp
+#include "blas_threads.hpp"
 #include "w2_model.hpp"
 
 namespace {
@@ -124,6 +125,35 @@ TEST(SteadyState, W2StepWithCheckpointingAllocatesNothingAfterTheFirstStep) {
   expect_steady(steps);
   EXPECT_GT(steps[0].after_backward.replayed_ops, 0u) << "the regions replayed nothing";
   EXPECT_LT(last_loss, first_loss) << "Adam did not train";
+}
+
+/// Products big enough for Eigen's own GEMM to put its packing buffers on the heap (beyond
+/// EIGEN_STACK_ALLOCATION_LIMIT, 128 KB): [32,128]·[128,512] and [32,512]·[512,128], and their backward.
+TEST(SteadyState, LargeProductsAllocateNothingWithBlas) {
+  remat_alloc_test::W2Shape shape;
+  shape.batch = 32;
+  shape.width = 128;
+  shape.hidden = 512;
+  W2Model model(shape);
+  remat::Tape<float> tape;
+  constexpr int n = 5;
+  std::vector<StepRecord> steps(n);
+  for (int s = 0; s < n; ++s) {
+    Recorder call{&tape, &steps[static_cast<std::size_t>(s)].after_backward};
+    remat_alloc::Count count;
+    model.step(tape, call, static_cast<std::uint64_t>(s));
+    steps[static_cast<std::size_t>(s)].counts = count.stop();
+    steps[static_cast<std::size_t>(s)].after_step = tape.memory();
+  }
+  std::printf("W2 step at width 128, hidden 512:\n%s", describe(steps).c_str());
+#ifdef EIGEN_USE_BLAS
+  expect_steady(steps);
+#else
+  // The documented limitation (docs/design.md §2.5): without BLAS, Eigen's GEMM allocates its packing
+  // buffers on every product of this size, outside the tape's pool.
+  for (std::size_t i = 1; i < steps.size(); ++i)
+    EXPECT_GT(steps[i].counts.allocations, 0) << "Eigen's GEMM no longer allocates: update docs/design.md §2.5";
+#endif
 }
 
 // ---- (b) the MLP example's training step (examples/mlp/training_step.hpp) ----

@@ -35,7 +35,8 @@ struct Identity {
 };
 
 struct W2Shape {
-  int batch = 16, width = 32, hidden = 64, blocks = 4, classes = 10;
+  int batch = 16, width = 32, hidden = 64, classes = 10;
+  static constexpr int blocks = 4;  // the region structure above is written for four blocks
 };
 
 class W2Model {
