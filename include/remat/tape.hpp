@@ -16,8 +16,9 @@ namespace remat {
 
 /// A reverse-mode tape for scalar type T (float or double). One tape per forward/backward pass; reuse
 /// it for the next training step with clear(), which keeps its buffer pool and its scratch space, so a
-/// steady training loop allocates nothing after the first step. A tape is not thread-safe; each thread
-/// may run its own (but backward passes that add into the same Parameter must not run concurrently).
+/// steady training loop allocates nothing after the first step (conditions: docs/design.md §2.5). A
+/// tape is not thread-safe; each thread may run its own (but backward passes that add into the same
+/// Parameter must not run concurrently).
 template <class T>
 class Tape {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "remat::Tape<T>: T must be float or double");
