@@ -101,10 +101,10 @@ inline int count_correct(const remat::MatrixView<float>& logits, const std::vect
 class TrainingStep {
  public:
   struct Result {
-    float loss = 0;              ///< the batch's mean cross-entropy
-    int correct = 0;             ///< rows classified correctly (before the update)
-    std::size_t saved_bytes = 0; ///< tape.memory().saved_bytes after the forward pass
-    std::size_t peak_bytes = 0;  ///< tape.memory().peak_bytes after backward
+    float loss = 0;               ///< the batch's mean cross-entropy
+    int correct = 0;              ///< rows classified correctly (before the update)
+    std::size_t saved_bytes = 0;  ///< tape.memory().saved_bytes after the forward pass
+    std::size_t peak_bytes = 0;   ///< tape.memory().peak_bytes after backward
   };
 
   /// Clears `tape`, seeds its dropout stream with `dropout_seed`, records the network on the batch

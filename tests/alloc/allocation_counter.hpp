@@ -69,9 +69,9 @@ inline constexpr bool sanitizer_build = false;
 
 /// Allocations counted while a Count was active.
 struct Counts {
-  long allocations = 0;     ///< malloc-family calls (operator new included: it calls malloc)
-  long frees = 0;           ///< free calls with a non-null pointer
-  std::size_t bytes = 0;    ///< bytes requested by those allocations
+  long allocations = 0;   ///< malloc-family calls (operator new included: it calls malloc)
+  long frees = 0;         ///< free calls with a non-null pointer
+  std::size_t bytes = 0;  ///< bytes requested by those allocations
 };
 
 namespace detail {
@@ -83,13 +83,13 @@ inline std::atomic<std::size_t> bytes{0};
 inline bool trace = false;
 
 // Fault injection state of the calling thread (trivial types: no TLS constructor, no malloc).
-inline thread_local bool armed = false;      // events are counted
-inline thread_local int depth = 0;           // > 0: inside Injection::Scope (events count only there)
-inline thread_local int paused = 0;          // > 0: inside Injection::Pause
-inline thread_local long events = 0;         // events since arm()
-inline thread_local long fail_at = 0;        // event number that fails; 0: never
-inline thread_local bool fired = false;      // the failure happened
-inline thread_local bool in_new = false;     // inside our operator new: its malloc is part of that event
+inline thread_local bool armed = false;        // events are counted
+inline thread_local int depth = 0;             // > 0: inside Injection::Scope (events count only there)
+inline thread_local int paused = 0;            // > 0: inside Injection::Pause
+inline thread_local long events = 0;           // events since arm()
+inline thread_local long fail_at = 0;          // event number that fails; 0: never
+inline thread_local bool fired = false;        // the failure happened
+inline thread_local bool in_new = false;       // inside our operator new: its malloc is part of that event
 inline thread_local bool pool_malloc = false;  // allocation_hook ran: the pool's next malloc is that event
 inline thread_local bool in_trace = false;
 
@@ -145,8 +145,12 @@ inline void pool_hook(std::size_t) {
 }
 
 #ifdef REMAT_ALLOC_ASAN
-inline void asan_malloc_hook(const volatile void*, std::size_t size) { note_allocation(size); }
-inline void asan_free_hook(const volatile void* p) { note_free(p); }
+inline void asan_malloc_hook(const volatile void*, std::size_t size) {
+  note_allocation(size);
+}
+inline void asan_free_hook(const volatile void* p) {
+  note_free(p);
+}
 #endif
 
 struct Init {
@@ -192,7 +196,9 @@ inline void* new_impl(std::size_t size, std::size_t alignment, bool nothrow) {
 }
 
 /// operator delete's free, out of line: inlined, GCC warns that free() gets memory from operator new.
-[[gnu::noinline]] inline void release(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] inline void release(void* p) noexcept {
+  std::free(p);
+}
 
 }  // namespace detail
 
@@ -260,8 +266,12 @@ class Injection {
 
 // ---- the replaced global allocation functions ----
 
-void* operator new(std::size_t n) { return remat_alloc::detail::new_impl(n, 0, false); }
-void* operator new[](std::size_t n) { return remat_alloc::detail::new_impl(n, 0, false); }
+void* operator new(std::size_t n) {
+  return remat_alloc::detail::new_impl(n, 0, false);
+}
+void* operator new[](std::size_t n) {
+  return remat_alloc::detail::new_impl(n, 0, false);
+}
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
   try {
     return remat_alloc::detail::new_impl(n, 0, true);
@@ -269,7 +279,9 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
     return nullptr;  // a new_handler threw
   }
 }
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
+  return operator new(n, t);
+}
 void* operator new(std::size_t n, std::align_val_t a) {
   return remat_alloc::detail::new_impl(n, static_cast<std::size_t>(a), false);
 }
@@ -286,18 +298,42 @@ void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noe
 void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
   return operator new(n, a, t);
 }
-void operator delete(void* p) noexcept { remat_alloc::detail::release(p); }
-void operator delete[](void* p) noexcept { remat_alloc::detail::release(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { remat_alloc::detail::release(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { remat_alloc::detail::release(p); }
-void operator delete(void* p, std::size_t) noexcept { remat_alloc::detail::release(p); }
-void operator delete[](void* p, std::size_t) noexcept { remat_alloc::detail::release(p); }
-void operator delete(void* p, std::align_val_t) noexcept { remat_alloc::detail::release(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { remat_alloc::detail::release(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { remat_alloc::detail::release(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { remat_alloc::detail::release(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { remat_alloc::detail::release(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { remat_alloc::detail::release(p); }
+void operator delete(void* p) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete[](void* p) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  remat_alloc::detail::release(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+  remat_alloc::detail::release(p);
+}
 
 #ifndef REMAT_ALLOC_ASAN
 // glibc supports replacing malloc in the executable ("Replacing malloc" in its manual): these count and
@@ -332,7 +368,9 @@ void* memalign(std::size_t alignment, std::size_t n) noexcept {
   remat_alloc::detail::note_allocation(n);
   return __libc_memalign(alignment, n);
 }
-void* aligned_alloc(std::size_t alignment, std::size_t n) noexcept { return memalign(alignment, n); }
+void* aligned_alloc(std::size_t alignment, std::size_t n) noexcept {
+  return memalign(alignment, n);
+}
 int posix_memalign(void** out, std::size_t alignment, std::size_t n) noexcept {
   if (alignment % sizeof(void*) != 0 || (alignment & (alignment - 1)) != 0) return 22;  // EINVAL
   void* p = memalign(alignment, n);

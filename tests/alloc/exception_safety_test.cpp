@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "op_list.hpp"
 #include "blas_threads.hpp"
+#include "op_list.hpp"
 #include "w2_model.hpp"
 
 namespace {
@@ -187,14 +187,17 @@ class Driver {
     auto problem = [&](const std::string& s) { problems.push_back(s); };
     if (!same(a.memory, b.memory)) problem("memory() " + describe(a.memory) + " became " + describe(b.memory));
     if (a.size != b.size) problem("size() " + std::to_string(a.size) + " became " + std::to_string(b.size));
-    if (a.open_depth != b.open_depth) problem("open regions " + std::to_string(a.open_depth) + " became " + std::to_string(b.open_depth));
+    if (a.open_depth != b.open_depth)
+      problem("open regions " + std::to_string(a.open_depth) + " became " + std::to_string(b.open_depth));
     if (a.random_offset != b.random_offset) problem("the random offset changed");
     for (std::size_t i = 0; i < std::min(a.nodes.size(), b.nodes.size()); ++i) {
       if (!(a.nodes[i] == b.nodes[i])) problem("node #" + std::to_string(i) + " changed");
-      if (b.nodes[i].handles > 0 && !b.nodes[i].value) problem("node #" + std::to_string(i) + " has a handle but no value");
+      if (b.nodes[i].handles > 0 && !b.nodes[i].value)
+        problem("node #" + std::to_string(i) + " has a handle but no value");
     }
     for (std::size_t i = 0; i < a.parameters.size(); ++i)
-      if (!(a.parameters[i] == b.parameters[i])) problem("the gradient state of Parameter " + std::to_string(i) + " changed");
+      if (!(a.parameters[i] == b.parameters[i]))
+        problem("the gradient state of Parameter " + std::to_string(i) + " changed");
   }
 
   remat::Tape<float>& tape_;
@@ -266,7 +269,8 @@ void fail_every_allocation(Script script) {
     if (!o.escaped.empty()) problems.push_back(o.escaped);
     if (o.escaped.empty()) {
       if (!same(o.memory, reference.memory))
-        problems.push_back("final memory() " + describe(o.memory) + ", without injection " + describe(reference.memory));
+        problems.push_back("final memory() " + describe(o.memory) + ", without injection " +
+                           describe(reference.memory));
       if (o.results.size() != reference.results.size())
         problems.push_back("the script ended with " + std::to_string(o.results.size()) + " results, not " +
                            std::to_string(reference.results.size()));
@@ -397,7 +401,9 @@ std::vector<Matrix<float>> gradients(const OpsRecording& rec, std::vector<Matrix
 std::vector<Matrix<float>> sweeps(remat::Tape<float>& tape, Driver& d, OpsRecording& rec, const V& loss) {
   d("backward (retain_graph)", [&] { tape.backward(loss, true); });
   const V& wrt = rec.outputs.front().requires_grad() ? rec.outputs.front() : rec.variables.front();
-  std::vector<Matrix<float>> g = d("gradient (retain_graph)", [&] { return tape.gradient(loss, {rec.variables.front(), wrt}, true); });
+  std::vector<Matrix<float>> g = d("gradient (retain_graph)", [&] {
+    return tape.gradient(loss, {rec.variables.front(), wrt}, true);
+  });
   d("backward", [&] { tape.backward(loss); });
   std::vector<Matrix<float>> extra{Matrix<float>::Constant(1, 1, loss.item())};
   for (auto& m : g) extra.push_back(m);
@@ -466,8 +472,9 @@ std::vector<Matrix<float>> w2_training(remat::Tape<float>& tape, Driver& d) {
   V loss = model.record_forward(tape, d);
   d("backward (retain_graph)", [&] { tape.backward(loss, true); });
   const auto& p = model.parameter_vars();
-  std::vector<Matrix<float>> g =
-      d("gradient", [&] { return tape.gradient(loss, {p[0], p[2], p[9], p.back()}, false); });
+  std::vector<Matrix<float>> g = d("gradient", [&] {
+    return tape.gradient(loss, {p[0], p[2], p[9], p.back()}, false);
+  });
   out.emplace_back(Matrix<float>::Constant(1, 1, loss.item()));
   for (auto& m : g) out.push_back(m);
   for (auto& param : model.parameters()) {
@@ -498,12 +505,20 @@ std::vector<Matrix<float>> large_products(remat::Tape<float>& tape, Driver& d) {
   return {Matrix<float>(x.grad()), Matrix<float>(w1.grad()), Matrix<float>(w2.grad())};
 }
 
-TEST(StrongExceptionSafety, EveryOpOutsideRegionsAndBackward) { fail_every_allocation(&ops_outside_regions); }
+TEST(StrongExceptionSafety, EveryOpOutsideRegionsAndBackward) {
+  fail_every_allocation(&ops_outside_regions);
+}
 
-TEST(StrongExceptionSafety, EveryOpInsideNestedRegionsAndBackward) { fail_every_allocation(&ops_inside_nested_regions); }
+TEST(StrongExceptionSafety, EveryOpInsideNestedRegionsAndBackward) {
+  fail_every_allocation(&ops_inside_nested_regions);
+}
 
-TEST(StrongExceptionSafety, W2TrainingSteps) { fail_every_allocation(&w2_training); }
+TEST(StrongExceptionSafety, W2TrainingSteps) {
+  fail_every_allocation(&w2_training);
+}
 
-TEST(StrongExceptionSafety, RecordingLargeProducts) { fail_every_allocation(&large_products); }
+TEST(StrongExceptionSafety, RecordingLargeProducts) {
+  fail_every_allocation(&large_products);
+}
 
 }  // namespace

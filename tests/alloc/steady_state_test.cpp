@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "training_step.hpp"  // examples/mlp
 #include "blas_threads.hpp"
+#include "training_step.hpp"  // examples/mlp
 #include "w2_model.hpp"
 
 namespace {
@@ -60,34 +60,75 @@ void expect_steady(const std::vector<StepRecord>& steps, std::size_t first_stead
 
 // ---- the counter itself ----
 
-void* volatile sink;
+void* volatile sink;  // keeps the compiler from eliding an allocation and its free
+struct alignas(64) Wide {
+  char c[64];
+};
+void plain_new() {
+  delete static_cast<int*>(sink = new int(1));
+}
+void array_new() {
+  delete[] static_cast<int*>(sink = new int[8]);
+}
+void aligned_new() {
+  delete static_cast<Wide*>(sink = new Wide);
+}
+void nothrow_new() {
+  delete static_cast<int*>(sink = new (std::nothrow) int(2));
+}
+void plain_malloc() {
+  std::free(sink = std::malloc(24));
+}
+void plain_calloc() {
+  std::free(sink = std::calloc(3, 8));
+}
+void plain_realloc() {
+  std::free(sink = std::realloc(nullptr, 40));
+}
+void plain_aligned_alloc() {
+  std::free(sink = std::aligned_alloc(64, 128));
+}
+void plain_posix_memalign() {
+  void* p = nullptr;
+  if (posix_memalign(&p, 64, 128) == 0) std::free(sink = p);
+}
+void vector_growth() {
+  std::vector<int> v(100);
+  sink = v.data();
+}
+void eigen_matrix() {
+  remat::Matrix<float> m(30, 40);
+  sink = m.data();
+}
+void eigen_aligned_malloc() {
+  Eigen::internal::aligned_free(sink = Eigen::internal::aligned_malloc(256));
+}
 
 TEST(AllocationCounter, SeesEveryKindOfAllocation) {
-  auto count = [](auto f) {
-    remat_alloc::Count c;
-    f();
-    return c.stop().allocations;
-  };
-  EXPECT_EQ(count([] { sink = new int(1); delete static_cast<int*>(sink); }), 1);
-  EXPECT_EQ(count([] { sink = new int[8]; delete[] static_cast<int*>(sink); }), 1);
-  struct alignas(64) Wide {
-    char c[64];
-  };
-  EXPECT_EQ(count([] { sink = new Wide; delete static_cast<Wide*>(sink); }), 1);
-  EXPECT_EQ(count([] { sink = new (std::nothrow) int(2); delete static_cast<int*>(sink); }), 1);
-  EXPECT_EQ(count([] { sink = std::malloc(24); std::free(sink); }), 1);
-  EXPECT_EQ(count([] { sink = std::calloc(3, 8); std::free(sink); }), 1);
-  EXPECT_EQ(count([] { sink = std::aligned_alloc(64, 128); std::free(sink); }), 1);
-  EXPECT_EQ(count([] {
-              void* p = nullptr;
-              if (posix_memalign(&p, 64, 128) == 0) sink = p;
-              std::free(sink);
-            }),
-            1);
-  EXPECT_EQ(count([] { std::vector<int> v(100); sink = v.data(); }), 1);
-  EXPECT_EQ(count([] { remat::Matrix<float> m(30, 40); sink = m.data(); }), 1);  // Eigen's aligned_malloc
-  EXPECT_EQ(count([] { sink = Eigen::internal::aligned_malloc(256); Eigen::internal::aligned_free(sink); }), 1);
-  EXPECT_EQ(count([] {}), 0);
+  const struct {
+    const char* name;
+    void (*f)();
+  } cases[] = {{"new", plain_new},
+               {"new[]", array_new},
+               {"aligned new", aligned_new},
+               {"nothrow new", nothrow_new},
+               {"malloc", plain_malloc},
+               {"calloc", plain_calloc},
+               {"realloc", plain_realloc},
+               {"aligned_alloc", plain_aligned_alloc},
+               {"posix_memalign", plain_posix_memalign},
+               {"std::vector", vector_growth},
+               {"Eigen::Matrix", eigen_matrix},
+               {"Eigen's aligned_malloc", eigen_aligned_malloc}};
+  for (const auto& c : cases) {
+    remat_alloc::Count count;
+    c.f();
+    const Counts counts = count.stop();
+    EXPECT_EQ(counts.allocations, 1) << c.name;
+    EXPECT_EQ(counts.frees, 1) << c.name;
+  }
+  remat_alloc::Count count;
+  EXPECT_EQ(count.stop().allocations, 0);
 }
 
 // ---- (a) a W2-like step with nested checkpoint regions, dropout, checkpoint_name, Adam ----
@@ -213,8 +254,8 @@ std::vector<StepRecord> run_mlp(MlpFixture& f, int batch, int epochs) {
         labels[i] = f.image_labels[order[first + i]];
       }
       const double lr = 1e-3 * 0.5 * (1 + std::cos(static_cast<double>(s) / static_cast<double>(steps.size())));
-      const mlp::TrainingStep::Result r = step.run(tape, f.options, f.layers, *f.adam,
-                                                   x_batch.topRows(static_cast<remat::Index>(m)), labels, s, lr);
+      const mlp::TrainingStep::Result r =
+          step.run(tape, f.options, f.layers, *f.adam, x_batch.topRows(static_cast<remat::Index>(m)), labels, s, lr);
       steps[s].counts = count.stop();
       steps[s].after_backward.peak_bytes = r.peak_bytes;
       tape.clear();  // main.cpp clears at the start of the next step: the same pool state

@@ -42,8 +42,7 @@ struct W2Shape {
 class W2Model {
  public:
   explicit W2Model(W2Shape shape = {}, std::uint64_t seed = 7)
-      : shape_(shape),
-        names_(remat::policies::save_only_these_names({"w2_block_pre_activation"})) {
+      : shape_(shape), names_(remat::policies::save_only_these_names({"w2_block_pre_activation"})) {
     remat_test::Random r(seed);
     auto matrix = [&](int rows, int cols, double scale) {
       Matrix<float> m(rows, cols);
@@ -97,7 +96,8 @@ class W2Model {
  private:
   template <class Call>
   void record(remat::Tape<float>& tape, Call& call) {
-    for (std::size_t i = 0; i < params_.size(); ++i) vars_[i] = call("variable", [&] { return tape.variable(params_[i]); });
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      vars_[i] = call("variable", [&] { return tape.variable(params_[i]); });
   }
 
   // Parameter layout: per block 6 (gain, shift, W1, b1, W2, b2), then the head's gain, shift, W, b.
