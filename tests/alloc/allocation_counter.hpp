@@ -69,7 +69,8 @@ inline constexpr bool sanitizer_build = false;
 
 /// Allocations counted while a Count was active.
 struct Counts {
-  long allocations = 0;   ///< malloc-family calls (operator new included: it calls malloc)
+  long allocations = 0;   ///< malloc-family calls of every thread (operator new included: it calls malloc)
+  long this_thread = 0;   ///< those of the thread that made the Count
   long frees = 0;         ///< free calls with a non-null pointer
   std::size_t bytes = 0;  ///< bytes requested by those allocations
 };
@@ -92,6 +93,7 @@ inline thread_local bool fired = false;        // the failure happened
 inline thread_local bool in_new = false;       // inside our operator new: its malloc is part of that event
 inline thread_local bool pool_malloc = false;  // allocation_hook ran: the pool's next malloc is that event
 inline thread_local bool in_trace = false;
+inline thread_local long thread_allocations = 0;
 
 inline void print_trace(std::size_t size) {
   if (in_trace) return;
@@ -111,6 +113,7 @@ inline void print_trace(std::size_t size) {
 inline void note_allocation(std::size_t size) {
   if (!counting.load(std::memory_order_relaxed) || in_trace) return;
   allocations.fetch_add(1, std::memory_order_relaxed);
+  ++thread_allocations;
   bytes.fetch_add(size, std::memory_order_relaxed);
   if (trace) print_trace(size);
 }
@@ -209,6 +212,7 @@ class Count {
     detail::allocations = 0;
     detail::frees = 0;
     detail::bytes = 0;
+    detail::thread_allocations = 0;
     detail::counting = true;
   }
   Count(const Count&) = delete;
@@ -216,7 +220,7 @@ class Count {
   ~Count() { detail::counting = false; }
   Counts stop() {
     detail::counting = false;
-    return Counts{detail::allocations.load(), detail::frees.load(), detail::bytes.load()};
+    return Counts{detail::allocations.load(), detail::thread_allocations, detail::frees.load(), detail::bytes.load()};
   }
 };
 

@@ -124,11 +124,12 @@ TEST(AllocationCounter, SeesEveryKindOfAllocation) {
     remat_alloc::Count count;
     c.f();
     const Counts counts = count.stop();
-    EXPECT_EQ(counts.allocations, 1) << c.name;
-    EXPECT_EQ(counts.frees, 1) << c.name;
+    EXPECT_EQ(counts.this_thread, 1) << c.name;
+    EXPECT_GE(counts.allocations, 1) << c.name;
+    EXPECT_GE(counts.frees, 1) << c.name;
   }
   remat_alloc::Count count;
-  EXPECT_EQ(count.stop().allocations, 0);
+  EXPECT_EQ(count.stop().this_thread, 0);
 }
 
 // ---- (a) a W2-like step with nested checkpoint regions, dropout, checkpoint_name, Adam ----
