@@ -8,10 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
-#include <functional>
 #include <iostream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +22,7 @@
 
 #include "idx.hpp"
 #include "state_file.hpp"
+#include "training_step.hpp"
 
 #ifdef EIGEN_USE_BLAS
 extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS's own API (cblas.h is not on the path)
@@ -34,17 +35,14 @@ using remat::Var;
 
 constexpr int classes = 10;
 
-struct Options {
+/// The command line; hidden, activation, dropout and checkpoint are mlp::NetworkOptions (training_step.hpp).
+struct Options : mlp::NetworkOptions {
   std::string data = "/usr/share/datasets/fashion-mnist";
   int epochs = 8;
   int batch = 128;
-  std::vector<int> hidden = {512, 512};
-  std::string activation = "relu";
   double lr = 1e-3;
-  double dropout = 0;
   int threads = 1;
   long limit = 0;
-  std::string checkpoint = "none";
   bool json = false;
   std::string save, resume;
   std::uint64_t seed = 42;
@@ -66,82 +64,12 @@ struct Model {
   std::vector<EpochRecord> history;
 };
 
-Var<float> activate(const std::string& activation, const Var<float>& z) {
-  if (activation == "relu") return remat::relu(z);
-  if (activation == "tanh") return remat::tanh(z);
-  return remat::gelu(z);
-}
-
 /// The dropout stream of training step `step`: a pure function of the seed and the step, so a resumed
 /// run (and every checkpoint mode) draws the same masks.
 std::uint64_t dropout_seed(std::uint64_t seed, std::uint64_t step) {
   remat::nn::Generator g(seed ^ 0xd1b54a32d192ed03ULL);
   g.set_state(g.state() + step * 0x9e3779b97f4a7c15ULL);
   return g.next();
-}
-
-/// Records the network on `tape` and returns the logits [m, classes]. `parameters` are the recorded
-/// weights and biases (W0, b0, W1, b1, …). Hidden layer i is h ← dropout(activation(h·Wi + bi)).
-Var<float> forward(const Options& o, const std::vector<Var<float>>& parameters, Var<float> x, bool training) {
-  const std::size_t hidden = o.hidden.size();
-  auto layer = [&](std::size_t i) {
-    return [&, i](Var<float> h) {
-      h = activate(o.activation, remat::linear(h, parameters[2 * i], parameters[2 * i + 1]));
-      if (training && o.dropout > 0) h = remat::dropout(h, o.dropout);
-      return h;
-    };
-  };
-  auto output = [&](Var<float> h) { return remat::linear(h, parameters[2 * hidden], parameters[2 * hidden + 1]); };
-  if (!training || o.checkpoint == "none") {
-    for (std::size_t i = 0; i < hidden; ++i) x = layer(i)(x);
-    return output(x);
-  }
-  if (o.checkpoint == "layer" || o.checkpoint == "dots") {
-    for (std::size_t i = 0; i < hidden; ++i) {
-      if (o.checkpoint == "layer")
-        x = remat::checkpoint(layer(i), remat::policies::nothing_saveable)(x);
-      else
-        x = remat::checkpoint(layer(i), remat::policies::dots_saveable)(x);
-    }
-    return output(x);
-  }
-  // sqrt: the whole network (hidden layers and the output layer, L layers) as one sequence split into
-  // round(√L) segments of ⌈L/segments⌉ layers, EVERY segment a nothing_saveable region, so only the
-  // segment boundaries stay (Chen et al. 2016). checkpoint_sequential (PyTorch semantics) leaves the
-  // last segment unchecked; for 8×1024 that keeps 54% of `none` instead of 32% (docs/mlp.md).
-  std::vector<std::function<Var<float>(Var<float>)>> layers;
-  for (std::size_t i = 0; i < hidden; ++i) layers.push_back(layer(i));
-  layers.push_back(output);
-  const auto segments = std::max<std::size_t>(1, std::lround(std::sqrt(static_cast<double>(layers.size()))));
-  const std::size_t size = (layers.size() + segments - 1) / segments;
-  for (std::size_t begin = 0; begin < layers.size(); begin += size) {
-    const std::size_t end = std::min(layers.size(), begin + size);
-    auto segment = [&layers, begin, end](Var<float> h) {
-      for (std::size_t i = begin; i < end; ++i) h = layers[i](h);
-      return h;
-    };
-    x = remat::checkpoint(segment, remat::policies::nothing_saveable)(x);
-  }
-  return x;
-}
-
-std::vector<Var<float>> record_parameters(remat::Tape<float>& tape, Model& model) {
-  std::vector<Var<float>> p;
-  for (auto& layer : model.layers) {
-    p.push_back(tape.variable(layer.weight));
-    p.push_back(tape.variable(layer.bias));
-  }
-  return p;
-}
-
-int count_correct(const remat::MatrixView<float>& logits, const std::vector<int>& labels, std::size_t first) {
-  int correct = 0;
-  for (remat::Index i = 0; i < logits.rows(); ++i) {
-    remat::Index best;
-    logits.row(i).maxCoeff(&best);
-    correct += best == labels[first + static_cast<std::size_t>(i)];
-  }
-  return correct;
 }
 
 /// Test accuracy, in batches, on a tape of constants: nothing requires a gradient, so no op holds a
@@ -157,8 +85,8 @@ double evaluate(const Options& o, const Model& model, const mlp::Dataset& test, 
   long correct = 0;
   for (remat::Index first = 0; first < n; first += o.eval_batch) {
     const remat::Index m = std::min<remat::Index>(o.eval_batch, n - first);
-    Var<float> logits = forward(o, parameters, tape.constant(test.images.middleRows(first, m)), false);
-    correct += count_correct(logits.value(), test.labels, static_cast<std::size_t>(first));
+    Var<float> logits = mlp::forward(o, parameters, tape.constant(test.images.middleRows(first, m)), false);
+    correct += mlp::count_correct(logits.value(), test.labels, static_cast<std::size_t>(first));
   }
   tape.clear();
   return static_cast<double>(correct) / static_cast<double>(n);
@@ -382,6 +310,7 @@ int run(Options& o, const CLI::App& app) {
   remat::Tape<float> tape, eval_tape;
   Matrix<float> x_batch(o.batch, inputs);
   std::vector<int> labels;
+  mlp::TrainingStep step;
   std::vector<std::size_t> order(n);
   std::size_t saved_bytes = 0, peak_bytes = 0;
   double train_seconds = 0, run_seconds = 0,
@@ -407,29 +336,25 @@ int run(Options& o, const CLI::App& app) {
     long correct = 0;
     for (std::size_t first = 0; first < n; first += static_cast<std::size_t>(o.batch)) {
       const std::size_t m = std::min(static_cast<std::size_t>(o.batch), n - first);
-      x_batch.resize(static_cast<remat::Index>(m), inputs);
       labels.resize(m);
       for (std::size_t i = 0; i < m; ++i) {
         x_batch.row(static_cast<remat::Index>(i)) = train.images.row(static_cast<remat::Index>(order[first + i]));
         labels[i] = train.labels[order[first + i]];
       }
-      tape.clear();
-      tape.seed(dropout_seed(o.seed, model.adam->step_count()));
-      std::vector<Var<float>> p = record_parameters(tape, model);
-      Var<float> logits = forward(o, p, tape.constant(x_batch), true);
-      Var<float> loss = remat::cross_entropy(logits, labels);
-      saved_bytes = std::max(saved_bytes, tape.memory().saved_bytes);
-      model.adam->zero_grad();
-      tape.backward(loss);  // adds into the parameters' gradients
-      peak_bytes = std::max(peak_bytes, tape.memory().peak_bytes);
+      std::optional<double> learning_rate;
       if (o.schedule == "cosine")  // α_t = α·(1 + cos(π t / T)) / 2 over all T steps (Loshchilov & Hutter 2017)
-        model.adam->set_learning_rate(std::max(
+        learning_rate = std::max(
             o.lr * 0.5 *
                 (1 + std::cos(M_PI * static_cast<double>(model.adam->step_count()) / static_cast<double>(total_steps))),
-            1e-12));
-      model.adam->step();
-      loss_sum += static_cast<double>(loss.item()) * static_cast<double>(m);
-      correct += count_correct(logits.value(), labels, 0);
+            1e-12);
+      // The first m rows of x_batch (the last batch may be smaller; resizing would reallocate every epoch).
+      const mlp::TrainingStep::Result r =
+          step.run(tape, o, model.layers, *model.adam, x_batch.topRows(static_cast<remat::Index>(m)), labels,
+                   dropout_seed(o.seed, model.adam->step_count()), learning_rate);
+      saved_bytes = std::max(saved_bytes, r.saved_bytes);
+      peak_bytes = std::max(peak_bytes, r.peak_bytes);
+      loss_sum += static_cast<double>(r.loss) * static_cast<double>(m);
+      correct += r.correct;
       if (terminal && ((first / static_cast<std::size_t>(o.batch)) % 20 == 0 || first + m == n))
         progress_bar(epoch, o.epochs, first + m, n, loss_sum / static_cast<double>(first + m));
     }

@@ -33,6 +33,15 @@ bool call_policy(const void* policy, const OpInfo& op) {
   return static_cast<bool>((*static_cast<const P*>(policy))(op));
 }
 
+/// How many Vars a checkpointed function's result (a Var or a std::tuple) holds.
+template <class R>
+struct var_count : std::integral_constant<std::size_t, 0> {};
+template <class T>
+struct var_count<Var<T>> : std::integral_constant<std::size_t, 1> {};
+template <class... Vs>
+struct var_count<std::tuple<Vs...>>
+    : std::integral_constant<std::size_t, (var_count<std::decay_t<Vs>>::value + ... + 0)> {};
+
 template <class T>
 void collect_outputs(const TapeState<T>* state, std::vector<std::int32_t>& ids, const Var<T>& v) {
   if (v.state() == state && v.valid()) ids.push_back(v.id());
@@ -54,6 +63,9 @@ class Checkpointed {
   auto operator()(Args&&... args) const {
     auto* state = detail::region_tape(args...);
     const std::uint32_t generation = state->generation();
+    // Room for the outputs before the region opens: closing it cannot fail once f has returned.
+    using Result = std::decay_t<std::invoke_result_t<const F&, Args&&...>>;
+    state->output_scratch().reserve(detail::var_count<Result>::value);
     const std::int32_t region = state->open_region(&detail::call_policy<Policy>, &policy_);
     state->add_ref();  // the state outlives a Tape destroyed inside f
     struct Release {
@@ -66,8 +78,8 @@ class Checkpointed {
         throw tape_error("checkpoint: the tape was cleared or destroyed while the checkpointed function ran");
       std::vector<std::int32_t>& outputs = state->output_scratch();
       outputs.clear();
-      detail::collect_outputs(state, outputs, result);
-      state->close_region(outputs);
+      detail::collect_outputs(state, outputs, result);  // within the capacity reserved above
+      state->close_region(outputs);                     // does not throw
       return result;
     } catch (...) {
       if (state->region_is_innermost(region, generation)) state->abort_region();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,7 +47,9 @@ struct DotsWithNoBatchDimsSaveable {
 };
 inline constexpr DotsWithNoBatchDimsSaveable dots_with_no_batch_dims_saveable{};
 
-/// Which values a name policy saves, by the checkpoint_name() tag (OpInfo::tag).
+/// Which values a name policy saves, by the checkpoint_name() tag (OpInfo::tag). The names are shared
+/// between copies: checkpoint(f, policy) copies its policy, and a copy must not allocate (a training step
+/// that checkpoints with a name policy built once allocates nothing).
 class NamePolicy {
  public:
   enum class Mode {
@@ -54,11 +57,12 @@ class NamePolicy {
     named_except_listed,    ///< named values whose name is not listed
     anything_except_listed  ///< every value except named values with a listed name
   };
-  NamePolicy(std::vector<std::string> names, Mode mode) : names_(std::move(names)), mode_(mode) {}
+  NamePolicy(std::vector<std::string> names, Mode mode)
+      : names_(std::make_shared<const std::vector<std::string>>(std::move(names))), mode_(mode) {}
   bool operator()(const OpInfo& op) const {
     const bool named = !op.tag.empty();
     bool listed = false;
-    for (const std::string& n : names_) listed = listed || (named && op.tag == n);
+    for (const std::string& n : *names_) listed = listed || (named && op.tag == n);
     switch (mode_) {
       case Mode::only_listed:
         return listed;
@@ -71,7 +75,7 @@ class NamePolicy {
   }
 
  private:
-  std::vector<std::string> names_;
+  std::shared_ptr<const std::vector<std::string>> names_;
   Mode mode_;
 };
 

@@ -16,8 +16,9 @@ namespace remat {
 
 /// A reverse-mode tape for scalar type T (float or double). One tape per forward/backward pass; reuse
 /// it for the next training step with clear(), which keeps its buffer pool and its scratch space, so a
-/// steady training loop allocates nothing after the first step. A tape is not thread-safe; each thread
-/// may run its own (but backward passes that add into the same Parameter must not run concurrently).
+/// steady training loop allocates nothing after the first step (conditions: docs/design.md §2.5). A
+/// tape is not thread-safe; each thread may run its own (but backward passes that add into the same
+/// Parameter must not run concurrently).
 template <class T>
 class Tape {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "remat::Tape<T>: T must be float or double");
@@ -150,9 +151,14 @@ class Tape {
  private:
   template <class Derived>
   Var<T> leaf(const Eigen::MatrixBase<Derived>& value, bool variable) {
-    const std::int32_t id = state_->add_leaf(Shape{value.rows(), value.cols()}, variable);
     const Shape s{value.rows(), value.cols()};
-    detail::AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
+    const std::int32_t id = state_->add_leaf(s, variable);
+    try {
+      detail::AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
+    } catch (...) {
+      state_->remove_last_leaf(id);  // an expression whose evaluation allocates a temporary threw
+      throw;
+    }
     return Var<T>::adopt(state_, id);
   }
 

@@ -169,16 +169,69 @@ class Buffers {
 
   /// `p` (a buffer for `s`) leaves the tape: its new owner frees it. `replacement`, a buffer of the same
   /// size from the same allocator or null, joins the pool in its place. Never throws.
+  ///
+  /// Without a replacement (a Parameter's first gradient), the dry run counts one more buffer of this
+  /// size as missing, so the reservation before the real pass obtains it and it stays in the pool: the
+  /// next step, which hands the tape's buffer over again and only then gets the Parameter's previous one
+  /// back, finds it there. Otherwise the second step of a training loop would allocate one buffer per
+  /// Parameter.
   void hand_over(T*& p, const Shape& s, T* replacement) noexcept {
     const auto count = static_cast<std::size_t>(s.size());
     if (simulating_) {
-      if (replacement) ++simulated(count).available;
+      if (replacement)
+        ++simulated(count).available;
+      else
+        ++simulated(count).missing;
       simulated_live_ -= bytes(s);
     } else {
       pool_.exchange(count, replacement);
       live_bytes_ -= bytes(s);
     }
     p = nullptr;
+  }
+
+  // ---- all-or-nothing allocation for recording ----
+  /// Buffers make_room() obtained from the system, per size, so that give_back() can return them.
+  struct Room {
+    std::size_t count[2] = {0, 0};
+    std::size_t added[2] = {0, 0};
+  };
+
+  /// Makes the free lists hold a buffer for `a` and one for `b` (none if `b` is empty), so that
+  /// allocate(a) and allocate(b) cannot throw. All or nothing: throws std::bad_alloc with the pool as it
+  /// was. Not during a simulation.
+  Room make_room(const Shape& a, const Shape& b) {
+    Room r;
+    const auto ca = static_cast<std::size_t>(a.size()), cb = static_cast<std::size_t>(b.size());
+    const std::size_t want = cb == ca ? 2 : 1;
+    const std::size_t have = pool_.available(ca);
+    r.count[0] = ca;
+    r.added[0] = want > have ? want - have : 0;
+    pool_.reserve(ca, r.added[0]);
+    if (cb > 0 && cb != ca) {
+      r.count[1] = cb;
+      r.added[1] = pool_.available(cb) > 0 ? 0 : 1;
+      try {
+        pool_.reserve(cb, r.added[1]);
+      } catch (...) {
+        pool_.discard(ca, r.added[0]);
+        throw;
+      }
+    }
+    return r;
+  }
+
+  /// Undoes make_room() once the buffers allocated since have been freed again: the pool, and so
+  /// cached_bytes(), are as before it. Never throws.
+  void give_back(const Room& r) noexcept {
+    for (int i = 0; i < 2; ++i)
+      if (r.added[i] > 0) pool_.discard(r.count[i], r.added[i]);
+  }
+
+  /// Puts peak_bytes() back to `peak` (≥ live_bytes()) after undoing allocations. Never throws.
+  void restore_peak(std::size_t peak) noexcept {
+    assert(peak >= live_bytes_);
+    peak_bytes_ = peak;
   }
 
   // ---- simulation (a dry run of a backward sweep) ----

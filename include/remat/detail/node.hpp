@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "remat/matrix.hpp"
@@ -138,10 +139,10 @@ struct Graph {
   int open_depth() const { return static_cast<int>(open.size()); }
 
   /// Index of `name` in the tag store, adding it the first time.
-  std::int32_t intern_tag(const std::string& name) {
+  std::int32_t intern_tag(std::string_view name) {
     for (std::size_t i = 0; i < tags.size(); ++i)
       if (tags[i] == name) return static_cast<std::int32_t>(i);
-    tags.push_back(name);
+    tags.emplace_back(name);
     return static_cast<std::int32_t>(tags.size() - 1);
   }
 

@@ -2,6 +2,8 @@
 // decisions and close-time analysis (which values their replay will read).
 #pragma once
 
+#include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,23 +25,38 @@ class Recorder {
   Recorder(Graph<T>& graph, Buffers<T>& buffers, Lifetime<T>& lifetime)
       : graph_(graph), buffers_(buffers), lifetime_(lifetime) {}
 
-  /// A leaf with an uninitialised tape-owned value (the caller fills it). Throws shape_error for an
-  /// empty shape, std::bad_alloc; the tape is unchanged then.
+  /// A leaf with an uninitialised tape-owned value (the caller fills it; if that throws, it calls
+  /// remove_last_leaf()). Throws shape_error for an empty shape, std::bad_alloc; the tape is unchanged then.
   std::int32_t add_leaf(const Shape& shape, bool variable) {
     check_leaf_shape(shape, variable ? "variable" : "constant", "matrix");
+    if (!graph_.open.empty()) reserve_for_close();
     Node<T>& n = new_leaf(shape, variable);
     try {
-      n.value = buffers_.allocate(shape);
+      leaf_room_ = buffers_.make_room(shape, Shape{});
     } catch (...) {
       graph_.nodes.pop_back();
       throw;
     }
+    leaf_peak_ = buffers_.peak_bytes();
+    n.value = buffers_.allocate(shape);  // cannot throw now
     return graph_.size() - 1;
+  }
+
+  /// Undoes the add_leaf() that returned `id` (the last node) when filling its value threw (an Eigen
+  /// expression that allocates a temporary): the tape, its pool and its figures are as before. Never throws.
+  void remove_last_leaf(std::int32_t id) noexcept {
+    assert(id == graph_.size() - 1 && graph_[id].is_leaf());
+    Node<T>& n = graph_[id];
+    buffers_.free(n.value, n.shape);
+    buffers_.give_back(leaf_room_);
+    buffers_.restore_peak(leaf_peak_);
+    graph_.nodes.pop_back();
   }
 
   /// A variable referencing a Parameter's storage (no copy). Throws shape_error for an empty parameter.
   std::int32_t add_parameter(std::shared_ptr<ParameterStorage<T>> storage) {
     check_leaf_shape(Shape{storage->value.rows(), storage->value.cols()}, "variable", "parameter");
+    if (!graph_.open.empty()) reserve_for_close();
     Node<T>& n = new_leaf(Shape{storage->value.rows(), storage->value.cols()}, true);
     n.value = storage->value.data();
     n.parameter_version = storage->version;
@@ -48,7 +65,9 @@ class Recorder {
   }
 
   /// Records and runs one op whose inputs are live (the caller holds their handles). On any exception
-  /// (bad_alloc, a throwing policy, a stale or escaped input) the tape is left as it was.
+  /// (bad_alloc, a throwing policy, a stale or escaped input, a throwing forward) the tape is left as it
+  /// was, memory() figures included: everything that may throw happens before the first change, and the
+  /// forward, which should not throw, is undone exactly if it does.
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const Shape& shape, const Shape& extra_shape) {
     for (int k = 0; k < arity; ++k) {
@@ -56,26 +75,40 @@ class Recorder {
       check_parameter_current(graph_, inputs[k], table->name);
     }
     const bool in_region = !graph_.open.empty();
-    if (in_region) graph_.pending.reserve(graph_.pending.size() + static_cast<std::size_t>(arity));
+    const std::uint64_t drop_mask = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : 0;
+    if (in_region) {
+      reserve_for_close();
+      reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
+    }
     graph_.nodes.emplace_back();
     const std::int32_t id = graph_.size() - 1;
+    typename Buffers<T>::Room room;
     try {
-      Node<T>& n = graph_[id];
-      n.op = table;
-      n.arity = static_cast<std::int8_t>(arity);
-      for (int k = 0; k < arity; ++k) n.inputs[k] = inputs[k];
-      n.attributes = attributes;
-      n.shape = shape;
-      n.extra_shape = extra_shape;
-      n.region = in_region ? graph_.open.back() : -1;
-      n.value = buffers_.allocate(shape);
-      if (extra_shape.size() > 0) n.extra = buffers_.allocate(extra_shape);
-      table->forward(ForwardContext<T>{graph_, n});
-      if (in_region) n.drop_mask = policy_decisions(n);
+      room = buffers_.make_room(shape, extra_shape);
     } catch (...) {
-      Node<T>& n = graph_[id];
+      graph_.nodes.pop_back();
+      throw;
+    }
+    // Nothing below throws, except an op's forward (which should not).
+    const std::size_t peak = buffers_.peak_bytes();
+    Node<T>& n = graph_[id];
+    n.op = table;
+    n.arity = static_cast<std::int8_t>(arity);
+    for (int k = 0; k < arity; ++k) n.inputs[k] = inputs[k];
+    n.attributes = attributes;
+    n.shape = shape;
+    n.extra_shape = extra_shape;
+    n.region = in_region ? graph_.open.back() : -1;
+    n.drop_mask = drop_mask;
+    n.value = buffers_.allocate(shape);
+    if (extra_shape.size() > 0) n.extra = buffers_.allocate(extra_shape);
+    try {
+      table->forward(ForwardContext<T>{graph_, n});
+    } catch (...) {
       buffers_.free(n.value, n.shape);
       buffers_.free(n.extra, n.extra_shape);
+      buffers_.give_back(room);
+      buffers_.restore_peak(peak);
       graph_.nodes.pop_back();
       throw;
     }
@@ -100,15 +133,16 @@ class Recorder {
   }
 
   /// Closes the innermost open region; `outputs` are the ids its function returned. Decides what its
-  /// replay will read and holds those values (JAX's partial evaluation, detail/replay_plan.hpp). Throws
-  /// std::bad_alloc before changing anything.
-  void close_region(const std::int32_t* outputs, std::size_t count) {
+  /// replay will read and holds those values (JAX's partial evaluation, detail/replay_plan.hpp). Does not
+  /// allocate: every node recorded in an open region made room for closing it (reserve_for_close), so
+  /// that a region whose function returned is never lost to a std::bad_alloc (checkpoint() would have to
+  /// abort it, leaving its nodes on the tape).
+  void close_region(const std::int32_t* outputs, std::size_t count) noexcept {
     Region& r = graph_.region(graph_.open.back());
     const auto length = static_cast<std::size_t>(graph_.size() - r.begin);
-    members_.reserve(length);
-    uses_.assign(length, 0);
-    graph_.region_sources.reserve(graph_.region_sources.size() + max_inputs * length);
-    // Nothing below throws.
+    assert(members_.capacity() >= length && uses_.capacity() >= length &&
+           graph_.region_sources.capacity() >= graph_.region_sources.size() + max_inputs * length);
+    uses_.assign(length, 0);  // within capacity
     const std::uint64_t bit = std::uint64_t{1} << r.depth;
     for (std::size_t o = 0; o < count; ++o) {
       Node<T>& n = graph_[outputs[o]];
@@ -130,17 +164,19 @@ class Recorder {
     if (graph_.open.empty()) lifetime_.release_pending();
   }
 
-  OpInfo op_info(const Node<T>& n) const {
+  OpInfo op_info(const Node<T>& n) const { return op_info(n.op, n.inputs, n.arity, n.attributes, n.shape); }
+  OpInfo op_info(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
+                 const Shape& shape) const {
     OpInfo info;
-    info.name = n.op->name;
-    info.kind = n.op->kind;
-    info.batch_dims = n.op->batch_dims;
-    if (n.attributes.tag >= 0) info.tag = graph_.tags[static_cast<std::size_t>(n.attributes.tag)];
-    info.shape = n.shape;
-    info.bytes = Buffers<T>::bytes(n.shape);
+    info.name = table->name;
+    info.kind = table->kind;
+    info.batch_dims = table->batch_dims;
+    if (attributes.tag >= 0) info.tag = graph_.tags[static_cast<std::size_t>(attributes.tag)];
+    info.shape = shape;
+    info.bytes = Buffers<T>::bytes(shape);
     Shape in[max_inputs];
-    for (int k = 0; k < n.arity; ++k) in[k] = graph_[n.inputs[k]].shape;
-    info.flops = n.op->flops(in, n.arity, n.shape);
+    for (int k = 0; k < arity; ++k) in[k] = graph_[inputs[k]].shape;
+    info.flops = table->flops(in, arity, shape);
     return info;
   }
 
@@ -162,14 +198,33 @@ class Recorder {
   }
 
   /// Bit d set: the open region at depth d does not save this op's output. May throw (a user policy).
-  std::uint64_t policy_decisions(const Node<T>& n) const {
-    const OpInfo info = op_info(n);
+  std::uint64_t policy_decisions(const OpInfo& info) const {
     std::uint64_t mask = 0;
     for (std::int32_t rid : graph_.open) {
       const Region& r = graph_.region(rid);
       if (!r.policy(r.policy_object, info)) mask |= std::uint64_t{1} << r.depth;
     }
     return mask;
+  }
+
+  /// `v`'s capacity becomes at least `n`, growing geometrically (a reserve per record must not make
+  /// recording quadratic). Throws std::bad_alloc with `v` unchanged.
+  template <class V>
+  static void reserve_at_least(V& v, std::size_t n) {
+    if (n > v.capacity()) v.reserve(std::max(n, 2 * v.capacity()));
+  }
+
+  /// Inside open regions, before a node is added: room for everything closing them will need once it is
+  /// recorded (close_region's scratch and each region's replay sources, at most max_inputs per node), so
+  /// that close_region cannot throw. Throws std::bad_alloc before changing anything.
+  void reserve_for_close() {
+    const auto next = static_cast<std::size_t>(graph_.size()) + 1;
+    const std::size_t outermost = next - static_cast<std::size_t>(graph_.region(graph_.open.front()).begin);
+    reserve_at_least(members_, outermost);
+    reserve_at_least(uses_, outermost);
+    std::size_t open_nodes = 0;
+    for (std::int32_t rid : graph_.open) open_nodes += next - static_cast<std::size_t>(graph_.region(rid).begin);
+    reserve_at_least(graph_.region_sources, graph_.region_sources.size() + max_inputs * open_nodes);
   }
 
   /// After a successful forward: what the op's backward will read, and the pending holds. Never throws.
@@ -238,6 +293,8 @@ class Recorder {
   Lifetime<T>& lifetime_;
   std::vector<std::int32_t> members_, uses_;  // scratch of close_region
   std::uint32_t stamp_ = 0;
+  typename Buffers<T>::Room leaf_room_;  // what the last add_leaf() reserved, for remove_last_leaf()
+  std::size_t leaf_peak_ = 0;
 };
 
 }  // namespace remat::detail

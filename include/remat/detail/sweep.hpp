@@ -123,11 +123,16 @@ class Sweep {
       snapshot_[static_cast<std::size_t>(i)] = {n.value,        n.extra,         n.grad,      n.backward_reads,
                                                 n.replay_reads, n.grad_assigned, n.extra_read};
     }
+    // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
+    // reservation that fails leaves memory() as it was.
+    const std::size_t replayed_bytes = replayed_bytes_, replayed_ops = replayed_ops_;
     simulation_ = next_simulation_serial();
     buffers_.begin_simulation();
     pass(loss, mode);
     predicted_peak_ = buffers_.end_simulation();
     simulation_ = 0;
+    replayed_bytes_ = replayed_bytes;
+    replayed_ops_ = replayed_ops;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       Node<T>& n = graph_[i];
       const Snapshot& s = snapshot_[static_cast<std::size_t>(i)];

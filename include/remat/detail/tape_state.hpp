@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
@@ -53,6 +54,8 @@ class TapeState {
 
   // ---- recording ----
   std::int32_t add_leaf(const Shape& shape, bool variable) { return recorder_.add_leaf(shape, variable); }
+  /// Undoes the last add_leaf() (filling its value threw). Never throws.
+  void remove_last_leaf(std::int32_t id) noexcept { recorder_.remove_last_leaf(id); }
   T* leaf_value(std::int32_t id) { return graph_[id].value; }
   std::int32_t add_parameter(Parameter<T>& p) { return recorder_.add_parameter(ParameterAccess::storage(p)); }
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
@@ -66,7 +69,7 @@ class TapeState {
     return begin;
   }
   void unstore_labels(std::int64_t begin) { graph_.labels.resize(static_cast<std::size_t>(begin)); }
-  std::int32_t intern_tag(const std::string& name) { return graph_.intern_tag(name); }
+  std::int32_t intern_tag(std::string_view name) { return graph_.intern_tag(name); }
   std::uint64_t random_seed() const { return seed_; }
   void set_random_seed(std::uint64_t seed) {
     seed_ = seed;
@@ -83,7 +86,8 @@ class TapeState {
   bool region_is_innermost(std::int32_t region, std::uint32_t generation) const {
     return generation == generation_ && !graph_.open.empty() && graph_.open.back() == region;
   }
-  void close_region(const std::vector<std::int32_t>& outputs) {
+  /// Never throws (recording inside the region made room for it).
+  void close_region(const std::vector<std::int32_t>& outputs) noexcept {
     recorder_.close_region(outputs.data(), outputs.size());
   }
   void abort_region() noexcept { recorder_.abort_region(); }

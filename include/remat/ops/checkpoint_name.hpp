@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "remat/detail/apply.hpp"
 
@@ -28,9 +29,10 @@ struct CheckpointNameOp : OpBase {
 
 /// Identity that tags its output with `name` (OpInfo::tag), so save_only_these_names and
 /// save_any_names_but_these can select it. The output is a copy of x ([m,n] → [m,n]); dy/dx = 1.
-/// Throws remat::domain_error for an empty name.
+/// Throws remat::domain_error for an empty name. Takes a string_view so that a long name given as a
+/// literal does not build a std::string (a heap allocation) on every call of a training step.
 template <class T>
-Var<T> checkpoint_name(const Var<T>& x, const std::string& name) {
+Var<T> checkpoint_name(const Var<T>& x, std::string_view name) {
   if (name.empty()) throw domain_error("checkpoint_name: the name must not be empty");
   x.node("checkpoint_name");
   detail::Attributes a;

@@ -1,0 +1,293 @@
+// A steady training loop performs no heap allocation after its first step (docs/design.md §2.5): every
+// temporary an op or the sweep needs comes from the tape's pool (and so counts in memory().peak_bytes)
+// or from scratch vectors the tape keeps across clear().
+//
+// OWN EXECUTABLE: this file replaces the global operator new/delete and malloc (allocation_counter.hpp);
+// tests/CMakeLists.txt builds every tests/alloc/*_test.cpp as a separate program.
+//
+// To see where an unexpected allocation comes from: REMAT_ALLOC_TRACE=1 ./alloc_steady_state_test
+// prints a stack trace of every counted allocation.
+#include "allocation_counter.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "blas_threads.hpp"
+#include "training_step.hpp"  // examples/mlp
+#include "w2_model.hpp"
+
+namespace {
+
+using remat_alloc::Counts;
+using remat_alloc_test::Identity;
+using remat_alloc_test::W2Model;
+
+/// What one measured step did.
+struct StepRecord {
+  Counts counts;
+  remat::MemoryStats after_backward, after_step;
+};
+
+std::string describe(const std::vector<StepRecord>& steps) {
+  std::string s;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    char line[200];
+    std::snprintf(line, sizeof line, "  step %zu: %ld allocations (%zu bytes), %ld frees; peak %zu B, cached %zu B\n",
+                  i + 1, steps[i].counts.allocations, steps[i].counts.bytes, steps[i].counts.frees,
+                  steps[i].after_backward.peak_bytes, steps[i].after_step.cached_bytes);
+    s += line;
+  }
+  return s;
+}
+
+/// Steps 2… allocate nothing; every step reaches the same peak; the pool does not grow after step 2.
+void expect_steady(const std::vector<StepRecord>& steps, std::size_t first_steady = 1) {
+  SCOPED_TRACE("\n" + describe(steps) + "(REMAT_ALLOC_TRACE=1 prints where each allocation happens)");
+  ASSERT_GT(steps.size(), first_steady + 3);
+  EXPECT_GT(steps[0].counts.allocations, 0) << "the counter saw nothing in the first step";
+  for (std::size_t i = first_steady; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].counts.allocations, 0) << "step " << i + 1;
+    EXPECT_EQ(steps[i].counts.frees, 0) << "step " << i + 1;
+    EXPECT_EQ(steps[i].after_backward.peak_bytes, steps[first_steady].after_backward.peak_bytes) << "step " << i + 1;
+    EXPECT_EQ(steps[i].after_step.cached_bytes, steps[first_steady].after_step.cached_bytes) << "step " << i + 1;
+    EXPECT_EQ(steps[i].after_step.live_bytes, 0u) << "step " << i + 1;
+  }
+}
+
+// ---- the counter itself ----
+
+void* volatile sink;  // keeps the compiler from eliding an allocation and its free
+struct alignas(64) Wide {
+  char c[64];
+};
+void plain_new() {
+  delete static_cast<int*>(sink = new int(1));
+}
+void array_new() {
+  delete[] static_cast<int*>(sink = new int[8]);
+}
+void aligned_new() {
+  delete static_cast<Wide*>(sink = new Wide);
+}
+void nothrow_new() {
+  delete static_cast<int*>(sink = new (std::nothrow) int(2));
+}
+void plain_malloc() {
+  std::free(sink = std::malloc(24));
+}
+void plain_calloc() {
+  std::free(sink = std::calloc(3, 8));
+}
+void plain_realloc() {
+  std::free(sink = std::realloc(nullptr, 40));
+}
+void plain_aligned_alloc() {
+  std::free(sink = std::aligned_alloc(64, 128));
+}
+void plain_posix_memalign() {
+  void* p = nullptr;
+  if (posix_memalign(&p, 64, 128) == 0) std::free(sink = p);
+}
+void vector_growth() {
+  std::vector<int> v(100);
+  sink = v.data();
+}
+void eigen_matrix() {
+  remat::Matrix<float> m(30, 40);
+  sink = m.data();
+}
+void eigen_aligned_malloc() {
+  Eigen::internal::aligned_free(sink = Eigen::internal::aligned_malloc(256));
+}
+
+TEST(AllocationCounter, SeesEveryKindOfAllocation) {
+  const struct {
+    const char* name;
+    void (*f)();
+  } cases[] = {{"new", plain_new},
+               {"new[]", array_new},
+               {"aligned new", aligned_new},
+               {"nothrow new", nothrow_new},
+               {"malloc", plain_malloc},
+               {"calloc", plain_calloc},
+               {"realloc", plain_realloc},
+               {"aligned_alloc", plain_aligned_alloc},
+               {"posix_memalign", plain_posix_memalign},
+               {"std::vector", vector_growth},
+               {"Eigen::Matrix", eigen_matrix},
+               {"Eigen's aligned_malloc", eigen_aligned_malloc}};
+  for (const auto& c : cases) {
+    remat_alloc::Count count;
+    c.f();
+    const Counts counts = count.stop();
+    EXPECT_EQ(counts.this_thread, 1) << c.name;
+    EXPECT_GE(counts.allocations, 1) << c.name;
+    EXPECT_GE(counts.frees, 1) << c.name;
+  }
+  remat_alloc::Count count;
+  EXPECT_EQ(count.stop().this_thread, 0);
+}
+
+// ---- (a) a W2-like step with nested checkpoint regions, dropout, checkpoint_name, Adam ----
+
+/// W2Model's call wrapper: runs each call and keeps the memory figures right after backward.
+struct Recorder {
+  remat::Tape<float>* tape;
+  remat::MemoryStats* after_backward;
+  template <class F>
+  decltype(auto) operator()(const char* what, F&& f) {
+    if constexpr (std::is_void_v<decltype(f())>) {
+      f();
+      if (std::string_view(what) == "backward") *after_backward = tape->memory();
+    } else {
+      return f();
+    }
+  }
+};
+
+TEST(SteadyState, W2StepWithCheckpointingAllocatesNothingAfterTheFirstStep) {
+  W2Model model;
+  remat::Tape<float> tape;
+  constexpr int n = 6;
+  std::vector<StepRecord> steps(n);
+  float first_loss = 0, last_loss = 0;
+  for (int s = 0; s < n; ++s) {
+    Recorder call{&tape, &steps[static_cast<std::size_t>(s)].after_backward};
+    remat_alloc::Count count;
+    const float loss = model.step(tape, call, static_cast<std::uint64_t>(s));
+    steps[static_cast<std::size_t>(s)].counts = count.stop();
+    steps[static_cast<std::size_t>(s)].after_step = tape.memory();
+    (s == 0 ? first_loss : last_loss) = loss;
+  }
+  std::printf("W2 step:\n%s", describe(steps).c_str());
+  expect_steady(steps);
+  EXPECT_GT(steps[0].after_backward.replayed_ops, 0u) << "the regions replayed nothing";
+  EXPECT_LT(last_loss, first_loss) << "Adam did not train";
+}
+
+/// Products big enough for Eigen's own GEMM to put its packing buffers on the heap (beyond
+/// EIGEN_STACK_ALLOCATION_LIMIT, 128 KB): [32,128]·[128,512] and [32,512]·[512,128], and their backward.
+TEST(SteadyState, LargeProductsAllocateNothingWithBlas) {
+  remat_alloc_test::W2Shape shape;
+  shape.batch = 32;
+  shape.width = 128;
+  shape.hidden = 512;
+  W2Model model(shape);
+  remat::Tape<float> tape;
+  constexpr int n = 5;
+  std::vector<StepRecord> steps(n);
+  for (int s = 0; s < n; ++s) {
+    Recorder call{&tape, &steps[static_cast<std::size_t>(s)].after_backward};
+    remat_alloc::Count count;
+    model.step(tape, call, static_cast<std::uint64_t>(s));
+    steps[static_cast<std::size_t>(s)].counts = count.stop();
+    steps[static_cast<std::size_t>(s)].after_step = tape.memory();
+  }
+  std::printf("W2 step at width 128, hidden 512:\n%s", describe(steps).c_str());
+#ifdef EIGEN_USE_BLAS
+  expect_steady(steps);
+#else
+  // The documented limitation (docs/design.md §2.5): without BLAS, Eigen's GEMM allocates its packing
+  // buffers on every product of this size, outside the tape's pool.
+  for (std::size_t i = 1; i < steps.size(); ++i)
+    EXPECT_GT(steps[i].counts.allocations, 0) << "Eigen's GEMM no longer allocates: update docs/design.md §2.5";
+#endif
+}
+
+// ---- (b) the MLP example's training step (examples/mlp/training_step.hpp) ----
+
+struct MlpFixture {
+  static constexpr int inputs = 20, classes = 10;
+  mlp::NetworkOptions options;
+  std::vector<remat::nn::Linear<float>> layers;
+  std::unique_ptr<remat::nn::Adam<float>> adam;
+  remat::Matrix<float> images;
+  std::vector<int> image_labels;
+
+  MlpFixture(const std::string& checkpoint, const std::string& activation, int samples) {
+    options.hidden = {32, 24, 16, 16};
+    options.activation = activation;
+    options.dropout = 0.2;
+    options.checkpoint = checkpoint;
+    remat::nn::Generator init(3);
+    remat::Index width = inputs;
+    for (int h : options.hidden) {
+      layers.emplace_back(width, h, init);
+      width = h;
+    }
+    layers.emplace_back(width, classes, init, remat::nn::Init::glorot_uniform);
+    std::vector<remat::Parameter<float>*> parameters;
+    for (auto& l : layers) {
+      parameters.push_back(&l.weight);
+      parameters.push_back(&l.bias);
+    }
+    adam = std::make_unique<remat::nn::Adam<float>>(parameters);
+    images = remat_test::random_matrix<float>(samples, inputs, 11);
+    for (int i = 0; i < samples; ++i) image_labels.push_back((i * 3 + 1) % classes);
+  }
+};
+
+/// main.cpp's epoch loop: shuffled batches of `batch` rows (the last one smaller), `epochs` times.
+std::vector<StepRecord> run_mlp(MlpFixture& f, int batch, int epochs) {
+  remat::Tape<float> tape;
+  mlp::TrainingStep step;
+  const auto n = static_cast<std::size_t>(f.images.rows());
+  remat::Matrix<float> x_batch(batch, f.images.cols());
+  std::vector<int> labels;
+  std::vector<std::size_t> order(n);
+  remat::nn::Generator shuffle(5);
+  const std::size_t per_epoch = (n + static_cast<std::size_t>(batch) - 1) / static_cast<std::size_t>(batch);
+  std::vector<StepRecord> steps(per_epoch * static_cast<std::size_t>(epochs));
+  std::size_t s = 0;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    for (std::size_t i = n - 1; i > 0; --i) std::swap(order[i], order[shuffle.below(i + 1)]);
+    for (std::size_t first = 0; first < n; first += static_cast<std::size_t>(batch), ++s) {
+      remat_alloc::Count count;
+      const std::size_t m = std::min(static_cast<std::size_t>(batch), n - first);
+      labels.resize(m);
+      for (std::size_t i = 0; i < m; ++i) {
+        x_batch.row(static_cast<remat::Index>(i)) = f.images.row(static_cast<remat::Index>(order[first + i]));
+        labels[i] = f.image_labels[order[first + i]];
+      }
+      const double lr = 1e-3 * 0.5 * (1 + std::cos(static_cast<double>(s) / static_cast<double>(steps.size())));
+      const mlp::TrainingStep::Result r =
+          step.run(tape, f.options, f.layers, *f.adam, x_batch.topRows(static_cast<remat::Index>(m)), labels, s, lr);
+      steps[s].counts = count.stop();
+      steps[s].after_backward.peak_bytes = r.peak_bytes;
+      tape.clear();  // main.cpp clears at the start of the next step: the same pool state
+      steps[s].after_step = tape.memory();
+    }
+  }
+  return steps;
+}
+
+class MlpStep : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
+
+TEST_P(MlpStep, AllocatesNothingAfterTheFirstStep) {
+  MlpFixture f(std::get<0>(GetParam()), std::get<1>(GetParam()), 48);
+  expect_steady(run_mlp(f, 8, 1));  // 6 steps of 8 rows
+}
+
+TEST_P(MlpStep, AllocatesNothingInTheSecondEpochWithASmallerLastBatch) {
+  MlpFixture f(std::get<0>(GetParam()), std::get<1>(GetParam()), 30);
+  const std::vector<StepRecord> steps = run_mlp(f, 8, 3);  // batches 8, 8, 8, 6 per epoch
+  SCOPED_TRACE("\n" + describe(steps));
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (i == 0 || i == 3) continue;  // the first step of each batch shape fills the pool
+    EXPECT_EQ(steps[i].counts.allocations, 0) << "step " << i + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, MlpStep,
+                         ::testing::Combine(::testing::Values("none", "layer", "sqrt", "dots"),
+                                            ::testing::Values("relu", "gelu")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+                         });
+
+}  // namespace
