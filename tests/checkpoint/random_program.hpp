@@ -1,0 +1,985 @@
+// Random programs of checkpoint regions, and the Recorder that records them on a tape while it describes
+// each node for the oracle (oracle.hpp). Shared by random_graph_test.cpp (checkpointed gradients against
+// the plain run and finite differences) and oracle_property_test.cpp (saved and replayed bytes and ops
+// against the oracle).
+//
+// A Program is a list of Steps on a scope of values: mixed ops with broadcasting, matmul, linear,
+// multi-layer stacks, layer_norm, cross_entropy, softmax, dropout, checkpoint_name, constants recorded
+// inside regions; leaves that are constants, tape variables or remat::Parameters; regions nested up to
+// three deep, with every library policy and random custom ones, one or two arguments, one or two outputs.
+// Generator draws one from a seed; Executor records it on a Recorder; Run records it on a tape of its own.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "oracle.hpp"
+#include "random.hpp"
+#include "remat/remat.hpp"
+
+namespace random_program {
+
+using remat::Matrix;
+using remat::OpInfo;
+using remat::Parameter;
+using remat::Shape;
+using remat::Tape;
+using remat::Var;
+
+// ---------------------------------------------------------------------------------------------------
+// Policies, described by the test. The oracle side evaluates them here (checkpointing.md §4), from what the test
+// knows of each op; the tape side gets a callable (the library's policy where it exists).
+
+/// Spec checkpointing.md §4's OpKind, from the op name (the test's own table, not remat's).
+enum class Kind { dot, elementwise, reduction, normalization, loss, random, identity };
+inline Kind kind_of(const std::string& op) {
+  if (op == "matmul" || op == "linear") return Kind::dot;
+  if (op == "sum" || op == "mean" || op == "sum_rows") return Kind::reduction;
+  if (op == "softmax" || op == "log_softmax" || op == "layer_norm") return Kind::normalization;
+  if (op == "cross_entropy" || op == "mse_loss") return Kind::loss;
+  if (op == "dropout") return Kind::random;
+  if (op == "checkpoint_name") return Kind::identity;
+  return Kind::elementwise;
+}
+inline Kind kind_of(remat::OpKind k) {
+  switch (k) {
+    case remat::OpKind::dot:
+      return Kind::dot;
+    case remat::OpKind::reduction:
+      return Kind::reduction;
+    case remat::OpKind::normalization:
+      return Kind::normalization;
+    case remat::OpKind::loss:
+      return Kind::loss;
+    case remat::OpKind::random:
+      return Kind::random;
+    case remat::OpKind::identity:
+      return Kind::identity;
+    default:
+      return Kind::elementwise;
+  }
+}
+
+/// What a policy may look at: name, kind, tag, output shape, bytes.
+struct OpView {
+  std::string name;
+  Kind kind = Kind::elementwise;
+  std::string tag;
+  long rows = 0, cols = 0;
+  std::size_t bytes = 0;
+};
+inline OpView view_of(const OpInfo& op) {
+  return {std::string(op.name),
+          kind_of(op.kind),
+          std::string(op.tag),
+          static_cast<long>(op.shape.rows),
+          static_cast<long>(op.shape.cols),
+          op.bytes};
+}
+
+enum class PolicyKind {
+  nothing,             // nothing_saveable
+  everything,          // everything_saveable
+  dots,                // dots_saveable
+  dots_no_batch_dims,  // dots_with_no_batch_dims_saveable
+  only_names,          // save_only_these_names(names)
+  any_names_but,       // save_any_names_but_these(names), JAX semantics
+  anything_except,     // save_anything_except_these_names(names)
+  both,                // save_from_both_policies(dots_saveable, save_only_these_names(names))
+  random_calls,        // custom, stateful: a coin per call from its own generator (asked once per op)
+  random_hash,         // custom: a coin from a hash of (seed, name, tag, shape)
+  rule,                // custom: normalization, or more than 12 scalars, or tanh
+};
+constexpr int policy_kinds = 11;
+
+struct PolicySpec {
+  PolicyKind kind = PolicyKind::nothing;
+  std::vector<std::string> names;
+  std::uint64_t seed = 0;
+};
+
+inline std::string to_string(const PolicySpec& p) {
+  static const char* const names[] = {"nothing_saveable",
+                                      "everything_saveable",
+                                      "dots_saveable",
+                                      "dots_with_no_batch_dims_saveable",
+                                      "save_only_these_names",
+                                      "save_any_names_but_these",
+                                      "save_anything_except_these_names",
+                                      "save_from_both_policies(dots_saveable, save_only_these_names)",
+                                      "custom random per call",
+                                      "custom random hash",
+                                      "custom rule"};
+  std::string s = names[static_cast<int>(p.kind)];
+  if (!p.names.empty()) {
+    s += " {";
+    for (std::size_t k = 0; k < p.names.size(); ++k) s += (k ? "," : "") + p.names[k];
+    s += "}";
+  }
+  if (p.kind == PolicyKind::random_calls || p.kind == PolicyKind::random_hash) s += " seed " + std::to_string(p.seed);
+  return s;
+}
+
+inline bool listed(const std::vector<std::string>& names, const std::string& tag) {
+  for (const auto& n : names)
+    if (n == tag) return true;
+  return false;
+}
+
+// The custom policies, shared by both sides (they are the test's own code, not a library decision).
+inline bool hash_coin(std::uint64_t seed, const OpView& op) {
+  std::uint64_t h = 0xcbf29ce484222325ULL ^ seed;
+  auto mix = [&](std::uint64_t x) {
+    h ^= x;
+    h *= 0x100000001b3ULL;
+  };
+  for (char c : op.name) mix(static_cast<unsigned char>(c));
+  for (char c : op.tag) mix(static_cast<unsigned char>(c));
+  mix(static_cast<std::uint64_t>(op.rows));
+  mix(static_cast<std::uint64_t>(op.cols));
+  h ^= h >> 29;
+  return ((h * 0xbf58476d1ce4e5b9ULL) >> 63) != 0;
+}
+template <class T>
+bool rule_policy(const OpView& op) {
+  return op.kind == Kind::normalization || op.bytes > 12 * sizeof(T) || op.name == "tanh";
+}
+
+/// Oracle side: checkpointing.md §4, evaluated from the test's knowledge of the op. `calls` is this region
+/// call's own generator for the stateful custom policy.
+template <class T>
+bool spec_policy_saves(const PolicySpec& p, const OpView& op, std::mt19937_64& calls) {
+  const bool named = op.name == "checkpoint_name";
+  switch (p.kind) {
+    case PolicyKind::nothing:
+      return false;
+    case PolicyKind::everything:
+      return true;
+    case PolicyKind::dots:
+      return op.kind == Kind::dot;
+    // Spec checkpointing.md §4: kind == dot && !batch_dims. Every remat op is 2-D, so no dot has batch dimensions
+    // (dot_general's sense); the spec does not say which ops set batch_dims (see the report).
+    case PolicyKind::dots_no_batch_dims:
+      return op.kind == Kind::dot;
+    case PolicyKind::only_names:
+      return named && listed(p.names, op.tag);
+    case PolicyKind::any_names_but:
+      return named && !listed(p.names, op.tag);
+    case PolicyKind::anything_except:
+      return !(named && listed(p.names, op.tag));
+    case PolicyKind::both:
+      return op.kind == Kind::dot || (named && listed(p.names, op.tag));
+    case PolicyKind::random_calls:
+      return (calls() & 1) != 0;
+    case PolicyKind::random_hash:
+      return hash_coin(p.seed, op);
+    case PolicyKind::rule:
+      return rule_policy<T>(op);
+  }
+  return false;
+}
+
+/// Tape side: the callable handed to remat::checkpoint.
+template <class T>
+std::function<bool(const OpInfo&)> library_policy(const PolicySpec& p) {
+  using namespace remat::policies;
+  switch (p.kind) {
+    case PolicyKind::nothing:
+      return nothing_saveable;
+    case PolicyKind::everything:
+      return everything_saveable;
+    case PolicyKind::dots:
+      return dots_saveable;
+    case PolicyKind::dots_no_batch_dims:
+      return dots_with_no_batch_dims_saveable;
+    case PolicyKind::only_names:
+      return save_only_these_names(p.names);
+    case PolicyKind::any_names_but:
+      return save_any_names_but_these(p.names);
+    case PolicyKind::anything_except:
+      return save_anything_except_these_names(p.names);
+    case PolicyKind::both:
+      return save_from_both_policies(dots_saveable, save_only_these_names(p.names));
+    case PolicyKind::random_calls: {
+      auto generator = std::make_shared<std::mt19937_64>(p.seed);
+      return [generator](const OpInfo&) { return ((*generator)() & 1) != 0; };
+    }
+    case PolicyKind::random_hash:
+      return [seed = p.seed](const OpInfo& op) { return hash_coin(seed, view_of(op)); };
+    case PolicyKind::rule:
+      return [](const OpInfo& op) { return rule_policy<T>(view_of(op)); };
+  }
+  return nothing_saveable;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Recorder: records ops on a tape through remat's public API and, next to it, describes each node for the
+// oracle (its op name, inputs, shapes, leaf kind, region and the policy decisions). Shapes are inferred here
+// from the op, not read from the tape (a mismatch is reported: it would mean the test's model of an op is
+// wrong).
+
+template <class T>
+class Recorder {
+ public:
+  struct Value {
+    Var<T> var;
+    int id = -1;
+    Shape shape;
+  };
+
+  /// `checkpoint` false: regions run their body inline (the reference run without checkpoint). `describe`
+  /// false: `graph` stays empty (faster, for runs that only want values and gradients).
+  Recorder(Tape<T>& tape, bool checkpoint, bool describe = true)
+      : tape_(tape), checkpoint_(checkpoint), describe_(describe) {
+    graph.scalar_bytes = sizeof(T);
+  }
+
+  remat_oracle::Graph graph;
+  int body_calls = 0;  // how many times region bodies ran (with checkpoint: the checkpointed functions)
+
+  Value constant(const Matrix<T>& m) { return leaf(remat_oracle::Leaf::constant, tape_.constant(m)); }
+  Value variable(const Matrix<T>& m) { return leaf(remat_oracle::Leaf::variable, tape_.variable(m)); }
+  Value parameter(Parameter<T>& p) { return leaf(remat_oracle::Leaf::parameter, tape_.variable(p)); }
+  /// A leaf made by someone else on this tape (gradcheck's variables and constants).
+  Value input(Var<T> v) {
+    const auto kind = v.is_variable() ? remat_oracle::Leaf::variable : remat_oracle::Leaf::constant;
+    return leaf(kind, std::move(v));
+  }
+
+  // One-input elementwise ops: same shape.
+  Value tanh(const Value& a) { return op("tanh", {&a}, a.shape, {}, "", remat::tanh(a.var)); }
+  Value sigmoid(const Value& a) { return op("sigmoid", {&a}, a.shape, {}, "", remat::sigmoid(a.var)); }
+  Value exp(const Value& a) { return op("exp", {&a}, a.shape, {}, "", remat::exp(a.var)); }
+  Value log(const Value& a) { return op("log", {&a}, a.shape, {}, "", remat::log(a.var)); }
+  Value sqrt(const Value& a) { return op("sqrt", {&a}, a.shape, {}, "", remat::sqrt(a.var)); }
+  Value sin(const Value& a) { return op("sin", {&a}, a.shape, {}, "", remat::sin(a.var)); }
+  Value cos(const Value& a) { return op("cos", {&a}, a.shape, {}, "", remat::cos(a.var)); }
+  Value gelu(const Value& a) { return op("gelu", {&a}, a.shape, {}, "", remat::gelu(a.var)); }
+  Value softplus(const Value& a) { return op("softplus", {&a}, a.shape, {}, "", remat::softplus(a.var)); }
+  Value relu(const Value& a) { return op("relu", {&a}, a.shape, {}, "", remat::relu(a.var)); }
+  Value abs(const Value& a) { return op("abs", {&a}, a.shape, {}, "", remat::abs(a.var)); }
+  Value square(const Value& a) { return op("square", {&a}, a.shape, {}, "", remat::square(a.var)); }
+  Value neg(const Value& a) { return op("neg", {&a}, a.shape, {}, "", -a.var); }
+  Value affine(const Value& a, double scale, double shift) {
+    return op("affine", {&a}, a.shape, {}, "", remat::affine(a.var, scale, shift));
+  }
+  Value scalar_divide(double c, const Value& a) { return op("scalar_divide", {&a}, a.shape, {}, "", c / a.var); }
+  Value pow(const Value& a, double p) { return op("pow", {&a}, a.shape, {}, "", remat::pow(a.var, p)); }
+  // Broadcasting binaries.
+  Value add(const Value& a, const Value& b) { return op("add", {&a, &b}, bcast(a, b), {}, "", a.var + b.var); }
+  Value subtract(const Value& a, const Value& b) {
+    return op("subtract", {&a, &b}, bcast(a, b), {}, "", a.var - b.var);
+  }
+  Value multiply(const Value& a, const Value& b) {
+    return op("multiply", {&a, &b}, bcast(a, b), {}, "", a.var * b.var);
+  }
+  Value divide(const Value& a, const Value& b) { return op("divide", {&a, &b}, bcast(a, b), {}, "", a.var / b.var); }
+  // Dots.
+  Value matmul(const Value& a, const Value& b) {
+    return op("matmul", {&a, &b}, {a.shape.rows, b.shape.cols}, {}, "", remat::matmul(a.var, b.var));
+  }
+  Value linear(const Value& x, const Value& w, const Value& b) {
+    return op("linear", {&x, &w, &b}, {x.shape.rows, w.shape.cols}, {}, "", remat::linear(x.var, w.var, b.var));
+  }
+  // Normalizations, reductions, losses, random, identity.
+  Value layer_norm(const Value& x, const Value& g, const Value& b) {
+    return op("layer_norm", {&x, &g, &b}, x.shape, {x.shape.rows, 2}, "", remat::layer_norm(x.var, g.var, b.var));
+  }
+  Value softmax(const Value& a) { return op("softmax", {&a}, a.shape, {}, "", remat::softmax(a.var)); }
+  Value log_softmax(const Value& a) { return op("log_softmax", {&a}, a.shape, {}, "", remat::log_softmax(a.var)); }
+  Value sum(const Value& a) { return op("sum", {&a}, {1, 1}, {}, "", remat::sum(a.var)); }
+  Value mean(const Value& a) { return op("mean", {&a}, {1, 1}, {}, "", remat::mean(a.var)); }
+  Value sum_rows(const Value& a) { return op("sum_rows", {&a}, {a.shape.rows, 1}, {}, "", remat::sum_rows(a.var)); }
+  Value dropout(const Value& a, double p) { return op("dropout", {&a}, a.shape, {}, "", remat::dropout(a.var, p)); }
+  Value name(const Value& a, const std::string& tag) {
+    return op("checkpoint_name", {&a}, a.shape, {}, tag, remat::checkpoint_name(a.var, tag));
+  }
+  Value cross_entropy(const Value& a) {
+    std::vector<int> labels;
+    for (remat::Index i = 0; i < a.shape.rows; ++i) labels.push_back(static_cast<int>((3 * i + 1) % a.shape.cols));
+    return op("cross_entropy", {&a}, {1, 1}, a.shape, "", remat::cross_entropy(a.var, labels));
+  }
+  Value mse_loss(const Value& a, const Value& b) {
+    return op("mse_loss", {&a, &b}, {1, 1}, {}, "", remat::mse_loss(a.var, b.var));
+  }
+
+  /// A checkpoint region (or, without checkpoint, the body inline). `body` gets the argument Values (the
+  /// Vars the checkpointed function received, with the ids of `args`) and returns `returns` (1 or 2)
+  /// Values computed inside; args.size() is 1 or 2.
+  std::vector<Value> region(const PolicySpec& policy, const std::vector<Value>& args, std::size_t returns,
+                            const std::function<std::vector<Value>(const std::vector<Value>&)>& body) {
+    if (!checkpoint_) {
+      ++body_calls;
+      return body(args);
+    }
+    const int id = static_cast<int>(graph.regions.size());
+    if (describe_) {
+      graph.regions.push_back({open_.empty() ? -1 : open_.back().region, {}, to_string(policy)});
+      open_.push_back({id, policy, std::mt19937_64(policy.seed)});
+    }
+    std::vector<Value> inner;  // what body returned (ids inside the region)
+    auto call = [&](std::vector<Var<T>> vars) {
+      std::vector<Value> in = args;
+      for (std::size_t k = 0; k < vars.size(); ++k) in[k].var = vars[k];
+      ++body_calls;
+      inner = body(in);
+      if (inner.size() != returns) ADD_FAILURE() << "region body returned " << inner.size() << " values";
+    };
+    const auto lib = library_policy<T>(policy);
+    std::vector<Var<T>> out;
+    auto one = [&] { return inner[0].var; };
+    auto two = [&] { return std::make_tuple(inner[0].var, inner[1].var); };
+    if (args.size() == 1 && returns == 1) {
+      out = {remat::checkpoint(
+          [&](Var<T> x) {
+            call({x});
+            return one();
+          },
+          lib)(args[0].var)};
+    } else if (args.size() == 1) {
+      auto [p, q] = remat::checkpoint(
+          [&](Var<T> x) {
+            call({x});
+            return two();
+          },
+          lib)(args[0].var);
+      out = {p, q};
+    } else if (returns == 1) {
+      out = {remat::checkpoint(
+          [&](Var<T> x, Var<T> y) {
+            call({x, y});
+            return one();
+          },
+          lib)(args[0].var, args[1].var)};
+    } else {
+      auto [p, q] = remat::checkpoint(
+          [&](Var<T> x, Var<T> y) {
+            call({x, y});
+            return two();
+          },
+          lib)(args[0].var, args[1].var);
+      out = {p, q};
+    }
+    std::vector<Value> results;
+    for (std::size_t k = 0; k < out.size(); ++k) results.push_back({out[k], inner[k].id, inner[k].shape});
+    if (describe_) {
+      open_.pop_back();
+      for (const Value& v : inner) graph.regions[static_cast<std::size_t>(id)].outputs.push_back(v.id);
+    }
+    return results;  // `inner` (handles to the same outputs) dies here
+  }
+
+ private:
+  static Shape bcast(const Value& a, const Value& b) {
+    return {std::max(a.shape.rows, b.shape.rows), std::max(a.shape.cols, b.shape.cols)};
+  }
+
+  Value leaf(remat_oracle::Leaf kind, Var<T> v) {
+    if (!describe_) {
+      const Shape shape = v.shape();
+      return {std::move(v), -1, shape};
+    }
+    remat_oracle::Node n;
+    n.leaf = kind;
+    n.rows = static_cast<long>(v.rows());
+    n.cols = static_cast<long>(v.cols());
+    n.region = open_.empty() ? -1 : open_.back().region;
+    graph.nodes.push_back(n);
+    return {std::move(v), static_cast<int>(graph.nodes.size()) - 1, Shape{n.rows, n.cols}};
+  }
+
+  Value op(const char* name, std::initializer_list<const Value*> in, Shape shape, Shape extra, const std::string& tag,
+           Var<T> v) {
+    if (v.shape() != shape)
+      ADD_FAILURE() << name << ": the test expected " << remat::to_string(shape) << ", the tape recorded "
+                    << remat::to_string(v.shape());
+    if (!describe_) return {std::move(v), -1, shape};
+    remat_oracle::Node n;
+    n.op = name;
+    n.tag = tag;
+    for (const Value* x : in) n.inputs.push_back(x->id);
+    n.rows = static_cast<long>(shape.rows);
+    n.cols = static_cast<long>(shape.cols);
+    n.extra_rows = static_cast<long>(extra.rows);
+    n.extra_cols = static_cast<long>(extra.cols);
+    n.region = open_.empty() ? -1 : open_.back().region;
+    // Spec §2.2: every enclosing region's policy is asked for the op (outermost first).
+    const OpView view{name, kind_of(name), tag, n.rows, n.cols, static_cast<std::size_t>(shape.size()) * sizeof(T)};
+    for (auto& o : open_) n.saved_by.push_back(spec_policy_saves<T>(o.policy, view, o.calls));
+    graph.nodes.push_back(std::move(n));
+    return {std::move(v), static_cast<int>(graph.nodes.size()) - 1, shape};
+  }
+
+  struct Open {
+    int region;
+    PolicySpec policy;
+    std::mt19937_64 calls;
+  };
+  Tape<T>& tape_;
+  bool checkpoint_, describe_;
+  std::vector<Open> open_;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Random programs: steps on a scope of values, regions with bodies.
+
+constexpr int max_depth = 3;
+
+enum class StepKind {
+  unary,
+  binary,
+  matmul,
+  linear,
+  layer,  // linear or matmul, then an activation (tanh, relu, gelu, sigmoid): two ops
+  layer_norm,
+  sum_rows,
+  softmax,
+  log_softmax,
+  reduce,
+  dropout,
+  name,
+  cross_entropy,
+  mse_loss,
+  constant,
+  region
+};
+constexpr int unary_count = 19;
+constexpr int binary_count = 4;
+
+struct Step {
+  StepKind kind = StepKind::unary;
+  int op = 0;                  // which unary / binary / reduction / tag / activation
+  int a = -1, b = -1, c = -1;  // operands (scope indices)
+  Matrix<double> data;         // constant
+  std::vector<int> args;       // region: scope indices passed as arguments (1 or 2)
+  std::vector<Step> body;      // region: its steps
+  std::vector<int> returns;    // region: body-scope indices returned (1 or 2)
+  PolicySpec policy;           // region
+  bool stack = false;          // region: its body is a stack of layers
+  int depth = 0;
+};
+
+struct LeafSpec {
+  Shape shape;
+  remat_oracle::Leaf kind = remat_oracle::Leaf::variable;
+  Matrix<double> data;
+};
+
+struct Program {
+  std::vector<LeafSpec> leaves;
+  std::vector<Step> steps;
+  std::vector<int> loss_terms;
+  // Coverage counters.
+  int regions = 0, deepest = 0, stacks = 0, tuple_regions = 0;
+  std::vector<int> policies = std::vector<int>(policy_kinds, 0);
+};
+
+inline bool broadcastable(const Shape& a, const Shape& b) {
+  auto ok = [](remat::Index x, remat::Index y) { return x == y || x == 1 || y == 1; };
+  return ok(a.rows, b.rows) && ok(a.cols, b.cols);
+}
+
+inline const char* const tag_names[] = {"a", "b", "c"};
+
+class Generator {
+ public:
+  /// `control`: every leaf a variable or Parameter, no constant recorded inside, every region
+  /// everything_saveable. Then every input of every op requires grad, the spec's conditional reads are the
+  /// unconditional ones, and nothing is replayed: the old and the new lifetime rules agree.
+  explicit Generator(std::uint64_t seed, bool control = false) : random_(seed), control_(control) {}
+
+  Program generate() {
+    Program p;
+    const std::vector<Shape> shapes = {{3, 4}, {3, 2}, {1, 4}, {1, 2}, {3, 1}, {1, 1},
+                                       {4, 2}, {2, 4}, {4, 4}, {2, 1}, {4, 4}, {1, 4}};
+    bool any_grad = false;
+    for (const Shape& s : shapes) {
+      LeafSpec l;
+      l.shape = s;
+      const double r = random_.uniform();
+      l.kind = r < 0.3 && !control_ ? remat_oracle::Leaf::constant
+               : r < 0.65           ? remat_oracle::Leaf::variable
+                                    : remat_oracle::Leaf::parameter;
+      any_grad = any_grad || l.kind != remat_oracle::Leaf::constant;
+      l.data = remat_test::random_matrix<double>(s.rows, s.cols, random_.bits(), remat_test::anywhere);
+      p.leaves.push_back(std::move(l));
+    }
+    if (!any_grad) p.leaves[0].kind = remat_oracle::Leaf::variable;
+    std::vector<Shape> scope = shapes;
+    p.steps = body(scope, 0, 6 + random_.integer(14), p);
+    p.loss_terms = {static_cast<int>(scope.size()) - 1, pick(scope), pick(scope)};
+    return p;
+  }
+
+ private:
+  int pick(const std::vector<Shape>& scope) {
+    const int n = static_cast<int>(scope.size());
+    if (random_.uniform() < 0.6) return n - 1 - random_.integer(std::min(n, 3));
+    return random_.integer(n);
+  }
+  int find(const std::vector<Shape>& scope, const std::function<bool(const Shape&)>& ok) {
+    std::vector<int> hits;
+    for (int i = 0; i < static_cast<int>(scope.size()); ++i)
+      if (ok(scope[static_cast<std::size_t>(i)])) hits.push_back(i);
+    if (hits.empty()) return -1;
+    return hits[static_cast<std::size_t>(random_.integer(static_cast<int>(hits.size())))];
+  }
+
+  std::vector<Step> body(std::vector<Shape>& scope, int depth, int length, Program& p) {
+    std::vector<Step> steps;
+    for (int i = 0; i < length; ++i) {
+      if (depth < max_depth && random_.uniform() < 0.22) {
+        steps.push_back(region(scope, depth, p));
+        continue;
+      }
+      Step s = op(scope);
+      s.depth = depth;
+      steps.push_back(std::move(s));
+    }
+    return steps;
+  }
+
+  PolicySpec policy() {
+    PolicySpec s;
+    s.kind = control_ ? PolicyKind::everything : static_cast<PolicyKind>(random_.integer(policy_kinds));
+    s.seed = random_.bits();
+    switch (s.kind) {
+      case PolicyKind::only_names:
+        s.names = {"a", "c"};
+        break;
+      case PolicyKind::any_names_but:
+        s.names = {"b"};
+        break;
+      case PolicyKind::anything_except:
+        s.names = {"b"};
+        break;
+      case PolicyKind::both:
+        s.names = {"b"};
+        break;
+      default:
+        break;
+    }
+    return s;
+  }
+
+  Step region(std::vector<Shape>& scope, int depth, Program& p) {
+    Step s;
+    s.kind = StepKind::region;
+    s.depth = depth;
+    s.args.push_back(pick(scope));
+    if (random_.uniform() < 0.4) s.args.push_back(pick(scope));
+    s.policy = policy();
+    ++p.policies[static_cast<std::size_t>(s.policy.kind)];
+    p.deepest = std::max(p.deepest, depth + 1);
+    std::vector<Shape> inner = scope;
+    const std::size_t before = inner.size();
+    if (random_.uniform() < 0.35) {  // a multi-layer region: 2-3 layers chained from the first argument
+      int x = s.args[0];
+      const int layers = 2 + random_.integer(2);
+      for (int l = 0; l < layers; ++l) {
+        Step layer_step;
+        if (!layer(inner, x, layer_step)) break;
+        layer_step.depth = depth + 1;
+        s.body.push_back(std::move(layer_step));
+        x = static_cast<int>(inner.size()) - 1;
+      }
+      if (static_cast<int>(inner.size() - before) >= 2) {
+        s.stack = true;
+        ++p.stacks;
+      }
+      if (random_.uniform() < 0.3) {  // and sometimes a nested region or an op after it
+        std::vector<Step> more = body(inner, depth + 1, 1, p);
+        for (auto& m : more) s.body.push_back(std::move(m));
+      }
+    } else {
+      s.body = body(inner, depth + 1, 1 + random_.integer(6), p);
+    }
+    if (inner.size() == before) {  // a region records at least one op of its own
+      Step extra = op(inner);
+      extra.depth = depth + 1;
+      s.body.push_back(std::move(extra));
+    }
+    const int own = static_cast<int>(inner.size() - before);
+    s.returns.push_back(static_cast<int>(inner.size()) - 1);
+    if (own > 1 && random_.uniform() < 0.4) s.returns.push_back(static_cast<int>(before) + random_.integer(own - 1));
+    if (s.returns.size() > 1) ++p.tuple_regions;
+    for (int r : s.returns) scope.push_back(inner[static_cast<std::size_t>(r)]);
+    ++p.regions;
+    return s;
+  }
+
+  /// A layer on scope value `x`: linear(x, W, b) (or matmul(x, W)) then an activation.
+  bool layer(std::vector<Shape>& scope, int x, Step& s) {
+    const Shape a = scope[static_cast<std::size_t>(x)];
+    s.kind = StepKind::layer;
+    s.a = x;
+    s.b = find(scope, [&](const Shape& w) { return w.rows == a.cols && w.cols <= 4; });
+    if (s.b < 0) return false;
+    const remat::Index n = scope[static_cast<std::size_t>(s.b)].cols;
+    s.c = random_.uniform() < 0.25 ? -1 : find(scope, [&](const Shape& c) { return c.rows == 1 && c.cols == n; });
+    s.op = random_.integer(4);
+    scope.push_back({a.rows, n});
+    return true;
+  }
+
+  Step op(std::vector<Shape>& scope) {
+    for (;;) {
+      Step s;
+      s.a = pick(scope);
+      const Shape a = scope[static_cast<std::size_t>(s.a)];
+      const double r = random_.uniform();
+      Shape out = a;
+      if (r < 0.30) {
+        s.kind = StepKind::unary;
+        s.op = random_.integer(unary_count);
+      } else if (r < 0.48) {
+        s.kind = StepKind::binary;
+        s.op = random_.integer(binary_count);
+        s.b = find(scope, [&](const Shape& b) { return broadcastable(a, b); });
+        if (s.b < 0 && control_) continue;
+        if (s.b < 0 || (!control_ && random_.uniform() < 0.15)) {  // a constant recorded here, broadcast against a
+          Step c;
+          c.kind = StepKind::constant;
+          const Shape cs = random_.uniform() < 0.5 ? Shape{1, a.cols} : Shape{a.rows, 1};
+          c.data = remat_test::random_matrix<double>(cs.rows, cs.cols, random_.bits(), remat_test::anywhere);
+          scope.push_back(cs);
+          return c;
+        }
+        out = {std::max(a.rows, scope[static_cast<std::size_t>(s.b)].rows),
+               std::max(a.cols, scope[static_cast<std::size_t>(s.b)].cols)};
+      } else if (r < 0.58) {
+        s.kind = StepKind::matmul;
+        s.b = find(scope, [&](const Shape& b) { return b.rows == a.cols && b.cols <= 4; });
+        if (s.b < 0) continue;
+        out = {a.rows, scope[static_cast<std::size_t>(s.b)].cols};
+      } else if (r < 0.64) {
+        s.kind = StepKind::linear;
+        s.b = find(scope, [&](const Shape& b) { return b.rows == a.cols && b.cols <= 4; });
+        if (s.b < 0) continue;
+        const remat::Index n = scope[static_cast<std::size_t>(s.b)].cols;
+        s.c = find(scope, [&](const Shape& c) { return c.rows == 1 && c.cols == n; });
+        if (s.c < 0) continue;
+        out = {a.rows, n};
+      } else if (r < 0.70) {
+        if (!layer(scope, s.a, s)) continue;
+        return s;
+      } else if (r < 0.75) {
+        if (a.cols < 2) continue;
+        s.kind = StepKind::layer_norm;
+        s.b = find(scope, [&](const Shape& g) { return g.rows == 1 && g.cols == a.cols; });
+        s.c = find(scope, [&](const Shape& g) { return g.rows == 1 && g.cols == a.cols; });
+        if (s.b < 0 || s.c < 0) continue;
+      } else if (r < 0.78) {
+        s.kind = StepKind::sum_rows;
+        out = {a.rows, 1};
+      } else if (r < 0.81) {
+        s.kind = StepKind::softmax;
+      } else if (r < 0.84) {
+        s.kind = StepKind::log_softmax;
+      } else if (r < 0.87) {
+        s.kind = StepKind::reduce;
+        s.op = random_.integer(2);
+        out = {1, 1};
+      } else if (r < 0.91) {
+        s.kind = StepKind::dropout;
+      } else if (r < 0.96) {
+        s.kind = StepKind::name;
+        s.op = random_.integer(3);
+      } else if (r < 0.98) {
+        s.kind = StepKind::cross_entropy;
+        out = {1, 1};
+      } else {
+        s.kind = StepKind::mse_loss;
+        s.b = find(scope, [&](const Shape& b) { return b == a; });
+        out = {1, 1};
+      }
+      scope.push_back(out);
+      return s;
+    }
+  }
+
+  remat_test::Random random_;
+  bool control_;
+};
+
+/// Runs a Program on a Recorder.
+template <class T>
+class Executor {
+ public:
+  using Value = typename Recorder<T>::Value;
+  Executor(const Program& program, Recorder<T>& rec) : program_(program), rec_(rec) {}
+
+  /// Records the program on `leaves`; returns the loss. Every intermediate handle dies before it returns.
+  Value run(const std::vector<Value>& leaves) {
+    std::vector<Value> scope = leaves;
+    body(program_.steps, scope);
+    Value loss;
+    for (std::size_t k = 0; k < program_.loss_terms.size(); ++k) {
+      const Value& v = scope[static_cast<std::size_t>(program_.loss_terms[k])];
+      Value term = k == 0 ? rec_.sum(v) : k == 1 ? rec_.mean(rec_.square(v)) : rec_.sum(rec_.tanh(v));
+      loss = k == 0 ? term : rec_.add(loss, term);
+    }
+    return loss;
+  }
+
+ private:
+  void body(const std::vector<Step>& steps, std::vector<Value>& scope) {
+    for (const Step& s : steps) {
+      if (s.kind == StepKind::region) {
+        std::vector<Value> args;
+        for (int a : s.args) args.push_back(scope[static_cast<std::size_t>(a)]);
+        auto results = rec_.region(s.policy, args, s.returns.size(), [&](const std::vector<Value>& in) {
+          // The body sees the enclosing scope (captures), the argument positions replaced by the Vars the
+          // checkpointed function received.
+          std::vector<Value> inner = scope;
+          for (std::size_t k = 0; k < in.size(); ++k) inner[static_cast<std::size_t>(s.args[k])] = in[k];
+          body(s.body, inner);
+          std::vector<Value> out;
+          for (int r : s.returns) out.push_back(inner[static_cast<std::size_t>(r)]);
+          return out;
+        });
+        for (auto& r : results) scope.push_back(std::move(r));
+      } else {
+        scope.push_back(op(s, scope));
+      }
+    }
+  }
+
+  Value op(const Step& s, const std::vector<Value>& scope) {
+    auto at = [&](int i) -> const Value& { return scope[static_cast<std::size_t>(i)]; };
+    Recorder<T>& r = rec_;
+    auto plus_one_square = [&](const Value& x) { return r.affine(r.square(x), 1.0, 1.0); };  // x² + 1 ≥ 1
+    if (s.kind == StepKind::constant) return r.constant(s.data.cast<T>());
+    const Value& a = at(s.a);
+    switch (s.kind) {
+      case StepKind::unary:
+        switch (s.op) {
+          case 0:
+            return r.tanh(a);
+          case 1:
+            return r.sigmoid(a);
+          case 2:
+            return r.exp(r.tanh(a));
+          case 3:
+            return r.log(plus_one_square(a));
+          case 4:
+            return r.sqrt(plus_one_square(a));
+          case 5:
+            return r.sin(a);
+          case 6:
+            return r.cos(a);
+          case 7:
+            return r.gelu(a);
+          case 8:
+            return r.softplus(a);
+          case 9:
+            return r.relu(a);
+          case 10:
+            return r.abs(a);
+          case 11:
+            return r.square(r.tanh(a));
+          case 12:
+            return r.neg(a);
+          case 13:
+            return r.affine(r.affine(a, 0.5, 0.0), 1.0, 0.25);
+          case 14:
+            return r.scalar_divide(1.0, plus_one_square(a));
+          case 15:
+            return r.pow(plus_one_square(a), 1.5);
+          case 16:
+            return r.affine(a, 2.0, 0.0);
+          case 17:
+            return r.affine(a, -1.0, 1.0);
+          default:
+            return r.affine(a, 0.5, 0.0);
+        }
+      case StepKind::binary:
+        switch (s.op) {
+          case 0:
+            return r.add(a, at(s.b));
+          case 1:
+            return r.subtract(a, at(s.b));
+          case 2:
+            return r.multiply(a, at(s.b));
+          default:
+            return r.divide(a, plus_one_square(at(s.b)));
+        }
+      case StepKind::matmul:
+        return r.matmul(a, at(s.b));
+      case StepKind::linear:
+        return r.linear(a, at(s.b), at(s.c));
+      case StepKind::layer: {
+        const Value z = s.c >= 0 ? r.linear(a, at(s.b), at(s.c)) : r.matmul(a, at(s.b));
+        switch (s.op) {
+          case 0:
+            return r.tanh(z);
+          case 1:
+            return r.relu(z);
+          case 2:
+            return r.gelu(z);
+          default:
+            return r.sigmoid(z);
+        }
+      }
+      case StepKind::layer_norm:
+        return r.layer_norm(a, at(s.b), at(s.c));
+      case StepKind::sum_rows:
+        return r.sum_rows(a);
+      case StepKind::softmax:
+        return r.softmax(a);
+      case StepKind::log_softmax:
+        return r.log_softmax(a);
+      case StepKind::reduce:
+        return s.op == 0 ? r.sum(a) : r.mean(a);
+      case StepKind::dropout:
+        return r.dropout(a, 0.3);
+      case StepKind::name:
+        return r.name(a, tag_names[s.op]);
+      case StepKind::cross_entropy:
+        return r.cross_entropy(a);
+      case StepKind::mse_loss:
+        return r.mse_loss(a, at(s.b));
+      default:
+        break;
+    }
+    ADD_FAILURE() << "unhandled step";
+    return a;
+  }
+
+  const Program& program_;
+  Recorder<T>& rec_;
+};
+
+// The program as text for a failure report.
+inline const char* step_name(const Step& s) {
+  static const char* const unary[] = {
+      "tanh", "sigmoid",     "exp∘tanh", "log(x²+1)",  "sqrt(x²+1)", "sin",        "cos", "gelu", "softplus", "relu",
+      "abs",  "square∘tanh", "neg",      "x*0.5+0.25", "1/(x²+1)",   "(x²+1)^1.5", "2x",  "1-x",  "x/2"};
+  static const char* const binary[] = {"add", "subtract", "multiply", "a/(b²+1)"};
+  static const char* const act[] = {"tanh", "relu", "gelu", "sigmoid"};
+  switch (s.kind) {
+    case StepKind::unary:
+      return unary[s.op];
+    case StepKind::binary:
+      return binary[s.op];
+    case StepKind::matmul:
+      return "matmul";
+    case StepKind::linear:
+      return "linear";
+    case StepKind::layer:
+      return act[s.op];
+    case StepKind::layer_norm:
+      return "layer_norm";
+    case StepKind::sum_rows:
+      return "sum_rows";
+    case StepKind::softmax:
+      return "softmax";
+    case StepKind::log_softmax:
+      return "log_softmax";
+    case StepKind::reduce:
+      return s.op == 0 ? "sum" : "mean";
+    case StepKind::dropout:
+      return "dropout";
+    case StepKind::name:
+      return "checkpoint_name";
+    case StepKind::cross_entropy:
+      return "cross_entropy";
+    case StepKind::mse_loss:
+      return "mse_loss";
+    case StepKind::constant:
+      return "constant";
+    case StepKind::region:
+      return "region";
+  }
+  return "?";
+}
+inline void describe(const std::vector<Step>& steps, int& next, int indent, std::string& out) {
+  const std::string pad(static_cast<std::size_t>(indent) * 2 + 2, ' ');
+  for (const Step& s : steps) {
+    if (s.kind == StepKind::region) {
+      out += pad + "region [" + to_string(s.policy) + "]" + (s.stack ? " (layer stack)" : "") + " args";
+      for (int a : s.args) out += " v" + std::to_string(a);
+      out += " {\n";
+      int inner = next;
+      describe(s.body, inner, indent + 1, out);
+      out += pad + "} returns";
+      for (int r : s.returns) out += " v" + std::to_string(r) + "->v" + std::to_string(next++);
+      out += "\n";
+      continue;
+    }
+    out += pad + "v" + std::to_string(next++) + " = " + step_name(s);
+    if (s.kind == StepKind::layer) out += s.c >= 0 ? "(linear" : "(matmul";
+    out += "(";
+    for (int o : {s.a, s.b, s.c})
+      if (o >= 0) out += " v" + std::to_string(o);
+    out += s.kind == StepKind::layer ? " ))\n" : " )\n";
+  }
+}
+inline std::string describe(const Program& p) {
+  static const char* const kinds[] = {"op", "constant", "variable", "parameter"};
+  std::string out = "  leaves:";
+  for (std::size_t k = 0; k < p.leaves.size(); ++k)
+    out += " v" + std::to_string(k) + "=" + kinds[static_cast<int>(p.leaves[k].kind)] +
+           remat::to_string(p.leaves[k].shape);
+  out += "\n";
+  int next = static_cast<int>(p.leaves.size());
+  describe(p.steps, next, 0, out);
+  out += "  loss = sum(v" + std::to_string(p.loss_terms[0]) + ") + mean(square(v" + std::to_string(p.loss_terms[1]) +
+         ")) + sum(tanh(v" + std::to_string(p.loss_terms[2]) + "))\n";
+  return out;
+}
+
+/// A program recorded on a tape of its own, before any backward: its leaves in program order (constants,
+/// tape variables, Parameters) and the loss; every other handle is released.
+template <class T>
+struct Run {
+  using Value = typename Recorder<T>::Value;
+
+  /// `checkpoint` false: the reference run, regions inline and no oracle graph (rec.graph stays empty).
+  Run(const Program& program, std::uint64_t tape_seed, bool checkpoint)
+      : tape(tape_seed), rec(tape, checkpoint, /*describe=*/checkpoint) {
+    for (const LeafSpec& l : program.leaves) {
+      switch (l.kind) {
+        case remat_oracle::Leaf::constant:
+          leaves.push_back(rec.constant(l.data.cast<T>()));
+          break;
+        case remat_oracle::Leaf::variable:
+          leaves.push_back(rec.variable(l.data.cast<T>()));
+          break;
+        default:
+          parameters.push_back(std::make_unique<Parameter<T>>(l.data.cast<T>()));
+          leaves.push_back(rec.parameter(*parameters.back()));
+          break;
+      }
+    }
+    loss = Executor<T>(program, rec).run(leaves);
+    rec.graph.loss = loss.id;
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  /// The leaves that receive a gradient (variables and Parameters), in program order.
+  std::vector<Var<T>> differentiable() const {
+    std::vector<Var<T>> out;
+    for (const Value& l : leaves)
+      if (l.var.is_variable()) out.push_back(l.var);
+    return out;
+  }
+
+  std::vector<std::unique_ptr<Parameter<T>>> parameters;  // outlive the tape
+  Tape<T> tape;
+  Recorder<T> rec;
+  std::vector<Value> leaves;
+  Value loss;
+};
+
+}  // namespace random_program
