@@ -58,8 +58,11 @@ def load(path):
             src["cpu_time"] = statistics.median(r["cpu_time"] for r in reps)
         counters = reps[0] if reps else src  # byte counters are identical across repetitions
         scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[src.get("time_unit", "ns")]
+        times = sorted(r["real_time"] * scale for r in reps) if reps else [src["real_time"] * scale]
+        quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
         rows[key] = dict(workload=key[0], implementation=key[1], threads=key[2],
                          median_ms=src["real_time"] * scale, cpu_ms=src["cpu_time"] * scale,
+                         q1_ms=quartiles[0], q3_ms=quartiles[2],
                          repetitions=max(1, len(reps)),
                          saved_bytes=counters.get("saved_bytes"), peak_bytes=counters.get("peak_bytes"),
                          replayed_bytes=counters.get("replayed_bytes"),
@@ -93,7 +96,7 @@ def main():
     args = p.parse_args()
     context, rows = load(args.run)
 
-    fields = ["workload", "implementation", "threads", "median_ms", "cpu_ms", "repetitions", "saved_bytes",
+    fields = ["workload", "implementation", "threads", "median_ms", "q1_ms", "q3_ms", "cpu_ms", "repetitions", "saved_bytes",
               "peak_bytes", "replayed_bytes", "flops_per_step", "gflops", "gradient_error",
               "ratio_to_hand_written", "ratio_to_libtorch", "ratio_to_remat_plain"]
     with open(args.csv, "w", newline="") as f:
@@ -119,14 +122,15 @@ def main():
             return rows[a]["cpu_ms"] / rows[b]["cpu_ms"]
         return None
 
-    lines = ["| workload | threads | implementation | median ms | GFLOP/s | ÷ hand-written | ÷ LibTorch | ÷ remat plain "
+    lines = ["| workload | threads | implementation | median ms | IQR ms | GFLOP/s | ÷ hand-written | ÷ LibTorch | ÷ remat plain "
              "| main-thread CPU ms | CPU ÷ hand | CPU ÷ LibTorch | CPU ÷ plain | saved MiB | peak MiB | replayed MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(rows, key=lambda k: (list(WORKLOAD_NAMES.values()).index(k[0]), k[2], ORDER.index(k[1]))):
         r = rows[key]
         wl, impl, th = key
         hand = HAND_OF.get(impl, "HandWritten")
-        lines.append(f"| {wl} | {th} | {impl} | {r['median_ms']:.3f} | {r['gflops']:.1f} | "
+        lines.append(f"| {wl} | {th} | {impl} | {r['median_ms']:.3f} | {r['q1_ms']:.3f}–{r['q3_ms']:.3f} | "
+                     f"{r['gflops']:.1f} | "
                      f"{fmt(ratio(rows, key, (wl, hand, th)))} | {fmt(ratio(rows, key, (wl, 'LibTorch', th)))} | "
                      f"{fmt(ratio(rows, key, (wl, 'RematPlain', th)))} | {r['cpu_ms']:.3f} | "
                      f"{fmt(cpu_ratio(key, (wl, hand, th)))} | {fmt(cpu_ratio(key, (wl, 'LibTorch', th)))} | "
@@ -148,6 +152,14 @@ def main():
         ("W2 nothing_saveable ÷ plain", "W2", "RematNothingSaveable", "RematPlain", None),
         ("W2 dots_saveable ÷ plain", "W2", "RematDotsSaveable", "RematPlain", None),
         ("W2 sequential √L ÷ hand-written sequential", "W2", "RematSequential", "HandWrittenSequential", None),
+        ("W1 4 segments nothing_saveable ÷ hand-written 4 segments", "W1", "RematSegments4NothingSaveable",
+         "HandWrittenSegments4", None),
+        ("W1 4 segments nothing_saveable ÷ plain", "W1", "RematSegments4NothingSaveable", "RematPlain", None),
+        ("W1 4 segments dots_saveable ÷ plain", "W1", "RematSegments4DotsSaveable", "RematPlain", None),
+        ("W2 4 segments nothing_saveable ÷ hand-written 4 segments", "W2", "RematSegments4NothingSaveable",
+         "HandWrittenSegments4", None),
+        ("W2 4 segments nothing_saveable ÷ plain", "W2", "RematSegments4NothingSaveable", "RematPlain", None),
+        ("W2 4 segments dots_saveable ÷ plain", "W2", "RematSegments4DotsSaveable", "RematPlain", None),
     ]
     lines += ["", "| target | limit | 1 thread, wall | 1 thread, main-thread CPU | 2 threads, wall |", "|---|---|---|---|---|"]
     for label, wl, a, b, limit in targets:
@@ -164,7 +176,11 @@ def main():
     if not any(k[0] == "W2" for k in rows):
         print(f"wrote {args.csv} (no W2 in this run: no plot)")
         return
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"wrote {args.csv}; no plot: matplotlib is missing (apt-get install python3-matplotlib)")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     # Under load the main thread's CPU time is the steadier figure at 1 thread (all work is on it);

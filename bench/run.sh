@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs the benchmarks of bench/RESULTS.md §2 on an idle machine and writes bench/results/<name>.*:
+# waits until the 1-minute load average is below 0.5, records `uptime` before and after each run, runs
+# step_benchmark (remat, hand-written Eigen, LibTorch; 1 and 2 threads; randomly interleaved repetitions)
+# and the PyTorch peer, then makes the CSV and Markdown tables.
+#
+#   bench/run.sh [build-dir] [repetitions] [min-time-seconds]     (defaults: build-bench 10 1)
+#
+# Time nothing else on the machine meanwhile: a compile on one of two cores doubles wall-clock medians.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-bench}
+repetitions=${2:-10}
+min_time=${3:-1}
+results=bench/results
+mkdir -p "$results"
+
+wait_for_idle() {
+  while awk '{exit !($1 >= 0.5)}' /proc/loadavg; do
+    echo "waiting for an idle machine: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    sleep 30
+  done
+}
+
+tuned=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE
+       GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736)
+
+wait_for_idle
+uptime > "$results/run_tuned.uptime"
+"${tuned[@]}" "$build/bench/step_benchmark" --benchmark_repetitions="$repetitions" \
+  --benchmark_enable_random_interleaving=true --benchmark_min_time="$min_time" \
+  --benchmark_report_aggregates_only=false \
+  --benchmark_out="$results/run_tuned.json" --benchmark_out_format=json > "$results/run_tuned.txt"
+uptime >> "$results/run_tuned.uptime"
+
+for threads in 1 2; do
+  wait_for_idle
+  uptime > "$results/pytorch_threads$threads.uptime"
+  "${tuned[@]}" /usr/bin/python3 bench/peers/pytorch_checkpoint.py --threads "$threads" --repeats "$repetitions" \
+    --json "$results/pytorch_threads$threads.json" > "$results/pytorch_threads$threads.txt"
+  uptime >> "$results/pytorch_threads$threads.uptime"
+done
+
+/usr/bin/python3 bench/plot_results.py "$results/run_tuned.json" \
+  --pytorch "$results/pytorch_threads1.json" "$results/pytorch_threads2.json" \
+  --csv "$results/run_tuned.csv" --markdown "$results/table.md" --png bench/w2_memory_vs_time.png
+cat "$results"/*.uptime
