@@ -18,6 +18,9 @@ template <class T>
 struct ParameterStorage {
   Matrix<T> value;
   std::uint64_t version = 0;
+  // Assignments to the owning Parameter and moves out of it. After one, the object that holds this storage
+  // no longer holds the value a tape recorded, so a gradient for that value has no right place to go.
+  std::uint64_t assignments = 0;
   T* grad = nullptr;  // grad_size elements, Eigen-aligned (interchangeable with tape pool buffers), or null
   Index grad_size = 0;
   bool grad_defined = false;          // false: the gradient is zero (nothing added since zero_grad or creation)
@@ -74,6 +77,13 @@ struct ParameterAccess;
 /// the parameter: moving a Parameter (or a std::vector of them reallocating) keeps those references
 /// valid, and a Parameter destroyed before backward still receives its gradient in the shared storage.
 /// Copying makes an independent parameter (value, version and gradient copied).
+///
+/// Assignment replaces the value but keeps the object's storage, so an optimizer that references the
+/// object goes on updating it (`layer.W = Parameter(loaded)` after building the optimizer works). A tape
+/// that recorded either side of an assignment (the assigned-to object, or the moved-from one) before it
+/// refuses to backward into them: Tape::backward throws remat::stale_value_error rather than give the
+/// recorded value's gradient to the value that replaced it (std::swap, std::vector::erase, std::sort of
+/// recorded Parameters between forward and backward all assign).
 template <class T>
 class Parameter {
  public:
@@ -101,6 +111,7 @@ class Parameter {
     else
       s.grad_defined = false;
     s.version = next;
+    ++s.assignments;
     return *this;
   }
   /// As copy assignment; `other`'s value moves out, which also makes `other` stale for tapes that
@@ -119,6 +130,8 @@ class Parameter {
     s.version = next;
     o.value = Matrix<T>();
     ++o.version;
+    ++s.assignments;
+    ++o.assignments;
     return *this;
   }
 

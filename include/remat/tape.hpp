@@ -60,10 +60,12 @@ class Tape {
   /// sweep enters them.
   /// Throws shape_error (loss not [1,1]), tape_error (Var of another or cleared tape, inside a
   /// checkpointed function), freed_value_error (second backward after one without retain_graph),
-  /// stale_value_error (a Parameter changed since it was recorded), std::bad_alloc. When it throws, the
+  /// stale_value_error (a Parameter changed, assigned to or moved from since it was recorded),
+  /// std::bad_alloc. When it throws, the
   /// tape and every gradient are exactly as they were.
   void backward(const Var<T>& loss, bool retain_graph = false) {
     const std::int32_t id = check_loss("backward", loss);
+    state_->check_parameters_receivable("backward");
     state_->backward(id, retain_graph);
   }
 

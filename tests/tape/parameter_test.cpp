@@ -225,6 +225,19 @@ TEST(Adam, UpdatesParametersThatMovedAndSkipsThoseWithoutGradient) {
   EXPECT_FALSE(ps[0].has_grad());
 }
 
+TEST(Adam, KeepsUpdatingAParameterAssignedAfterItWasBuilt) {
+  Parameter<double> p(Matrix<double>::Zero(3, 4));
+  remat::nn::Adam<double> adam({&p});
+  p = Parameter<double>(weight());  // e.g. weights loaded after the optimizer was made
+  {
+    Tape<double> tape;
+    tape.backward(remat::sum(remat::tanh(remat::matmul(tape.constant(input()), tape.variable(p)))));
+  }
+  adam.step();
+  const Matrix<double> expected = weight().array() - 1e-3 * reference_gradient().array().sign();
+  EXPECT_TRUE(p.value().isApprox(expected, 1e-9)) << "the optimizer updates the object, not its old value";
+}
+
 TEST(Adam, OutlivesItsParameters) {
   auto p = std::make_unique<Parameter<double>>(weight());
   remat::nn::Adam<double> adam({p.get()});

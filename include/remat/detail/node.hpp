@@ -99,6 +99,7 @@ struct Node {
 
   std::shared_ptr<ParameterStorage<T>> parameter;  // a referenced Parameter (value not tape-owned)
   std::uint64_t parameter_version = 0;
+  std::uint64_t parameter_assignments = 0;
 
   bool is_leaf() const { return op == nullptr; }
   bool value_owned() const { return parameter == nullptr; }

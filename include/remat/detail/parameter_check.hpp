@@ -23,4 +23,16 @@ void check_parameter_current(const Graph<T>& graph, std::int32_t id, const char*
                           "); run the forward pass again after updating parameters");
 }
 
+/// Throws stale_value_error naming `op` if node `id` references a Parameter that was assigned to or moved
+/// from since it was recorded: its gradient would go to whatever value replaced the recorded one.
+template <class T>
+void check_parameter_not_reassigned(const Graph<T>& graph, std::int32_t id, const char* op) {
+  const Node<T>& n = graph[id];
+  if (!n.parameter || n.parameter->assignments == n.parameter_assignments) return;
+  throw stale_value_error(std::string(op) + ": the Parameter " + to_string(n.shape) + " recorded as node #" +
+                          std::to_string(id) +
+                          " was assigned to or moved from after it was recorded (std::swap, vector::erase and "
+                          "sort assign), so its gradient has no place to go; run the forward pass again");
+}
+
 }  // namespace remat::detail

@@ -60,6 +60,7 @@ class Recorder {
     Node<T>& n = new_leaf(Shape{storage->value.rows(), storage->value.cols()}, true);
     n.value = storage->value.data();
     n.parameter_version = storage->version;
+    n.parameter_assignments = storage->assignments;
     n.parameter = std::move(storage);
     return graph_.size() - 1;
   }

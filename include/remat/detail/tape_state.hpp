@@ -137,6 +137,12 @@ class TapeState {
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       if (graph_[i].holds() > 0) check_parameter_current(graph_, i, op);
   }
+  /// Checks before a backward that hands gradients to Parameters: none of them was reassigned since it was
+  /// recorded. Throws stale_value_error naming `op`.
+  void check_parameters_receivable(const char* op) const {
+    for (std::int32_t i = 0; i < graph_.size(); ++i)
+      if (graph_[i].requires_grad) check_parameter_not_reassigned(graph_, i, op);
+  }
 
   /// backward(): gradients flow into everything that requires grad; variables accumulate them.
   void backward(std::int32_t loss, bool retain_graph) {
