@@ -29,7 +29,6 @@ wait_for_idle
 uptime > "$results/run_tuned.uptime"
 "${tuned[@]}" "$build/bench/step_benchmark" --benchmark_repetitions="$repetitions" \
   --benchmark_enable_random_interleaving=true --benchmark_min_time="$min_time" \
-  --benchmark_report_aggregates_only=false \
   --benchmark_out="$results/run_tuned.json" --benchmark_out_format=json > "$results/run_tuned.txt"
 uptime >> "$results/run_tuned.uptime"
 

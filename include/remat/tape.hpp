@@ -61,11 +61,9 @@ class Tape {
   /// Throws shape_error (loss not [1,1]), tape_error (Var of another or cleared tape, inside a
   /// checkpointed function), freed_value_error (second backward after one without retain_graph),
   /// stale_value_error (a Parameter changed, assigned to or moved from since it was recorded),
-  /// std::bad_alloc. When it throws, the
-  /// tape and every gradient are exactly as they were.
+  /// std::bad_alloc. When it throws, the tape and every gradient are exactly as they were.
   void backward(const Var<T>& loss, bool retain_graph = false) {
-    const std::int32_t id = check_loss("backward", loss);
-    state_->check_parameters_receivable("backward");
+    const std::int32_t id = check_loss("backward", loss, /*to_parameters=*/true);
     state_->backward(id, retain_graph);
   }
 
@@ -78,7 +76,7 @@ class Tape {
     return gradient(loss, std::vector<Var<T>>(wrt), retain_graph);
   }
   std::vector<Matrix<T>> gradient(const Var<T>& loss, const std::vector<Var<T>>& wrt, bool retain_graph = false) {
-    const std::int32_t id = check_loss("gradient", loss);
+    const std::int32_t id = check_loss("gradient", loss, /*to_parameters=*/false);
     std::vector<std::int32_t> targets;
     std::vector<Matrix<T>> result;
     targets.reserve(wrt.size());
@@ -169,7 +167,7 @@ class Tape {
     if (v.state() != state_) throw tape_error(std::string(op) + ": the Var belongs to another tape");
   }
 
-  std::int32_t check_loss(const char* op, const Var<T>& loss) const {
+  std::int32_t check_loss(const char* op, const Var<T>& loss, bool to_parameters) const {
     check_own(op, loss);
     if (state_->open_depth() > 0)
       throw tape_error(std::string(op) + ": called inside a checkpointed function; call it after the function returns");
@@ -177,7 +175,7 @@ class Tape {
     if (s.rows != 1 || s.cols != 1)
       throw shape_error(std::string(op) + ": the loss must be [1,1] but is " + to_string(s) +
                         "; reduce it with sum() or mean() first");
-    state_->check_sweepable(op);
+    state_->check_sweepable(op, to_parameters);
     return loss.id();
   }
 

@@ -127,21 +127,19 @@ class TapeState {
   }
 
   // ---- backward ----
-  /// Checks before a sweep: no sweep after a freeing one, and no Parameter a backward or replay will read
-  /// was modified. Throws freed_value_error, stale_value_error naming `op`.
-  void check_sweepable(const char* op) const {
+  /// Checks before a sweep: no sweep after a freeing one, no Parameter a backward or replay will read was
+  /// modified, and, if the sweep hands gradients to Parameters (`to_parameters`: backward(), not
+  /// gradient()), none of them was assigned to or moved from. Throws freed_value_error, stale_value_error
+  /// naming `op`.
+  void check_sweepable(const char* op, bool to_parameters) const {
     if (residuals_freed_)
       throw freed_value_error(std::string(op) +
                               ": the residuals were freed by the previous backward; pass retain_graph = true to the "
                               "first backward to run another one, or record the forward pass again");
-    for (std::int32_t i = 0; i < graph_.size(); ++i)
+    for (std::int32_t i = 0; i < graph_.size(); ++i) {
       if (graph_[i].holds() > 0) check_parameter_current(graph_, i, op);
-  }
-  /// Checks before a backward that hands gradients to Parameters: none of them was reassigned since it was
-  /// recorded. Throws stale_value_error naming `op`.
-  void check_parameters_receivable(const char* op) const {
-    for (std::int32_t i = 0; i < graph_.size(); ++i)
-      if (graph_[i].requires_grad) check_parameter_not_reassigned(graph_, i, op);
+      if (to_parameters) check_parameter_not_reassigned(graph_, i, op);
+    }
   }
 
   /// backward(): gradients flow into everything that requires grad; variables accumulate them.
