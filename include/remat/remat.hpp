@@ -3,7 +3,9 @@
 #pragma once
 
 #include "remat/checkpoint.hpp"
+#include "remat/custom_op.hpp"
 #include "remat/errors.hpp"
+#include "remat/gradcheck.hpp"
 #include "remat/matrix.hpp"
 #include "remat/memory.hpp"
 #include "remat/op_info.hpp"

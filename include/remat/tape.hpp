@@ -107,6 +107,11 @@ class Tape {
   /// (e.g. from its step number) draws the same masks when it is resumed. Existing nodes keep theirs.
   void seed(std::uint64_t seed) { state_->set_random_seed(seed); }
 
+  /// Training mode (true, the default) or evaluation mode (false), like torch.nn.Module.train()/eval():
+  /// in evaluation mode dropout records nothing and returns its input. Kept across clear().
+  void set_training(bool training) { state_->set_training(training); }
+  bool training() const { return state_->training(); }
+
   /// Exact byte counts of tape-owned buffers; see MemoryStats.
   MemoryStats memory() const { return state_->memory(); }
 
@@ -154,7 +159,7 @@ class Tape {
     const Shape s{value.rows(), value.cols()};
     const std::int32_t id = state_->add_leaf(s, variable);
     try {
-      detail::AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
+      AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
     } catch (...) {
       state_->remove_last_leaf(id);  // an expression whose evaluation allocates a temporary threw
       throw;

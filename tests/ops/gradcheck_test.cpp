@@ -256,14 +256,14 @@ TEST(OpList, CoversEveryPublicOp) {
 // tanh with a wrong derivative (1 − y instead of 1 − y²): the gradcheck must reject it.
 struct WrongTanhOp : remat::detail::UnaryElementwise<WrongTanhOp> {
   static constexpr const char* name = "wrong_tanh";
-  static constexpr unsigned residuals = remat::detail::reads_output;
+  static constexpr unsigned residuals = remat::reads_output;
   static constexpr double flops_per_element = 1;
   template <class X>
-  static auto value(const X& x, const remat::detail::Attributes&) {
+  static auto value(const X& x, const Params&) {
     return x.tanh();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const remat::detail::Attributes&) {
+  static auto derivative(const X&, const Y& y, const G& g, const Params&) {
     using T = typename X::Scalar;
     return g * (T(1) - y);
   }
@@ -271,9 +271,7 @@ struct WrongTanhOp : remat::detail::UnaryElementwise<WrongTanhOp> {
 
 TEST(Gradcheck, RejectsAWrongDerivative) {
   const auto result = remat_test::gradcheck(
-      [](Tape<double>&, const std::vector<Var<double>>& v) {
-        return remat::sum(remat::detail::apply<WrongTanhOp>(v[0]));
-      },
+      [](Tape<double>&, const std::vector<Var<double>>& v) { return remat::sum(remat::apply_op<WrongTanhOp>(v[0])); },
       {remat_test::random_matrix(2, 3, 5)});
   EXPECT_GT(result.max_error, 1e-2);
   EXPECT_FALSE(remat_test::passes(result));

@@ -13,15 +13,18 @@ inline std::vector<int> evaluations;
 
 struct LayerCountingTanhOp : remat::detail::UnaryElementwise<LayerCountingTanhOp> {
   static constexpr const char* name = "layer_counting_tanh";
-  static constexpr unsigned residuals = remat::detail::reads_output;
+  static constexpr unsigned residuals = remat::reads_output;
   static constexpr double flops_per_element = 10;
+  struct Params {
+    int layer = 0;
+  };
   template <class X>
-  static auto value(const X& x, const remat::detail::Attributes& a) {
-    ++evaluations[static_cast<std::size_t>(a.scalar)];
+  static auto value(const X& x, const Params& a) {
+    ++evaluations[static_cast<std::size_t>(a.layer)];
     return x.tanh();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const remat::detail::Attributes&) {
+  static auto derivative(const X&, const Y& y, const G& g, const Params&) {
     using T = typename X::Scalar;
     return g * (T(1) - y.square());
   }
@@ -30,9 +33,7 @@ struct LayerCountingTanhOp : remat::detail::UnaryElementwise<LayerCountingTanhOp
 /// tanh x, counted as an evaluation of layer `layer`.
 template <class T>
 remat::Var<T> layer_counting_tanh(const remat::Var<T>& x, int layer) {
-  remat::detail::Attributes a;
-  a.scalar = layer;
-  return remat::detail::apply<LayerCountingTanhOp>(a, x);
+  return remat::apply_op<LayerCountingTanhOp>(LayerCountingTanhOp::Params{layer}, x);
 }
 
 }  // namespace remat_test

@@ -19,15 +19,15 @@ long tanh_evaluations = 0;
 
 struct CountingTanhOp : remat::detail::UnaryElementwise<CountingTanhOp> {
   static constexpr const char* name = "counting_tanh";
-  static constexpr unsigned residuals = remat::detail::reads_output;
+  static constexpr unsigned residuals = remat::reads_output;
   static constexpr double flops_per_element = 10;
   template <class X>
-  static auto value(const X& x, const remat::detail::Attributes&) {
+  static auto value(const X& x, const Params&) {
     ++tanh_evaluations;
     return x.tanh();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const remat::detail::Attributes&) {
+  static auto derivative(const X&, const Y& y, const G& g, const Params&) {
     using T = typename X::Scalar;
     return g * (T(1) - y.square());
   }
@@ -106,9 +106,7 @@ Result run(Model& model, std::int64_t steps, std::int64_t checkpoints) {
   auto w = tape.variable(model.weight);
   auto b = tape.variable(model.bias);
   auto x0 = tape.variable(model.x0);
-  auto step = [&](remat::Var<float> x) {
-    return x + remat::detail::apply<CountingTanhOp>(remat::linear(x, w, b)) * 0.05;
-  };
+  auto step = [&](remat::Var<float> x) { return x + remat::apply_op<CountingTanhOp>(remat::linear(x, w, b)) * 0.05; };
   Result r;
   tanh_evaluations = 0;
   remat::Var<float> x;

@@ -1,22 +1,44 @@
-// apply<Op>(): records one op on the inputs' tape. The one place where an op struct meets the tape.
+// apply_op<Op>(): records one op on the inputs' tape. The one place where an op struct meets the tape.
+// The op recipe (OpBase, OpCall, apply_op, the contexts) is public: remat/custom_op.hpp documents it.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "remat/detail/contexts.hpp"
 #include "remat/detail/tape_state.hpp"
 #include "remat/var.hpp"
 
-namespace remat::detail {
+namespace remat {
 
 /// Defaults an op struct may override.
 struct OpBase {
+  /// The op's own attributes, stored by value in each recorded node (trivially copyable, at most
+  /// max_params_bytes): an op with attributes declares its own `struct Params`.
+  struct Params {};
   /// Shape of the op-specific residual its backward reads (empty: none).
-  static Shape extra_shape(const Shape* /*inputs*/, const Attributes& /*attributes*/) { return {}; }
+  template <class P>
+  static Shape extra_shape(const Shape* /*inputs*/, const P& /*params*/) {
+    return {};
+  }
   /// A dot with batch dimensions (a batched product); dots_with_no_batch_dims_saveable does not save it.
   static constexpr bool batch_dims = false;
 };
+
+/// Everything a recorded op carries besides its inputs: its Params, integer data copied to the tape
+/// (token ids, class labels: read back with the contexts' indices()), and a name tag for the name
+/// policies (OpInfo::tag; checkpoint_name sets it).
+template <class Op>
+struct OpCall {
+  typename Op::Params params{};
+  const int* indices = nullptr;
+  std::size_t index_count = 0;
+  std::string_view tag{};
+};
+
+namespace detail {
 
 /// The static table describing Op for scalar type T.
 template <class Op, class T>
@@ -37,49 +59,73 @@ TapeState<T>* common_tape(const char* op, const Var<T>* const (&vars)[N]) {
   return state;
 }
 
-/// Checks the inputs, infers the shape (Op::output_shape throws shape_error), records and runs Op.
+}  // namespace detail
+
+/// Checks the inputs, infers the shape (Op::output_shape throws shape_error), records Op and runs its
+/// forward. Throws tape_error for an empty, stale or foreign input, what output_shape throws, and
+/// std::bad_alloc; the tape is unchanged then.
 template <class Op, class T, class... Rest>
-Var<T> apply(const Attributes& attributes, const Var<T>& first, const Rest&... rest) {
+Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest) {
   constexpr std::size_t arity = 1 + sizeof...(Rest);
   static_assert(arity <= max_inputs, "an op takes at most max_inputs inputs");
   const Var<T>* vars[arity] = {&first, &rest...};
-  TapeState<T>* state = common_tape(Op::name, vars);
+  detail::TapeState<T>* state = detail::common_tape(Op::name, vars);
   Shape shapes[arity];
   std::int32_t ids[arity];
   for (std::size_t k = 0; k < arity; ++k) {
     shapes[k] = vars[k]->shape();
     ids[k] = vars[k]->id();
   }
-  const Shape out = Op::output_shape(shapes, attributes);
-  const Shape extra = Op::extra_shape(shapes, attributes);
-  const std::int32_t id = state->record(&op_table<Op, T>, ids, static_cast<int>(arity), attributes, out, extra);
+  const Shape out = Op::output_shape(shapes, call.params);
+  const Shape extra = Op::extra_shape(shapes, call.params);
+  detail::Attributes attributes;
+  attributes.set_params(call.params);
+  if (!call.tag.empty()) attributes.tag = state->intern_tag(call.tag);
+  const std::int32_t id = state->record(&detail::op_table<Op, T>, ids, static_cast<int>(arity), attributes, out, extra,
+                                        call.indices, call.index_count);
   return Var<T>::adopt(state, id);
 }
 
+/// apply_op with Params only.
 template <class Op, class T, class... Rest>
-Var<T> apply(const Var<T>& first, const Rest&... rest) {
-  return apply<Op>(Attributes{}, first, rest...);
+Var<T> apply_op(const typename Op::Params& params, const Var<T>& first, const Rest&... rest) {
+  OpCall<Op> call;
+  call.params = params;
+  return apply_op<Op>(call, first, rest...);
 }
 
+/// apply_op with default Params.
+template <class Op, class T, class... Rest>
+Var<T> apply_op(const Var<T>& first, const Rest&... rest) {
+  return apply_op<Op>(OpCall<Op>{}, first, rest...);
+}
+
+namespace detail {
+
 /// Base of one-input elementwise ops: Derived supplies name, residuals (reads_input0 or reads_output:
-/// what its derivative reads), flops_per_element, value(x, attributes) and derivative(x, y, g, attributes)
+/// what its derivative reads), flops_per_element, value(x, params) and derivative(x, y, g, params)
 /// on Eigen arrays (y = output, g = dL/dy).
 template <class Derived>
 struct UnaryElementwise : OpBase {
   static constexpr OpKind kind = OpKind::elementwise;
-  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  template <class P>
+  static Shape output_shape(const Shape* in, const P&) {
+    return in[0];
+  }
   static unsigned reads(GradInputs g) { return wants(g, 0) ? Derived::residuals : reads_nothing; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().array() = Derived::value(c.in(0).array(), c.attributes());
+    c.out().array() = Derived::value(c.in(0).array(), params_of<typename Derived::Params>(c));
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    c.add_grad(0, Derived::derivative(c.in(0).array(), c.out().array(), c.grad_out().array(), c.attributes()));
+    c.add_grad(0, Derived::derivative(c.in(0).array(), c.out().array(), c.grad_out().array(),
+                                      params_of<typename Derived::Params>(c)));
   }
   static double flops(const Shape*, int, const Shape& out) {
     return Derived::flops_per_element * static_cast<double>(out.size());
   }
 };
 
-}  // namespace remat::detail
+}  // namespace detail
+}  // namespace remat

@@ -1,5 +1,5 @@
 // What an op's forward and backward see of the tape: ForwardContext and BackwardContext, the only
-// interface between an op header and the tape.
+// interface between an op (built-in or a user's, remat/custom_op.hpp) and the tape.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 
 #include "remat/detail/node.hpp"
 
-namespace remat::detail {
+namespace remat {
 
 template <class T>
 using AlignedMap = Eigen::Map<Matrix<T>, Eigen::AlignedMax>;
@@ -23,22 +23,35 @@ void assign_or_add(D&& dst, const E& e, bool accumulate) {
     dst = e;
 }
 
-/// What an op's forward sees: its inputs, its output, its extra buffer and attributes.
+/// What an op's forward sees: its inputs, its output, its extra buffer, its Params and index data.
 template <class T>
-struct ForwardContext {
-  const Graph<T>& graph;
-  const Node<T>& node;
+class ForwardContext {
+ public:
+  ForwardContext(const detail::Graph<T>& graph, const detail::Node<T>& node) : graph_(graph), node_(node) {}
 
+  /// Input k's value ([rows, cols] of in_shape(k)).
   ConstAlignedMap<T> in(int k) const {
-    const Node<T>& n = graph[node.inputs[k]];
+    const detail::Node<T>& n = graph_[node_.inputs[k]];
     return ConstAlignedMap<T>(n.value, n.shape.rows, n.shape.cols);
   }
-  Shape in_shape(int k) const { return graph[node.inputs[k]].shape; }
-  AlignedMap<T> out() const { return AlignedMap<T>(node.value, node.shape.rows, node.shape.cols); }
-  AlignedMap<T> extra() const { return AlignedMap<T>(node.extra, node.extra_shape.rows, node.extra_shape.cols); }
-  const Attributes& attributes() const { return node.attributes; }
-  /// cross_entropy: the labels recorded with the op, one per row of input 0.
-  const int* labels() const { return graph.labels.data() + node.attributes.labels; }
+  Shape in_shape(int k) const { return graph_[node_.inputs[k]].shape; }
+  /// The output buffer (uninitialised: the forward writes every element).
+  AlignedMap<T> out() const { return AlignedMap<T>(node_.value, node_.shape.rows, node_.shape.cols); }
+  Shape out_shape() const { return node_.shape; }
+  /// The extra buffer (the op's extra_shape; uninitialised), a residual the backward may read.
+  AlignedMap<T> extra() const { return AlignedMap<T>(node_.extra, node_.extra_shape.rows, node_.extra_shape.cols); }
+  /// The Params struct the op was recorded with.
+  template <class P>
+  P params() const {
+    return node_.attributes.template get_params<P>();
+  }
+  /// The integer data recorded with the op (OpCall::indices): index_count() entries.
+  const int* indices() const { return graph_.indices.data() + node_.attributes.indices_begin; }
+  std::int64_t index_count() const { return node_.attributes.indices_count; }
+
+ private:
+  const detail::Graph<T>& graph_;
+  const detail::Node<T>& node_;
 };
 
 /// An input's gradient buffer to write in full: assign when !accumulate (its first contribution), add
@@ -54,26 +67,35 @@ struct GradTarget {
 /// backward must write or add every element of each of them (add_grad or grad_target) and may read only
 /// the residuals its reads() declared for those gradients.
 template <class T>
-struct BackwardContext {
-  Graph<T>& graph;
-  const Node<T>& node;
-  const std::uint8_t* wanted;  // per node: its gradient is asked for
+class BackwardContext {
+ public:
+  BackwardContext(detail::Graph<T>& graph, const detail::Node<T>& node, const std::uint8_t* wanted)
+      : graph_(graph), node_(node), wanted_(wanted) {}
 
+  /// Input k's value: readable only if reads() declared it (reads_input(k)).
   ConstAlignedMap<T> in(int k) const {
-    const Node<T>& n = graph[node.inputs[k]];
+    const detail::Node<T>& n = graph_[node_.inputs[k]];
     return ConstAlignedMap<T>(n.value, n.shape.rows, n.shape.cols);
   }
-  Shape in_shape(int k) const { return graph[node.inputs[k]].shape; }
-  ConstAlignedMap<T> out() const { return ConstAlignedMap<T>(node.value, node.shape.rows, node.shape.cols); }
+  Shape in_shape(int k) const { return graph_[node_.inputs[k]].shape; }
+  /// The op's output value: readable only if reads() declared it (reads_output).
+  ConstAlignedMap<T> out() const { return ConstAlignedMap<T>(node_.value, node_.shape.rows, node_.shape.cols); }
+  Shape out_shape() const { return node_.shape; }
+  /// The extra buffer the forward wrote: readable only if reads() declared it (reads_extra).
   ConstAlignedMap<T> extra() const {
-    return ConstAlignedMap<T>(node.extra, node.extra_shape.rows, node.extra_shape.cols);
+    return ConstAlignedMap<T>(node_.extra, node_.extra_shape.rows, node_.extra_shape.cols);
   }
-  ConstAlignedMap<T> grad_out() const { return ConstAlignedMap<T>(node.grad, node.shape.rows, node.shape.cols); }
-  const Attributes& attributes() const { return node.attributes; }
-  const int* labels() const { return graph.labels.data() + node.attributes.labels; }
+  /// dL/d(output), of the output's shape.
+  ConstAlignedMap<T> grad_out() const { return ConstAlignedMap<T>(node_.grad, node_.shape.rows, node_.shape.cols); }
+  template <class P>
+  P params() const {
+    return node_.attributes.template get_params<P>();
+  }
+  const int* indices() const { return graph_.indices.data() + node_.attributes.indices_begin; }
+  std::int64_t index_count() const { return node_.attributes.indices_count; }
 
   /// Whether input k's gradient is asked for (skip computing it otherwise).
-  bool wants_grad(int k) const { return wanted[static_cast<std::size_t>(node.inputs[k])] != 0; }
+  bool wants_grad(int k) const { return wanted_[static_cast<std::size_t>(node_.inputs[k])] != 0; }
 
   /// Adds `e` (an Eigen matrix or array expression of input k's shape) to input k's gradient. The first
   /// contribution is assigned, so no zero fill is needed; products accumulate in the GEMM.
@@ -93,7 +115,7 @@ struct BackwardContext {
   /// Input k's gradient buffer, for an op that writes it piecewise (row by row): it must write every
   /// element, assigning when !accumulate. Marks the gradient written.
   GradTarget<T> grad_target(int k) const {
-    Node<T>& in = graph[node.inputs[k]];
+    detail::Node<T>& in = graph_[node_.inputs[k]];
     const bool accumulate = in.grad_assigned;
     in.grad_assigned = true;
     return GradTarget<T>{AlignedMap<T>(in.grad, in.shape.rows, in.shape.cols), accumulate};
@@ -101,9 +123,20 @@ struct BackwardContext {
 
   /// Input k's gradient after add_grad or grad_target wrote it, for a correction in place.
   AlignedMap<T> grad(int k) const {
-    Node<T>& in = graph[node.inputs[k]];
+    detail::Node<T>& in = graph_[node_.inputs[k]];
     return AlignedMap<T>(in.grad, in.shape.rows, in.shape.cols);
   }
+
+ private:
+  detail::Graph<T>& graph_;
+  const detail::Node<T>& node_;
+  const std::uint8_t* wanted_;  // per node: its gradient is asked for
 };
 
-}  // namespace remat::detail
+/// The Params an op was recorded with: `params_of<Op::Params>(c)` in its forward or backward.
+template <class P, class Context>
+P params_of(const Context& c) {
+  return c.template params<P>();
+}
+
+}  // namespace remat

@@ -3,19 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "remat/matrix.hpp"
 #include "remat/op_info.hpp"
 #include "remat/parameter.hpp"
 
-namespace remat::detail {
-
-constexpr int max_inputs = 3;
-constexpr int max_region_depth = 62;
+namespace remat {
 
 /// What an op's backward reads (its residuals), as bits: input k's value, its own output, its extra.
 enum Reads : unsigned {
@@ -38,20 +37,48 @@ constexpr bool wants(GradInputs g, int k) {
   return (g >> k) & 1u;
 }
 
-/// Per-node attributes that, with the op and the input ids, make a node re-executable.
-struct Attributes {
-  double scalar = 0;         ///< op-specific (pow exponent, dropout p, layer_norm eps, affine scale)
-  double scalar2 = 0;        ///< op-specific (affine shift)
-  std::uint64_t seed = 0;    ///< random ops: generator seed
-  std::uint64_t offset = 0;  ///< random ops: counter offset of element 0
-  std::int64_t labels = -1;  ///< cross_entropy: first label in the tape's flat label store
-  std::int32_t tag = -1;     ///< checkpoint_name: index into the tape's interned tag names
-};
+/// Most inputs an op takes.
+constexpr int max_inputs = 3;
+/// Most bytes of an op's Params (its own attributes, stored by value in the node).
+constexpr std::size_t max_params_bytes = 40;
 
 template <class T>
-struct ForwardContext;
+class ForwardContext;
 template <class T>
-struct BackwardContext;
+class BackwardContext;
+
+}  // namespace remat
+
+namespace remat::detail {
+
+constexpr int max_region_depth = 62;
+
+/// Per-node attributes that, with the op and the input ids, make a node re-executable. The tape knows
+/// none of their meanings: `params` holds the op's own Params struct (trivially copyable, copied in by
+/// apply_op), `indices` a range of the tape's integer store (token ids, class labels), `tag` a name any
+/// op's output may carry for the name policies (OpInfo::tag).
+struct Attributes {
+  alignas(8) unsigned char params[max_params_bytes] = {};
+  std::int64_t indices_begin = 0;  ///< first entry in Graph::indices
+  std::int64_t indices_count = 0;
+  std::int32_t tag = -1;  ///< index into Graph::tags, -1 without a name
+
+  template <class P>
+  void set_params(const P& p) {
+    static_assert(std::is_trivially_copyable_v<P>, "an op's Params must be trivially copyable");
+    static_assert(sizeof(P) <= max_params_bytes, "an op's Params must fit in max_params_bytes");
+    if constexpr (!std::is_empty_v<P>) std::memcpy(params, &p, sizeof(P));
+  }
+  template <class P>
+  P get_params() const {
+    static_assert(std::is_trivially_copyable_v<P> && std::is_default_constructible_v<P>,
+                  "an op's Params must be trivially copyable and default-constructible");
+    static_assert(sizeof(P) <= max_params_bytes, "an op's Params must fit in max_params_bytes");
+    P p{};
+    if constexpr (!std::is_empty_v<P>) std::memcpy(&p, params, sizeof(P));
+    return p;
+  }
+};
 
 /// One static table per (op, scalar type): everything the tape knows of an op. No virtual call, no
 /// std::function per node.
@@ -129,8 +156,8 @@ struct Graph {
   std::vector<std::int32_t> open;            // open regions, outermost first
   std::vector<std::int32_t> region_sources;  // flat lists of replay sources, one range per region
   std::vector<std::int32_t> pending;         // values with Node::pending set
-  std::vector<int> labels;                   // cross_entropy labels, flat
-  std::vector<std::string> tags;             // checkpoint_name names, interned (kept across clear())
+  std::vector<int> indices;                  // ops' integer side data (Attributes::indices_begin), flat
+  std::vector<std::string> tags;             // names of tagged values, interned (kept across clear())
 
   Node<T>& operator[](std::int32_t id) { return nodes[static_cast<std::size_t>(id)]; }
   const Node<T>& operator[](std::int32_t id) const { return nodes[static_cast<std::size_t>(id)]; }

@@ -70,7 +70,7 @@ class Recorder {
   /// was, memory() figures included: everything that may throw happens before the first change, and the
   /// forward, which should not throw, is undone exactly if it does.
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                      const Shape& shape, const Shape& extra_shape) {
+                      const Shape& shape, const Shape& extra_shape, const int* indices, std::size_t index_count) {
     for (int k = 0; k < arity; ++k) {
       check_not_escaped(table->name, inputs[k]);
       check_parameter_current(graph_, inputs[k], table->name);
@@ -81,6 +81,7 @@ class Recorder {
       reserve_for_close();
       reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
     }
+    reserve_at_least(graph_.indices, graph_.indices.size() + index_count);
     graph_.nodes.emplace_back();
     const std::int32_t id = graph_.size() - 1;
     typename Buffers<T>::Room room;
@@ -97,6 +98,9 @@ class Recorder {
     n.arity = static_cast<std::int8_t>(arity);
     for (int k = 0; k < arity; ++k) n.inputs[k] = inputs[k];
     n.attributes = attributes;
+    n.attributes.indices_begin = static_cast<std::int64_t>(graph_.indices.size());
+    n.attributes.indices_count = static_cast<std::int64_t>(index_count);
+    graph_.indices.insert(graph_.indices.end(), indices, indices + index_count);  // within capacity
     n.shape = shape;
     n.extra_shape = extra_shape;
     n.region = in_region ? graph_.open.back() : -1;
@@ -110,6 +114,7 @@ class Recorder {
       buffers_.free(n.extra, n.extra_shape);
       buffers_.give_back(room);
       buffers_.restore_peak(peak);
+      graph_.indices.resize(static_cast<std::size_t>(n.attributes.indices_begin));
       graph_.nodes.pop_back();
       throw;
     }

@@ -59,16 +59,10 @@ class TapeState {
   T* leaf_value(std::int32_t id) { return graph_[id].value; }
   std::int32_t add_parameter(Parameter<T>& p) { return recorder_.add_parameter(ParameterAccess::storage(p)); }
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                      const Shape& shape, const Shape& extra_shape) {
-    return recorder_.record(table, inputs, arity, attributes, shape, extra_shape);
+                      const Shape& shape, const Shape& extra_shape, const int* indices, std::size_t index_count) {
+    return recorder_.record(table, inputs, arity, attributes, shape, extra_shape, indices, index_count);
   }
-  /// Stores cross_entropy's labels; returns their position (Attributes::labels). Throws std::bad_alloc.
-  std::int64_t store_labels(const std::vector<int>& labels) {
-    const auto begin = static_cast<std::int64_t>(graph_.labels.size());
-    graph_.labels.insert(graph_.labels.end(), labels.begin(), labels.end());
-    return begin;
-  }
-  void unstore_labels(std::int64_t begin) { graph_.labels.resize(static_cast<std::size_t>(begin)); }
+  /// Index of a name tag (OpInfo::tag) in the tape's store, adding it the first time.
   std::int32_t intern_tag(std::string_view name) { return graph_.intern_tag(name); }
   std::uint64_t random_seed() const { return seed_; }
   void set_random_seed(std::uint64_t seed) {
@@ -77,6 +71,9 @@ class TapeState {
   }
   std::uint64_t random_offset() const { return random_offset_; }
   void advance_random_offset(std::uint64_t count) { random_offset_ += count; }
+  /// Training mode (the default): random ops such as dropout draw; in evaluation mode they are identities.
+  bool training() const { return training_; }
+  void set_training(bool training) { training_ = training; }
 
   // ---- checkpoint regions ----
   std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object) {
@@ -190,7 +187,7 @@ class TapeState {
     graph_.regions.clear();
     graph_.region_sources.clear();
     graph_.pending.clear();
-    graph_.labels.clear();
+    graph_.indices.clear();
     ++generation_;
     residuals_freed_ = false;
     buffers_.reset_peak();
@@ -293,6 +290,7 @@ class TapeState {
   bool residuals_freed_ = false;
   std::uint64_t seed_;
   std::uint64_t random_offset_ = 0;
+  bool training_ = true;
   long refs_ = 1;
 };
 

@@ -11,11 +11,11 @@ struct AbsOp : UnaryElementwise<AbsOp> {
   static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 1;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     return x.abs();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+  static auto derivative(const X& x, const Y&, const G& g, const Params&) {
     return g * x.sign();
   }
 };
@@ -26,7 +26,7 @@ struct AbsOp : UnaryElementwise<AbsOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> abs(const Var<T>& x) {
-  return detail::apply<detail::AbsOp>(x);
+  return apply_op<detail::AbsOp>(x);
 }
 
 }  // namespace remat

@@ -11,7 +11,7 @@ struct AddOp : OpBase {
   static constexpr const char* name = "add";
   static constexpr OpKind kind = OpKind::elementwise;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
+  static Shape output_shape(const Shape* in, const Params&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto out = c.out();
@@ -31,7 +31,7 @@ struct AddOp : OpBase {
 /// scalar stretches). Gradients are summed over broadcast dimensions. Throws shape_error otherwise.
 template <class T>
 Var<T> add(const Var<T>& a, const Var<T>& b) {
-  return detail::apply<detail::AddOp>(a, b);
+  return apply_op<detail::AddOp>(a, b);
 }
 template <class T>
 Var<T> operator+(const Var<T>& a, const Var<T>& b) {

@@ -12,16 +12,19 @@ namespace detail {
 struct AffineOp : OpBase {
   static constexpr const char* name = "affine";
   static constexpr OpKind kind = OpKind::elementwise;
+  struct Params {
+    double scale = 1, shift = 0;
+  };
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    const auto& a = c.attributes();
-    c.out().array() = T(a.scalar) * c.in(0).array() + T(a.scalar2);
+    const auto a = params_of<Params>(c);
+    c.out().array() = T(a.scale) * c.in(0).array() + T(a.shift);
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    if (c.wants_grad(0)) c.add_grad(0, T(c.attributes().scalar) * c.grad_out().array());
+    if (c.wants_grad(0)) c.add_grad(0, T(params_of<Params>(c).scale) * c.grad_out().array());
   }
   static double flops(const Shape*, int, const Shape& out) { return 2.0 * static_cast<double>(out.size()); }
 };
@@ -38,10 +41,7 @@ Var<T> affine(const Var<T>& x, double scale, double shift) {
   if (!std::isfinite(scale) || !std::isfinite(shift))
     throw domain_error("affine: scale and shift must be finite, got " + std::to_string(scale) + " and " +
                        std::to_string(shift));
-  detail::Attributes a;
-  a.scalar = scale;
-  a.scalar2 = shift;
-  return detail::apply<detail::AffineOp>(a, x);
+  return apply_op<detail::AffineOp>(detail::AffineOp::Params{scale, shift}, x);
 }
 
 template <class T, class S, detail::if_scalar<S> = 0>

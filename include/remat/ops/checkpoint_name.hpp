@@ -13,7 +13,7 @@ struct CheckpointNameOp : OpBase {
   static constexpr const char* name = "checkpoint_name";
   static constexpr OpKind kind = OpKind::identity;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     c.out() = c.in(0);
@@ -34,10 +34,9 @@ struct CheckpointNameOp : OpBase {
 template <class T>
 Var<T> checkpoint_name(const Var<T>& x, std::string_view name) {
   if (name.empty()) throw domain_error("checkpoint_name: the name must not be empty");
-  x.node("checkpoint_name");
-  detail::Attributes a;
-  a.tag = x.state()->intern_tag(name);
-  return detail::apply<detail::CheckpointNameOp>(a, x);
+  OpCall<detail::CheckpointNameOp> call;
+  call.tag = name;
+  return apply_op<detail::CheckpointNameOp>(call, x);
 }
 
 }  // namespace remat

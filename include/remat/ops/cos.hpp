@@ -11,11 +11,11 @@ struct CosOp : UnaryElementwise<CosOp> {
   static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 10;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     return x.cos();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+  static auto derivative(const X& x, const Y&, const G& g, const Params&) {
     return -(g * x.sin());
   }
 };
@@ -26,7 +26,7 @@ struct CosOp : UnaryElementwise<CosOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> cos(const Var<T>& x) {
-  return detail::apply<detail::CosOp>(x);
+  return apply_op<detail::CosOp>(x);
 }
 
 }  // namespace remat

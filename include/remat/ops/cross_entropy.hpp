@@ -15,13 +15,13 @@ struct CrossEntropyOp : OpBase {
   static constexpr OpKind kind = OpKind::loss;
   /// Its only residual is softmax(x), kept in its extra.
   static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_extra : reads_nothing; }
-  static Shape output_shape(const Shape*, const Attributes&) { return {1, 1}; }
-  static Shape extra_shape(const Shape* in, const Attributes&) { return in[0]; }
+  static Shape output_shape(const Shape*, const Params&) { return {1, 1}; }
+  static Shape extra_shape(const Shape* in, const Params&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto x = c.in(0);
     auto p = c.extra();
-    const int* labels = c.labels();
+    const int* labels = c.indices();
     T total = 0;
     for (Index i = 0; i < x.rows(); ++i) {
       const T m = x.row(i).maxCoeff();
@@ -36,7 +36,7 @@ struct CrossEntropyOp : OpBase {
   static void backward(const BackwardContext<T>& c) {
     if (!c.wants_grad(0)) return;
     const auto p = c.extra();
-    const int* labels = c.labels();
+    const int* labels = c.indices();
     const T scale = c.grad_out()(0, 0) / static_cast<T>(p.rows());
     c.add_grad(0, scale * p);
     auto d = c.grad(0);
@@ -61,15 +61,10 @@ Var<T> cross_entropy(const Var<T>& logits, const std::vector<int>& labels) {
     if (labels[i] < 0 || labels[i] >= s.cols)
       throw index_error("cross_entropy: label " + std::to_string(labels[i]) + " at row " + std::to_string(i) +
                         " is outside [0, " + std::to_string(s.cols) + ") for logits " + to_string(s));
-  auto* state = logits.state();
-  detail::Attributes a;
-  a.labels = state->store_labels(labels);
-  try {
-    return detail::apply<detail::CrossEntropyOp>(a, logits);
-  } catch (...) {
-    state->unstore_labels(a.labels);
-    throw;
-  }
+  OpCall<detail::CrossEntropyOp> call;
+  call.indices = labels.data();
+  call.index_count = labels.size();
+  return apply_op<detail::CrossEntropyOp>(call, logits);
 }
 
 }  // namespace remat

@@ -12,7 +12,7 @@ struct DivideOp : OpBase {
   static constexpr OpKind kind = OpKind::elementwise;
   /// da = g/b reads b; db = −g·a/b² reads a and b.
   static unsigned reads(GradInputs g) { return (g ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
-  static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
+  static Shape output_shape(const Shape* in, const Params&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto out = c.out();
@@ -44,7 +44,7 @@ struct DivideOp : OpBase {
 /// Throws shape_error for shapes that do not broadcast.
 template <class T>
 Var<T> divide(const Var<T>& a, const Var<T>& b) {
-  return detail::apply<detail::DivideOp>(a, b);
+  return apply_op<detail::DivideOp>(a, b);
 }
 template <class T>
 Var<T> operator/(const Var<T>& a, const Var<T>& b) {

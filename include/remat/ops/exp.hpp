@@ -11,11 +11,11 @@ struct ExpOp : UnaryElementwise<ExpOp> {
   static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 10;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     return x.exp();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const Attributes&) {
+  static auto derivative(const X&, const Y& y, const G& g, const Params&) {
     return g * y;
   }
 };
@@ -26,7 +26,7 @@ struct ExpOp : UnaryElementwise<ExpOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> exp(const Var<T>& x) {
-  return detail::apply<detail::ExpOp>(x);
+  return apply_op<detail::ExpOp>(x);
 }
 
 }  // namespace remat

@@ -13,12 +13,12 @@ struct GeluOp : UnaryElementwise<GeluOp> {
   static constexpr double k = 0.7978845608028654;  // √(2/π)
   static constexpr double c = 0.044715;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     using T = typename X::Scalar;
     return T(0.5) * x * (T(1) + (T(k) * (x + T(c) * x.cube())).tanh());
   }
   template <class X, class Y, class G>
-  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+  static auto derivative(const X& x, const Y&, const G& g, const Params&) {
     using T = typename X::Scalar;
     const auto t = (T(k) * (x + T(c) * x.cube())).tanh();
     return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t.square()) * T(k) * (T(1) + T(3 * c) * x.square()));
@@ -32,7 +32,7 @@ struct GeluOp : UnaryElementwise<GeluOp> {
 /// x: [m,n] → [m,n].
 template <class T>
 Var<T> gelu(const Var<T>& x) {
-  return detail::apply<detail::GeluOp>(x);
+  return apply_op<detail::GeluOp>(x);
 }
 
 }  // namespace remat

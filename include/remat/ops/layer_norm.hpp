@@ -12,25 +12,28 @@ namespace detail {
 struct LayerNormOp : OpBase {
   static constexpr const char* name = "layer_norm";
   static constexpr OpKind kind = OpKind::normalization;
+  struct Params {
+    double eps = 1e-5;
+  };
   /// dx reads x, gain and the row statistics (extra: μ, 1/σ); dgain reads x and the statistics; dbias
   /// reads nothing.
   static unsigned reads(GradInputs g) {
     return (wants(g, 0) || wants(g, 1) ? reads_input0 | reads_extra : 0u) | (wants(g, 0) ? reads_input1 : 0u);
   }
-  static Shape output_shape(const Shape* in, const Attributes&) {
+  static Shape output_shape(const Shape* in, const Params&) {
     for (int k = 1; k <= 2; ++k)
       if (in[k].rows != 1 || in[k].cols != in[0].cols)
         throw shape_error(std::string("layer_norm: x is ") + to_string(in[0]) + " but " + (k == 1 ? "gain" : "bias") +
                           " is " + to_string(in[k]) + "; it must be [1," + std::to_string(in[0].cols) + "]");
     return in[0];
   }
-  static Shape extra_shape(const Shape* in, const Attributes&) { return {in[0].rows, 2}; }
+  static Shape extra_shape(const Shape* in, const Params&) { return {in[0].rows, 2}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto x = c.in(0);
     auto y = c.out();
     auto stats = c.extra();
-    const T eps = T(c.attributes().scalar);
+    const T eps = T(params_of<Params>(c).eps);
     const auto gain = c.in(1).row(0).array();
     const auto bias = c.in(2).row(0).array();
     for (Index i = 0; i < x.rows(); ++i) {
@@ -81,9 +84,7 @@ template <class T>
 Var<T> layer_norm(const Var<T>& x, const Var<T>& gain, const Var<T>& bias, double eps = 1e-5) {
   if (!(eps > 0) || !std::isfinite(eps))
     throw domain_error("layer_norm: eps must be positive and finite, got " + std::to_string(eps));
-  detail::Attributes a;
-  a.scalar = eps;
-  return detail::apply<detail::LayerNormOp>(a, x, gain, bias);
+  return apply_op<detail::LayerNormOp>(detail::LayerNormOp::Params{eps}, x, gain, bias);
 }
 
 }  // namespace remat

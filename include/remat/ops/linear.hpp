@@ -11,7 +11,7 @@ struct LinearOp : OpBase {
   static constexpr OpKind kind = OpKind::dot;
   /// dx reads W, dW reads x, db reads nothing.
   static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
-  static Shape output_shape(const Shape* in, const Attributes&) {
+  static Shape output_shape(const Shape* in, const Params&) {
     if (in[0].cols != in[1].rows)
       throw shape_error("linear: x is " + to_string(in[0]) + " but W is " + to_string(in[1]) +
                         "; x.cols must equal W.rows");
@@ -45,7 +45,7 @@ struct LinearOp : OpBase {
 /// Throws shape_error for mismatched shapes.
 template <class T>
 Var<T> linear(const Var<T>& x, const Var<T>& w, const Var<T>& b) {
-  return detail::apply<detail::LinearOp>(x, w, b);
+  return apply_op<detail::LinearOp>(x, w, b);
 }
 
 }  // namespace remat

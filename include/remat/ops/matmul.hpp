@@ -11,7 +11,7 @@ struct MatmulOp : OpBase {
   static constexpr OpKind kind = OpKind::dot;
   /// dA reads B, dB reads A.
   static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
-  static Shape output_shape(const Shape* in, const Attributes&) {
+  static Shape output_shape(const Shape* in, const Params&) {
     if (in[0].cols != in[1].rows)
       throw shape_error("matmul: A is " + to_string(in[0]) + " but B is " + to_string(in[1]) +
                         "; A.cols must equal B.rows");
@@ -37,7 +37,7 @@ struct MatmulOp : OpBase {
 /// Throws shape_error if A.cols ≠ B.rows, tape_error for invalid Vars or Vars of different tapes.
 template <class T>
 Var<T> matmul(const Var<T>& a, const Var<T>& b) {
-  return detail::apply<detail::MatmulOp>(a, b);
+  return apply_op<detail::MatmulOp>(a, b);
 }
 
 }  // namespace remat

@@ -10,7 +10,7 @@ struct MeanOp : OpBase {
   static constexpr const char* name = "mean";
   static constexpr OpKind kind = OpKind::reduction;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape*, const Attributes&) { return {1, 1}; }
+  static Shape output_shape(const Shape*, const Params&) { return {1, 1}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     c.out()(0, 0) = c.in(0).mean();
@@ -29,7 +29,7 @@ struct MeanOp : OpBase {
 /// y = (1/(mn)) Σᵢⱼ xᵢⱼ. x: [m,n] → [1,1]; dy/dx = 1/(mn) everywhere.
 template <class T>
 Var<T> mean(const Var<T>& x) {
-  return detail::apply<detail::MeanOp>(x);
+  return apply_op<detail::MeanOp>(x);
 }
 
 }  // namespace remat

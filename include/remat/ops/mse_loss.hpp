@@ -10,7 +10,7 @@ struct MseLossOp : OpBase {
   static constexpr const char* name = "mse_loss";
   static constexpr OpKind kind = OpKind::loss;
   static unsigned reads(GradInputs g) { return g ? reads_input0 | reads_input1 : reads_nothing; }
-  static Shape output_shape(const Shape* in, const Attributes&) {
+  static Shape output_shape(const Shape* in, const Params&) {
     if (in[0] != in[1])
       throw shape_error("mse_loss: prediction is " + to_string(in[0]) + " but target is " + to_string(in[1]) +
                         "; they must have the same shape");
@@ -35,7 +35,7 @@ struct MseLossOp : OpBase {
 /// dL/dpred = 2 (pred − target) / (mn) = −dL/dtarget. Throws shape_error if the shapes differ.
 template <class T>
 Var<T> mse_loss(const Var<T>& prediction, const Var<T>& target) {
-  return detail::apply<detail::MseLossOp>(prediction, target);
+  return apply_op<detail::MseLossOp>(prediction, target);
 }
 
 }  // namespace remat

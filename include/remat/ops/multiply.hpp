@@ -12,7 +12,7 @@ struct MultiplyOp : OpBase {
   static constexpr OpKind kind = OpKind::elementwise;
   /// da reads b, db reads a.
   static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
-  static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
+  static Shape output_shape(const Shape* in, const Params&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto out = c.out();
@@ -39,7 +39,7 @@ struct MultiplyOp : OpBase {
 /// dimensions). Throws shape_error for shapes that do not broadcast.
 template <class T>
 Var<T> multiply(const Var<T>& a, const Var<T>& b) {
-  return detail::apply<detail::MultiplyOp>(a, b);
+  return apply_op<detail::MultiplyOp>(a, b);
 }
 template <class T>
 Var<T> operator*(const Var<T>& a, const Var<T>& b) {

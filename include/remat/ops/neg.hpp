@@ -11,11 +11,11 @@ struct NegOp : UnaryElementwise<NegOp> {
   static constexpr unsigned residuals = reads_nothing;
   static constexpr double flops_per_element = 1;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     return -x;
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y&, const G& g, const Attributes&) {
+  static auto derivative(const X&, const Y&, const G& g, const Params&) {
     return -g;
   }
 };
@@ -26,7 +26,7 @@ struct NegOp : UnaryElementwise<NegOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> neg(const Var<T>& x) {
-  return detail::apply<detail::NegOp>(x);
+  return apply_op<detail::NegOp>(x);
 }
 
 /// −x, the same as neg(x).

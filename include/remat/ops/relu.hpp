@@ -11,12 +11,12 @@ struct ReluOp : UnaryElementwise<ReluOp> {
   static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 1;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     using T = typename X::Scalar;
     return x.max(T(0));
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const Attributes&) {
+  static auto derivative(const X&, const Y& y, const G& g, const Params&) {
     using T = typename X::Scalar;
     return g * (y > T(0)).template cast<T>();
   }
@@ -28,7 +28,7 @@ struct ReluOp : UnaryElementwise<ReluOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> relu(const Var<T>& x) {
-  return detail::apply<detail::ReluOp>(x);
+  return apply_op<detail::ReluOp>(x);
 }
 
 }  // namespace remat

@@ -12,11 +12,14 @@ namespace detail {
 struct ScalarDivideOp : OpBase {
   static constexpr const char* name = "scalar_divide";
   static constexpr OpKind kind = OpKind::elementwise;
+  struct Params {
+    double numerator = 1;
+  };
   static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_input0 | reads_output : reads_nothing; }
-  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().array() = T(c.attributes().scalar) / c.in(0).array();
+    c.out().array() = T(params_of<Params>(c).numerator) / c.in(0).array();
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
@@ -32,9 +35,7 @@ struct ScalarDivideOp : OpBase {
 template <class T, class S, detail::if_scalar<S> = 0>
 Var<T> operator/(S c, const Var<T>& x) {
   if (!std::isfinite(static_cast<double>(c))) throw domain_error("scalar_divide: the numerator must be finite");
-  detail::Attributes a;
-  a.scalar = static_cast<double>(c);
-  return detail::apply<detail::ScalarDivideOp>(a, x);
+  return apply_op<detail::ScalarDivideOp>(detail::ScalarDivideOp::Params{static_cast<double>(c)}, x);
 }
 
 }  // namespace remat

@@ -11,12 +11,12 @@ struct SigmoidOp : UnaryElementwise<SigmoidOp> {
   static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 12;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     using T = typename X::Scalar;
     return (T(1) + (-x).exp()).inverse();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const Attributes&) {
+  static auto derivative(const X&, const Y& y, const G& g, const Params&) {
     using T = typename X::Scalar;
     return g * y * (T(1) - y);
   }
@@ -28,7 +28,7 @@ struct SigmoidOp : UnaryElementwise<SigmoidOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> sigmoid(const Var<T>& x) {
-  return detail::apply<detail::SigmoidOp>(x);
+  return apply_op<detail::SigmoidOp>(x);
 }
 
 }  // namespace remat

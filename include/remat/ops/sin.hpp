@@ -11,11 +11,11 @@ struct SinOp : UnaryElementwise<SinOp> {
   static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 10;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     return x.sin();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+  static auto derivative(const X& x, const Y&, const G& g, const Params&) {
     return g * x.cos();
   }
 };
@@ -26,7 +26,7 @@ struct SinOp : UnaryElementwise<SinOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> sin(const Var<T>& x) {
-  return detail::apply<detail::SinOp>(x);
+  return apply_op<detail::SinOp>(x);
 }
 
 }  // namespace remat

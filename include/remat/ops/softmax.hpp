@@ -10,7 +10,7 @@ struct SoftmaxOp : OpBase {
   static constexpr const char* name = "softmax";
   static constexpr OpKind kind = OpKind::normalization;
   static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_output : reads_nothing; }
-  static Shape output_shape(const Shape* in, const Attributes&) { return in[0]; }
+  static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto x = c.in(0);
@@ -40,7 +40,7 @@ struct SoftmaxOp : OpBase {
 /// dx = y ⊙ (dy − Σⱼ dyⱼ yⱼ) per row. x: [m,n] → [m,n].
 template <class T>
 Var<T> softmax(const Var<T>& x) {
-  return detail::apply<detail::SoftmaxOp>(x);
+  return apply_op<detail::SoftmaxOp>(x);
 }
 
 }  // namespace remat

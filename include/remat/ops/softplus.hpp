@@ -11,12 +11,12 @@ struct SoftplusOp : UnaryElementwise<SoftplusOp> {
   static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 20;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     using T = typename X::Scalar;
     return x.max(T(0)) + (-x.abs()).exp().log1p();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+  static auto derivative(const X& x, const Y&, const G& g, const Params&) {
     using T = typename X::Scalar;
     return g * (T(1) + (-x).exp()).inverse();
   }
@@ -28,7 +28,7 @@ struct SoftplusOp : UnaryElementwise<SoftplusOp> {
 /// sigmoid(x). x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> softplus(const Var<T>& x) {
-  return detail::apply<detail::SoftplusOp>(x);
+  return apply_op<detail::SoftplusOp>(x);
 }
 
 }  // namespace remat

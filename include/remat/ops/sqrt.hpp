@@ -11,11 +11,11 @@ struct SqrtOp : UnaryElementwise<SqrtOp> {
   static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 4;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     return x.sqrt();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const Attributes&) {
+  static auto derivative(const X&, const Y& y, const G& g, const Params&) {
     using T = typename X::Scalar;
     return g * T(0.5) / y;
   }
@@ -27,7 +27,7 @@ struct SqrtOp : UnaryElementwise<SqrtOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> sqrt(const Var<T>& x) {
-  return detail::apply<detail::SqrtOp>(x);
+  return apply_op<detail::SqrtOp>(x);
 }
 
 }  // namespace remat

@@ -11,11 +11,11 @@ struct SquareOp : UnaryElementwise<SquareOp> {
   static constexpr unsigned residuals = reads_input0;
   static constexpr double flops_per_element = 1;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     return x.square();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X& x, const Y&, const G& g, const Attributes&) {
+  static auto derivative(const X& x, const Y&, const G& g, const Params&) {
     using T = typename X::Scalar;
     return T(2) * g * x;
   }
@@ -27,7 +27,7 @@ struct SquareOp : UnaryElementwise<SquareOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> square(const Var<T>& x) {
-  return detail::apply<detail::SquareOp>(x);
+  return apply_op<detail::SquareOp>(x);
 }
 
 }  // namespace remat

@@ -11,7 +11,7 @@ struct SubtractOp : OpBase {
   static constexpr const char* name = "subtract";
   static constexpr OpKind kind = OpKind::elementwise;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Attributes&) { return broadcast_shape(name, in[0], in[1]); }
+  static Shape output_shape(const Shape* in, const Params&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto out = c.out();
@@ -31,7 +31,7 @@ struct SubtractOp : OpBase {
 /// dimensions). Throws shape_error for shapes that do not broadcast.
 template <class T>
 Var<T> subtract(const Var<T>& a, const Var<T>& b) {
-  return detail::apply<detail::SubtractOp>(a, b);
+  return apply_op<detail::SubtractOp>(a, b);
 }
 template <class T>
 Var<T> operator-(const Var<T>& a, const Var<T>& b) {

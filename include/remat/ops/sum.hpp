@@ -10,7 +10,7 @@ struct SumOp : OpBase {
   static constexpr const char* name = "sum";
   static constexpr OpKind kind = OpKind::reduction;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape*, const Attributes&) { return {1, 1}; }
+  static Shape output_shape(const Shape*, const Params&) { return {1, 1}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     c.out()(0, 0) = c.in(0).sum();
@@ -28,7 +28,7 @@ struct SumOp : OpBase {
 /// y = Σᵢⱼ xᵢⱼ. x: [m,n] → [1,1]; dy/dx = 1 everywhere.
 template <class T>
 Var<T> sum(const Var<T>& x) {
-  return detail::apply<detail::SumOp>(x);
+  return apply_op<detail::SumOp>(x);
 }
 
 }  // namespace remat

@@ -10,7 +10,7 @@ struct SumRowsOp : OpBase {
   static constexpr const char* name = "sum_rows";
   static constexpr OpKind kind = OpKind::reduction;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Attributes&) { return {in[0].rows, 1}; }
+  static Shape output_shape(const Shape* in, const Params&) { return {in[0].rows, 1}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     c.out().noalias() = c.in(0).rowwise().sum();
@@ -28,7 +28,7 @@ struct SumRowsOp : OpBase {
 /// row's gradient over its n columns.
 template <class T>
 Var<T> sum_rows(const Var<T>& x) {
-  return detail::apply<detail::SumRowsOp>(x);
+  return apply_op<detail::SumRowsOp>(x);
 }
 
 }  // namespace remat

@@ -11,11 +11,11 @@ struct TanhOp : UnaryElementwise<TanhOp> {
   static constexpr unsigned residuals = reads_output;
   static constexpr double flops_per_element = 10;
   template <class X>
-  static auto value(const X& x, const Attributes&) {
+  static auto value(const X& x, const Params&) {
     return x.tanh();
   }
   template <class X, class Y, class G>
-  static auto derivative(const X&, const Y& y, const G& g, const Attributes&) {
+  static auto derivative(const X&, const Y& y, const G& g, const Params&) {
     using T = typename X::Scalar;
     return g * (T(1) - y.square());
   }
@@ -27,7 +27,7 @@ struct TanhOp : UnaryElementwise<TanhOp> {
 /// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> tanh(const Var<T>& x) {
-  return detail::apply<detail::TanhOp>(x);
+  return apply_op<detail::TanhOp>(x);
 }
 
 }  // namespace remat
