@@ -18,6 +18,7 @@ enum class OpKind {
   loss,           ///< cross_entropy, mse_loss
   random,         ///< dropout
   identity,       ///< checkpoint_name
+  data_movement,  ///< embedding, slice_cols, concat_cols, transpose, reshape, detach: copies, no arithmetic
 };
 
 /// Name of an OpKind, as printed in reports ("dot", "elementwise", ...).
@@ -39,6 +40,8 @@ inline const char* to_string(OpKind kind) {
       return "random";
     case OpKind::identity:
       return "identity";
+    case OpKind::data_movement:
+      return "data_movement";
   }
   return "unknown";
 }

@@ -96,13 +96,14 @@ void check_op_info(const OpInstance& instance) {
   struct Seen {
     std::string name;
     remat::OpKind kind;
+    bool batch_dims;
     remat::Shape shape;
     std::size_t bytes;
     double flops;
   };
   std::vector<Seen> seen;
   const auto policy = [&seen](const remat::OpInfo& info) {
-    seen.push_back({std::string(info.name), info.kind, info.shape, info.bytes, info.flops});
+    seen.push_back({std::string(info.name), info.kind, info.batch_dims, info.shape, info.bytes, info.flops});
     return true;
   };
   Tape<double> tape;
@@ -117,7 +118,7 @@ void check_op_info(const OpInstance& instance) {
       },
       policy);
   const Var<double> out = block(vars[0]);
-  ASSERT_EQ(seen.size(), 1u) << op.name << " recorded more than one op";
+  ASSERT_EQ(seen.size(), static_cast<std::size_t>(op.recorded_ops)) << op.name;
   const Seen& info = seen[0];
   static const std::map<std::string, remat::OpKind> kinds = {{"matmul", remat::OpKind::dot},
                                                              {"linear", remat::OpKind::dot},
@@ -130,18 +131,36 @@ void check_op_info(const OpInstance& instance) {
                                                              {"cross_entropy", remat::OpKind::loss},
                                                              {"mse_loss", remat::OpKind::loss},
                                                              {"dropout", remat::OpKind::random},
-                                                             {"checkpoint_name", remat::OpKind::identity}};
+                                                             {"checkpoint_name", remat::OpKind::identity},
+                                                             {"embedding", remat::OpKind::data_movement},
+                                                             {"slice_cols", remat::OpKind::data_movement},
+                                                             {"concat_cols", remat::OpKind::data_movement},
+                                                             {"transpose", remat::OpKind::data_movement},
+                                                             {"reshape", remat::OpKind::data_movement},
+                                                             {"sum_cols", remat::OpKind::reduction},
+                                                             {"mean_cols", remat::OpKind::reduction},
+                                                             {"max_rows", remat::OpKind::reduction},
+                                                             {"attention_scores", remat::OpKind::dot},
+                                                             {"attention_values", remat::OpKind::dot},
+                                                             {"scaled_dot_product_attention", remat::OpKind::dot}};
   const auto it = kinds.find(info.name);
   EXPECT_EQ(info.kind, it == kinds.end() ? remat::OpKind::elementwise : it->second)
       << op.name << " recorded as " << info.name << " of kind " << remat::to_string(info.kind);
-  EXPECT_EQ(info.shape, out.shape());
-  EXPECT_EQ(info.bytes, static_cast<std::size_t>(out.shape().size()) * sizeof(double));
+  EXPECT_EQ(info.batch_dims, info.name.rfind("attention", 0) == 0 || info.name == "scaled_dot_product_attention")
+      << info.name;
+  if (op.recorded_ops == 1) {
+    EXPECT_EQ(info.shape, out.shape());
+    EXPECT_EQ(info.bytes, static_cast<std::size_t>(out.shape().size()) * sizeof(double));
+  }
   const auto& s = instance.shapes();
   if (info.name == "matmul")
     EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows * s[0].cols * s[1].cols));
   else if (info.name == "linear")
     EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows * s[0].cols * s[1].cols) +
                               static_cast<double>(s[0].rows * s[1].cols));
+  else if (info.name == "attention_scores" || info.name == "attention_values")  // 2·(B·S)·S·H
+    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(instance.shapes()[1].rows * instance.shapes()[1].cols *
+                                                    remat_test::attention_config(instance.shapes()[1]).seq_len));
   else if (info.kind == remat::OpKind::identity)
     EXPECT_EQ(info.flops, 0.0);
   else
@@ -235,7 +254,21 @@ TEST(OpList, CoversEveryPublicOp) {
                          "layer_norm",
                          "dropout",
                          "dropout_p0",
-                         "checkpoint_name"})
+                         "checkpoint_name",
+                         "embedding",
+                         "slice_cols",
+                         "concat_cols",
+                         "concat_cols_three_parts",
+                         "transpose",
+                         "reshape",
+                         "sum_cols",
+                         "mean_cols",
+                         "max_rows",
+                         "attention_scores",
+                         "attention_scores_causal",
+                         "attention_values",
+                         "scaled_dot_product_attention",
+                         "scaled_dot_product_attention_causal"})
     EXPECT_EQ(names.count(op), 1u) << "the op list has no entry " << op;
   // Each broadcasting form, on either side.
   for (const char* op : {"add", "subtract", "multiply", "divide"}) {

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -56,6 +57,7 @@ struct OpCase {
   std::vector<ShapeSet> shape_sets;  ///< input shapes to test, including 1×1 and non-square
   std::vector<Domain> domains;       ///< input value domains, one per input
   ReferenceFunction reference;       ///< empty only where a dedicated test checks the value (dropout)
+  int recorded_ops = 1;              ///< ops the build records (an entry may wrap the op under test, first)
 
   template <class T>
   remat::Var<T> build(const Inputs<T>& in) const {
@@ -71,6 +73,32 @@ inline std::vector<int> test_labels(Index rows, Index cols) {
   std::vector<int> labels(static_cast<std::size_t>(rows));
   for (Index i = 0; i < rows; ++i) labels[static_cast<std::size_t>(i)] = static_cast<int>((3 * i + 1) % cols);
   return labels;
+}
+
+/// Token ids for embedding, a fixed function of the table's rows V: 5 ids, (3i + 1) mod V, then id 1 mod V
+/// again (a repeated id, whose gradient rows must accumulate).
+inline std::vector<int> test_ids(Index vocabulary) {
+  std::vector<int> ids;
+  for (Index i = 0; i < 5; ++i) ids.push_back(static_cast<int>((3 * i + 1) % vocabulary));
+  ids.push_back(static_cast<int>(1 % vocabulary));
+  return ids;
+}
+
+/// Attention layouts of the list, by the shape of q ([B·S, H]): heads and seq_len.
+struct AttentionConfig {
+  Index heads, seq_len;
+};
+inline AttentionConfig attention_config(const Shape& q) {
+  if (q == Shape{1, 1}) return {1, 1};  // one token, one head of width 1
+  if (q == Shape{6, 4}) return {2, 3};  // B = 2, S = 3, two heads of width 2
+  if (q == Shape{4, 3}) return {1, 4};  // B = 1, S = 4, one head of width 3
+  if (q == Shape{3, 2}) return {2, 1};  // B = 3, S = 1, two heads of width 1
+  throw std::invalid_argument("attention_config: no layout for q " + remat::to_string(q));
+}
+/// [B·heads·S, S] for token rows of shape q.
+inline Shape attention_matrix_shape(const Shape& q) {
+  const AttentionConfig c = attention_config(q);
+  return {q.rows * c.heads, c.seq_len};
 }
 
 /// The layer_norm eps the list uses.
@@ -157,6 +185,37 @@ inline Matrix<double> layer_norm(const Matrix<double>& x, const Matrix<double>& 
     var /= n;
     for (Index j = 0; j < x.cols(); ++j) y(i, j) = (x(i, j) - mu) / std::sqrt(var + eps) * gain(0, j) + bias(0, j);
   }
+  return y;
+}
+
+/// Scores per (sequence, head), [B·heads·S, S], by the layout's definition (docs/design.md §1.1).
+inline Matrix<double> attention_scores(const Matrix<double>& q, const Matrix<double>& k, Index heads, Index S,
+                                       bool causal) {
+  const Index B = q.rows() / S, d = q.cols() / heads;
+  Matrix<double> s(B * heads * S, S);
+  for (Index b = 0; b < B; ++b)
+    for (Index h = 0; h < heads; ++h)
+      for (Index i = 0; i < S; ++i)
+        for (Index j = 0; j < S; ++j) {
+          double dot = 0;
+          for (Index c = 0; c < d; ++c) dot += q(b * S + i, h * d + c) * k(b * S + j, h * d + c);
+          s((b * heads + h) * S + i, j) =
+              causal && j > i ? -std::numeric_limits<double>::infinity() : dot / std::sqrt(static_cast<double>(d));
+        }
+  return s;
+}
+
+inline Matrix<double> attention_values(const Matrix<double>& p, const Matrix<double>& v, Index heads, Index S) {
+  const Index B = v.rows() / S, d = v.cols() / heads;
+  Matrix<double> y = Matrix<double>::Zero(v.rows(), v.cols());
+  for (Index b = 0; b < B; ++b)
+    for (Index h = 0; h < heads; ++h)
+      for (Index i = 0; i < S; ++i)
+        for (Index c = 0; c < d; ++c) {
+          double sum = 0;
+          for (Index j = 0; j < S; ++j) sum += p((b * heads + h) * S + i, j) * v(b * S + j, h * d + c);
+          y(b * S + i, h * d + c) = sum;
+        }
   return y;
 }
 
@@ -394,6 +453,152 @@ inline const std::vector<OpCase>& op_list() {
     l.push_back(make_op(
         "checkpoint_name", 1, [](const auto& v) { return remat::checkpoint_name(v[0], "tagged"); }, unary, {anywhere},
         [](const V& x) { return x[0]; }));
+    // ---- data movement ----
+    l.push_back(make_op(
+        "embedding", 1, [](const auto& v) { return remat::embedding(v[0], test_ids(v[0].rows())); }, unary, {anywhere},
+        [](const V& x) {
+          const auto ids = test_ids(x[0].rows());
+          M y(static_cast<Index>(ids.size()), x[0].cols());
+          for (std::size_t i = 0; i < ids.size(); ++i) y.row(static_cast<Index>(i)) = x[0].row(ids[i]);
+          return y;
+        }));
+    // Columns [cols/3, cols/3 + max(1, cols/2)) of x.
+    l.push_back(make_op(
+        "slice_cols", 1,
+        [](const auto& v) {
+          const Index n = v[0].cols();
+          return remat::slice_cols(v[0], n / 3, std::max<Index>(1, n / 2));
+        },
+        unary, {anywhere},
+        [](const V& x) {
+          const Index n = x[0].cols();
+          return M(x[0].middleCols(n / 3, std::max<Index>(1, n / 2)));
+        }));
+    l.push_back(make_op(
+        "concat_cols", 2,
+        [](const auto& v) {
+          return remat::concat_cols({v[0], v[1]});
+        },
+        {{{1, 1}, {1, 1}}, {{3, 2}, {3, 4}}, {{2, 1}, {2, 3}}}, {anywhere},
+        [](const V& x) {
+          M y(x[0].rows(), x[0].cols() + x[1].cols());
+          y << x[0], x[1];
+          return y;
+        }));
+    {
+      OpCase three = make_op(
+          "concat_cols_three_parts", 3,
+          [](const auto& v) {
+            return remat::concat_cols({v[0], v[1], v[2]});
+          },
+          {{{1, 1}, {1, 2}, {1, 1}}, {{3, 2}, {3, 1}, {3, 3}}}, {anywhere},
+          [](const V& x) {
+            M y(x[0].rows(), x[0].cols() + x[1].cols() + x[2].cols());
+            y << x[0], x[1], x[2];
+            return y;
+          });
+      three.recorded_ops = 2;  // a tree of two-part concatenations
+      l.push_back(std::move(three));
+    }
+    l.push_back(make_op(
+        "transpose", 1, [](const auto& v) { return remat::transpose(v[0]); }, unary, {anywhere},
+        [](const V& x) { return M(x[0].transpose()); }));
+    // x read in row-major order as [cols, rows].
+    l.push_back(make_op(
+        "reshape", 1, [](const auto& v) { return remat::reshape(v[0], v[0].cols(), v[0].rows()); }, unary, {anywhere},
+        [](const V& x) {
+          M y(x[0].cols(), x[0].rows());
+          for (Index k = 0; k < x[0].size(); ++k)
+            y(k / y.cols(), k % y.cols()) = x[0](k / x[0].cols(), k % x[0].cols());
+          return y;
+        }));
+    // ---- column reductions, row maxima ----
+    l.push_back(make_op(
+        "sum_cols", 1, [](const auto& v) { return remat::sum_cols(v[0]); }, unary, {anywhere},
+        [](const V& x) {
+          M y = M::Zero(1, x[0].cols());
+          for (Index i = 0; i < x[0].rows(); ++i)
+            for (Index j = 0; j < x[0].cols(); ++j) y(0, j) += x[0](i, j);
+          return y;
+        }));
+    l.push_back(make_op(
+        "mean_cols", 1, [](const auto& v) { return remat::mean_cols(v[0]); }, unary, {anywhere},
+        [](const V& x) {
+          M y = M::Zero(1, x[0].cols());
+          for (Index i = 0; i < x[0].rows(); ++i)
+            for (Index j = 0; j < x[0].cols(); ++j) y(0, j) += x[0](i, j) / static_cast<double>(x[0].rows());
+          return y;
+        }));
+    l.push_back(make_op(
+        "max_rows", 1, [](const auto& v) { return remat::max_rows(v[0]); }, unary, {anywhere},
+        [](const V& x) {
+          M y(x[0].rows(), 1);
+          for (Index i = 0; i < x[0].rows(); ++i) {
+            double m = x[0](i, 0);
+            for (Index j = 1; j < x[0].cols(); ++j) m = std::max(m, x[0](i, j));
+            y(i, 0) = m;
+          }
+          return y;
+        }));
+    // ---- attention (layouts: attention_config) ----
+    const std::vector<ShapeSet> qk = {{{1, 1}, {1, 1}}, {{6, 4}, {6, 4}}, {{4, 3}, {4, 3}}, {{3, 2}, {3, 2}}};
+    const std::vector<ShapeSet> qkv = {
+        {{1, 1}, {1, 1}, {1, 1}}, {{6, 4}, {6, 4}, {6, 4}}, {{4, 3}, {4, 3}, {4, 3}}, {{3, 2}, {3, 2}, {3, 2}}};
+    l.push_back(make_op(
+        "attention_scores", 2,
+        [](const auto& v) {
+          const auto c = attention_config(v[0].shape());
+          return remat::attention_scores(v[0], v[1], c.heads, c.seq_len, false);
+        },
+        qk, {anywhere},
+        [](const V& x) {
+          const auto c = attention_config({x[0].rows(), x[0].cols()});
+          return ref::attention_scores(x[0], x[1], c.heads, c.seq_len, false);
+        }));
+    {
+      // Causal scores hold −∞: a softmax after them makes a finite function to check.
+      OpCase causal = make_op(
+          "attention_scores_causal", 2,
+          [](const auto& v) {
+            const auto c = attention_config(v[0].shape());
+            return remat::softmax(remat::attention_scores(v[0], v[1], c.heads, c.seq_len, true));
+          },
+          qk, {anywhere},
+          [](const V& x) {
+            const auto c = attention_config({x[0].rows(), x[0].cols()});
+            return ref::softmax(ref::attention_scores(x[0], x[1], c.heads, c.seq_len, true));
+          });
+      causal.recorded_ops = 2;
+      l.push_back(std::move(causal));
+    }
+    l.push_back(make_op(
+        "attention_values", 2,
+        [](const auto& v) {
+          const auto c = attention_config(v[1].shape());
+          return remat::attention_values(v[0], v[1], c.heads, c.seq_len);
+        },
+        {{{1, 1}, {1, 1}},
+         {attention_matrix_shape({6, 4}), {6, 4}},
+         {attention_matrix_shape({4, 3}), {4, 3}},
+         {attention_matrix_shape({3, 2}), {3, 2}}},
+        {anywhere},
+        [](const V& x) {
+          const auto c = attention_config({x[1].rows(), x[1].cols()});
+          return ref::attention_values(x[0], x[1], c.heads, c.seq_len);
+        }));
+    for (const bool causal : {false, true})
+      l.push_back(make_op(
+          causal ? "scaled_dot_product_attention_causal" : "scaled_dot_product_attention", 3,
+          [causal](const auto& v) {
+            const auto c = attention_config(v[0].shape());
+            return remat::scaled_dot_product_attention(v[0], v[1], v[2], c.heads, c.seq_len, causal);
+          },
+          qkv, {anywhere},
+          [causal](const V& x) {
+            const auto c = attention_config({x[0].rows(), x[0].cols()});
+            return ref::attention_values(ref::softmax(ref::attention_scores(x[0], x[1], c.heads, c.seq_len, causal)),
+                                         x[2], c.heads, c.seq_len);
+          }));
     return l;
   }();
   return list;

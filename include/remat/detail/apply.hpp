@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "remat/detail/contexts.hpp"
@@ -23,8 +24,16 @@ struct OpBase {
   static Shape extra_shape(const Shape* /*inputs*/, const P& /*params*/) {
     return {};
   }
+  /// Shape of a temporary its forward and backward use (ForwardContext::scratch(); empty: none). It comes
+  /// from the tape's pool while the kernel runs and counts in peak_bytes, never in saved_bytes.
+  template <class P>
+  static Shape scratch_shape(const Shape* /*inputs*/, const P& /*params*/) {
+    return {};
+  }
   /// A dot with batch dimensions (a batched product); dots_with_no_batch_dims_saveable does not save it.
   static constexpr bool batch_dims = false;
+  /// Its output requires no gradient whatever its inputs (detach): the sweep never runs its backward.
+  static constexpr bool stops_gradient = false;
 };
 
 /// Everything a recorded op carries besides its inputs: its Params, integer data copied to the tape
@@ -40,10 +49,26 @@ struct OpCall {
 
 namespace detail {
 
+/// Op::flops(inputs, arity, output[, params]): an op whose cost depends on its Params takes them.
+template <class Op>
+double flops_of(const Shape* inputs, int arity, const Shape& output, const Attributes& attributes) {
+  using P = typename Op::Params;
+  if constexpr (std::is_invocable_r_v<double, decltype(&Op::flops), const Shape*, int, const Shape&, const P&>)
+    return Op::flops(inputs, arity, output, attributes.template get_params<P>());
+  else
+    return Op::flops(inputs, arity, output);
+}
+
 /// The static table describing Op for scalar type T.
 template <class Op, class T>
-inline const OpTable<T> op_table = {
-    Op::name, Op::kind, Op::batch_dims, &Op::reads, &Op::template forward<T>, &Op::template backward<T>, &Op::flops};
+inline const OpTable<T> op_table = {Op::name,
+                                    Op::kind,
+                                    Op::batch_dims,
+                                    Op::stops_gradient,
+                                    &Op::reads,
+                                    &Op::template forward<T>,
+                                    &Op::template backward<T>,
+                                    &flops_of<Op>};
 
 /// The tape shared by `vars`; throws tape_error naming `op` if a Var is empty, stale, or from another tape.
 template <class T, std::size_t N>
@@ -78,11 +103,12 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   }
   const Shape out = Op::output_shape(shapes, call.params);
   const Shape extra = Op::extra_shape(shapes, call.params);
+  const Shape scratch = Op::scratch_shape(shapes, call.params);
   detail::Attributes attributes;
   attributes.set_params(call.params);
   if (!call.tag.empty()) attributes.tag = state->intern_tag(call.tag);
-  const std::int32_t id = state->record(&detail::op_table<Op, T>, ids, static_cast<int>(arity), attributes, out, extra,
-                                        call.indices, call.index_count);
+  const std::int32_t id = state->record(&detail::op_table<Op, T>, ids, static_cast<int>(arity), attributes,
+                                        detail::OpShapes{out, extra, scratch}, call.indices, call.index_count);
   return Var<T>::adopt(state, id);
 }
 

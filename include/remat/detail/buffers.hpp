@@ -193,30 +193,36 @@ class Buffers {
   // ---- all-or-nothing allocation for recording ----
   /// Buffers make_room() obtained from the system, per size, so that give_back() can return them.
   struct Room {
-    std::size_t count[2] = {0, 0};
-    std::size_t added[2] = {0, 0};
+    std::size_t count[3] = {0, 0, 0};
+    std::size_t added[3] = {0, 0, 0};
   };
 
-  /// Makes the free lists hold a buffer for `a` and one for `b` (none if `b` is empty), so that
-  /// allocate(a) and allocate(b) cannot throw. All or nothing: throws std::bad_alloc with the pool as it
-  /// was. Not during a simulation.
-  Room make_room(const Shape& a, const Shape& b) {
+  /// Makes the free lists hold a buffer for each non-empty shape of `shapes` (an op's value, extra and
+  /// temporary), so that allocating them cannot throw. All or nothing: throws std::bad_alloc with the pool
+  /// as it was. Not during a simulation.
+  Room make_room(const Shape& a, const Shape& b, const Shape& c = Shape{}) {
+    const std::size_t sizes[3] = {static_cast<std::size_t>(a.size()), static_cast<std::size_t>(b.size()),
+                                  static_cast<std::size_t>(c.size())};
     Room r;
-    const auto ca = static_cast<std::size_t>(a.size()), cb = static_cast<std::size_t>(b.size());
-    const std::size_t want = cb == ca ? 2 : 1;
-    const std::size_t have = pool_.available(ca);
-    r.count[0] = ca;
-    r.added[0] = want > have ? want - have : 0;
-    pool_.reserve(ca, r.added[0]);
-    if (cb > 0 && cb != ca) {
-      r.count[1] = cb;
-      r.added[1] = pool_.available(cb) > 0 ? 0 : 1;
-      try {
-        pool_.reserve(cb, r.added[1]);
-      } catch (...) {
-        pool_.discard(ca, r.added[0]);
-        throw;
+    int used = 0;
+    try {
+      for (int i = 0; i < 3; ++i) {
+        if (sizes[i] == 0) continue;
+        bool seen = false;
+        for (int j = 0; j < i; ++j) seen = seen || sizes[j] == sizes[i];
+        if (seen) continue;
+        std::size_t want = 0;
+        for (int j = 0; j < 3; ++j) want += sizes[j] == sizes[i] ? 1 : 0;
+        const std::size_t have = pool_.available(sizes[i]);
+        const std::size_t need = want > have ? want - have : 0;
+        pool_.reserve(sizes[i], need);  // all or nothing
+        r.count[used] = sizes[i];
+        r.added[used] = need;
+        ++used;
       }
+    } catch (...) {
+      give_back(r);
+      throw;
     }
     return r;
   }
@@ -224,7 +230,7 @@ class Buffers {
   /// Undoes make_room() once the buffers allocated since have been freed again: the pool, and so
   /// cached_bytes(), are as before it. Never throws.
   void give_back(const Room& r) noexcept {
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 3; ++i)
       if (r.added[i] > 0) pool_.discard(r.count[i], r.added[i]);
   }
 

@@ -23,6 +23,16 @@ void assign_or_add(D&& dst, const E& e, bool accumulate) {
     dst = e;
 }
 
+/// dst = e or dst += e for a matrix product `e` into a block (no aliasing: Eigen's GEMM writes dst
+/// directly, with no heap temporary).
+template <class D, class E>
+void assign_or_add_product(D&& dst, const E& e, bool accumulate) {
+  if (accumulate)
+    dst.noalias() += e;
+  else
+    dst.noalias() = e;
+}
+
 /// What an op's forward sees: its inputs, its output, its extra buffer, its Params and index data.
 template <class T>
 class ForwardContext {
@@ -40,6 +50,10 @@ class ForwardContext {
   Shape out_shape() const { return node_.shape; }
   /// The extra buffer (the op's extra_shape; uninitialised), a residual the backward may read.
   AlignedMap<T> extra() const { return AlignedMap<T>(node_.extra, node_.extra_shape.rows, node_.extra_shape.cols); }
+  /// The op's temporary (its scratch_shape; uninitialised), valid only while this forward runs.
+  AlignedMap<T> scratch() const {
+    return AlignedMap<T>(node_.scratch, node_.scratch_shape.rows, node_.scratch_shape.cols);
+  }
   /// The Params struct the op was recorded with.
   template <class P>
   P params() const {
@@ -84,6 +98,10 @@ class BackwardContext {
   /// The extra buffer the forward wrote: readable only if reads() declared it (reads_extra).
   ConstAlignedMap<T> extra() const {
     return ConstAlignedMap<T>(node_.extra, node_.extra_shape.rows, node_.extra_shape.cols);
+  }
+  /// The op's temporary (its scratch_shape; uninitialised), valid only while this backward runs.
+  AlignedMap<T> scratch() const {
+    return AlignedMap<T>(node_.scratch, node_.scratch_shape.rows, node_.scratch_shape.cols);
   }
   /// dL/d(output), of the output's shape.
   ConstAlignedMap<T> grad_out() const { return ConstAlignedMap<T>(node_.grad, node_.shape.rows, node_.shape.cols); }

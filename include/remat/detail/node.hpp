@@ -87,10 +87,16 @@ struct OpTable {
   const char* name;
   OpKind kind;
   bool batch_dims;                ///< a dot with batch dimensions (OpInfo::batch_dims)
+  bool stops_gradient;            ///< its output requires no gradient whatever its inputs (detach)
   unsigned (*reads)(GradInputs);  ///< residuals its backward reads for these input gradients
   void (*forward)(const ForwardContext<T>&);
   void (*backward)(const BackwardContext<T>&);
-  double (*flops)(const Shape* inputs, int arity, const Shape& output);
+  double (*flops)(const Shape* inputs, int arity, const Shape& output, const Attributes& attributes);
+};
+
+/// The shapes apply_op infers for an op: its output, its extra residual, its temporary (empty: none).
+struct OpShapes {
+  Shape output, extra, scratch;
 };
 
 /// One recorded value. The counters are the inputs of the lifetime rule (detail/lifetime.hpp).
@@ -104,9 +110,11 @@ struct Node {
   std::uint8_t reads = 0;      // Reads bits of its backward (0 unless requires_grad)
   std::int8_t level = 0;       // residence level: deepest enclosing region that drops it (0: none)
   Shape shape;
-  Shape extra_shape;  // op-specific residual (layer_norm statistics, cross_entropy softmax), or empty
+  Shape extra_shape;    // op-specific residual (layer_norm statistics, cross_entropy softmax), or empty
+  Shape scratch_shape;  // op temporary, from the pool only while its forward or backward runs, or empty
   T* value = nullptr;
   T* extra = nullptr;
+  T* scratch = nullptr;  // set only while a kernel runs
   T* grad = nullptr;
   bool grad_assigned = false;  // grad holds a value: the next contribution adds to it
   Attributes attributes;

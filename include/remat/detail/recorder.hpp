@@ -70,7 +70,8 @@ class Recorder {
   /// was, memory() figures included: everything that may throw happens before the first change, and the
   /// forward, which should not throw, is undone exactly if it does.
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                      const Shape& shape, const Shape& extra_shape, const int* indices, std::size_t index_count) {
+                      const OpShapes& shapes, const int* indices, std::size_t index_count) {
+    const Shape& shape = shapes.output;
     for (int k = 0; k < arity; ++k) {
       check_not_escaped(table->name, inputs[k]);
       check_parameter_current(graph_, inputs[k], table->name);
@@ -86,7 +87,7 @@ class Recorder {
     const std::int32_t id = graph_.size() - 1;
     typename Buffers<T>::Room room;
     try {
-      room = buffers_.make_room(shape, extra_shape);
+      room = buffers_.make_room(shape, shapes.extra, shapes.scratch);
     } catch (...) {
       graph_.nodes.pop_back();
       throw;
@@ -102,14 +103,18 @@ class Recorder {
     n.attributes.indices_count = static_cast<std::int64_t>(index_count);
     graph_.indices.insert(graph_.indices.end(), indices, indices + index_count);  // within capacity
     n.shape = shape;
-    n.extra_shape = extra_shape;
+    n.extra_shape = shapes.extra;
+    n.scratch_shape = shapes.scratch;
     n.region = in_region ? graph_.open.back() : -1;
     n.drop_mask = drop_mask;
     n.value = buffers_.allocate(shape);
-    if (extra_shape.size() > 0) n.extra = buffers_.allocate(extra_shape);
+    if (n.extra_shape.size() > 0) n.extra = buffers_.allocate(n.extra_shape);
+    if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
     try {
       table->forward(ForwardContext<T>{graph_, n});
+      buffers_.free(n.scratch, n.scratch_shape);
     } catch (...) {
+      buffers_.free(n.scratch, n.scratch_shape);
       buffers_.free(n.value, n.shape);
       buffers_.free(n.extra, n.extra_shape);
       buffers_.give_back(room);
@@ -182,7 +187,7 @@ class Recorder {
     info.bytes = Buffers<T>::bytes(shape);
     Shape in[max_inputs];
     for (int k = 0; k < arity; ++k) in[k] = graph_[inputs[k]].shape;
-    info.flops = table->flops(in, arity, shape);
+    info.flops = table->flops(in, arity, shape, attributes);
     return info;
   }
 
@@ -240,6 +245,7 @@ class Recorder {
     GradInputs grad_inputs = 0;
     for (int k = 0; k < n.arity; ++k)
       if (graph_[n.inputs[k]].requires_grad) grad_inputs |= 1u << k;
+    if (n.op->stops_gradient) grad_inputs = 0;
     n.requires_grad = grad_inputs != 0;
     n.reads = static_cast<std::uint8_t>(n.requires_grad ? n.op->reads(grad_inputs) : 0u);
     for (int k = 0; k < n.arity; ++k)

@@ -107,6 +107,7 @@ class Sweep {
       const Node<T>& n = graph_[i];
       buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
       if (n.extra_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.extra_shape.size()));
+      if (n.scratch_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.scratch_shape.size()));
       if (n.is_variable) ++variables;
       if (n.parameter && n.parameter->grad_defined && n.parameter->grad_size != n.shape.size())
         throw shape_error("backward: the gradient of the Parameter recorded as node #" + std::to_string(i) + " has " +
@@ -208,7 +209,9 @@ class Sweep {
       Node<T>& n = graph_[u];
       if (!n.value) n.value = buffers_.allocate(n.shape);
       if (n.extra_shape.size() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
+      if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
       if (!simulating()) n.op->forward(ForwardContext<T>{graph_, n});
+      buffers_.free(n.scratch, n.scratch_shape);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
       ++replayed_ops_;
       for (int k = 0; k < n.arity; ++k) {
@@ -229,7 +232,9 @@ class Sweep {
         Node<T>& in = graph_[n.inputs[k]];
         if (wanted[static_cast<std::size_t>(n.inputs[k])] && !in.grad) in.grad = buffers_.allocate(in.shape);
       }
+      if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
       if (!simulating()) n.op->backward(BackwardContext<T>{graph_, n, wanted.data()});
+      buffers_.free(n.scratch, n.scratch_shape);
     }
     if (!keep[static_cast<std::size_t>(i)]) free_grad(n);
     if (mode.retain_graph || !n.requires_grad) return;

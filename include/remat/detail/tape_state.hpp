@@ -59,8 +59,8 @@ class TapeState {
   T* leaf_value(std::int32_t id) { return graph_[id].value; }
   std::int32_t add_parameter(Parameter<T>& p) { return recorder_.add_parameter(ParameterAccess::storage(p)); }
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                      const Shape& shape, const Shape& extra_shape, const int* indices, std::size_t index_count) {
-    return recorder_.record(table, inputs, arity, attributes, shape, extra_shape, indices, index_count);
+                      const OpShapes& shapes, const int* indices, std::size_t index_count) {
+    return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
   }
   /// Index of a name tag (OpInfo::tag) in the tape's store, adding it the first time.
   std::int32_t intern_tag(std::string_view name) { return graph_.intern_tag(name); }

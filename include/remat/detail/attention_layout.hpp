@@ -1,0 +1,54 @@
+// The attention layout (docs/design.md §1.1): a batch of B sequences of S tokens of width H is a
+// [B·S, H] matrix (row b·S + s is position s of sequence b); head h of `heads` owns columns
+// h·d … h·d + d − 1 with d = H / heads; per-(sequence, head) S×S matrices are stacked as [B·heads·S, S],
+// block b·heads + h first. Shared by attention_scores, attention_values and scaled_dot_product_attention.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "remat/errors.hpp"
+#include "remat/matrix.hpp"
+
+namespace remat::detail {
+
+/// What the attention ops record: the layout and the mask.
+struct AttentionParams {
+  Index heads = 1;
+  Index seq_len = 1;
+  bool causal = false;
+};
+
+/// The layout's sizes for token rows [B·S, H].
+struct AttentionLayout {
+  Index batch, seq_len, heads, head_width;
+  Index blocks() const { return batch * heads; }
+  /// Rows of (sequence b, head h)'s S×S block in a [B·heads·S, S] matrix.
+  Index block_row(Index b, Index h) const { return (b * heads + h) * seq_len; }
+  /// 1/√d, the scale of q·kᵀ.
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_width)); }
+};
+
+/// The layout of token rows of shape `x` named `what` in `op`; throws shape_error unless heads ≥ 1,
+/// seq_len ≥ 1, heads divides H and seq_len divides the rows.
+inline AttentionLayout attention_layout(const char* op, const char* what, const Shape& x, const AttentionParams& p) {
+  if (p.heads < 1 || p.seq_len < 1)
+    throw shape_error(std::string(op) + ": heads and seq_len must be at least 1, got heads = " +
+                      std::to_string(p.heads) + ", seq_len = " + std::to_string(p.seq_len));
+  if (x.cols % p.heads != 0)
+    throw shape_error(std::string(op) + ": " + what + " is " + to_string(x) + "; its width " + std::to_string(x.cols) +
+                      " is not divisible by heads = " + std::to_string(p.heads));
+  if (x.rows % p.seq_len != 0)
+    throw shape_error(std::string(op) + ": " + what + " is " + to_string(x) + "; its " + std::to_string(x.rows) +
+                      " rows are not a whole number of sequences of seq_len = " + std::to_string(p.seq_len));
+  return AttentionLayout{x.rows / p.seq_len, p.seq_len, p.heads, x.cols / p.heads};
+}
+
+/// Throws shape_error unless `b` has the shape of `a` (q and k, or q and v).
+inline void check_same_shape(const char* op, const char* a_name, const Shape& a, const char* b_name, const Shape& b) {
+  if (a.rows != b.rows || a.cols != b.cols)
+    throw shape_error(std::string(op) + ": " + a_name + " is " + to_string(a) + " but " + b_name + " is " +
+                      to_string(b) + "; they must have the same shape");
+}
+
+}  // namespace remat::detail

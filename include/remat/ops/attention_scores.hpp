@@ -1,0 +1,95 @@
+// attention_scores: per (sequence, head), q_h·k_hᵀ/√d, optionally causally masked.
+#pragma once
+
+#include <limits>
+
+#include "remat/detail/apply.hpp"
+#include "remat/detail/attention_layout.hpp"
+
+namespace remat {
+namespace detail {
+
+struct AttentionScoresOp : OpBase {
+  static constexpr const char* name = "attention_scores";
+  static constexpr OpKind kind = OpKind::dot;
+  static constexpr bool batch_dims = true;  // one product per (sequence, head)
+  using Params = AttentionParams;
+  /// dq reads k, dk reads q.
+  static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
+  static Shape output_shape(const Shape* in, const Params& p) {
+    check_same_shape(name, "q", in[0], "k", in[1]);
+    const AttentionLayout l = attention_layout(name, "q", in[0], p);
+    return {l.blocks() * l.seq_len, l.seq_len};
+  }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    const auto p = params_of<Params>(c);
+    const AttentionLayout l = attention_layout(name, "q", c.in_shape(0), p);
+    const auto q = c.in(0);
+    const auto k = c.in(1);
+    auto s = c.out();
+    const T scale = T(l.scale());
+    const Index S = l.seq_len, d = l.head_width;
+    for (Index b = 0; b < l.batch; ++b)
+      for (Index h = 0; h < l.heads; ++h) {
+        auto block = s.middleRows(l.block_row(b, h), S);
+        block.noalias() = scale * (q.block(b * S, h * d, S, d) * k.block(b * S, h * d, S, d).transpose());
+        if (p.causal)
+          for (Index i = 0; i + 1 < S; ++i)
+            block.row(i).tail(S - 1 - i).setConstant(-std::numeric_limits<T>::infinity());
+      }
+  }
+  /// Causal backward: one block's gradient, scaled and with the masked entries zeroed, [S,S].
+  static Shape scratch_shape(const Shape*, const Params& p) {
+    if (!p.causal) return {};
+    return {p.seq_len, p.seq_len};
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const auto p = params_of<Params>(c);
+    const AttentionLayout l = attention_layout(name, "q", c.in_shape(0), p);
+    const auto g = c.grad_out();
+    const T scale = T(l.scale());
+    const Index S = l.seq_len, d = l.head_width;
+    const bool want_q = c.wants_grad(0), want_k = c.wants_grad(1);
+    GradTarget<T> dq = want_q ? c.grad_target(0) : GradTarget<T>{c.grad(0), false};
+    GradTarget<T> dk = want_k ? c.grad_target(1) : GradTarget<T>{c.grad(1), false};
+    for (Index b = 0; b < l.batch; ++b)
+      for (Index h = 0; h < l.heads; ++h) {
+        const auto q_bh = c.in(0).block(b * S, h * d, S, d);
+        const auto k_bh = c.in(1).block(b * S, h * d, S, d);
+        const auto g_bh = g.middleRows(l.block_row(b, h), S);
+        if (p.causal) {
+          // The masked entries are constants: their gradient reaches neither q nor k.
+          auto masked = c.scratch();
+          masked = g_bh.template triangularView<Eigen::Lower>();
+          masked *= scale;
+          if (want_q) assign_or_add_product(dq.map.block(b * S, h * d, S, d), masked * k_bh, dq.accumulate);
+          if (want_k) assign_or_add_product(dk.map.block(b * S, h * d, S, d), masked.transpose() * q_bh, dk.accumulate);
+        } else {
+          if (want_q) assign_or_add_product(dq.map.block(b * S, h * d, S, d), scale * (g_bh * k_bh), dq.accumulate);
+          if (want_k)
+            assign_or_add_product(dk.map.block(b * S, h * d, S, d), scale * (g_bh.transpose() * q_bh), dk.accumulate);
+        }
+      }
+  }
+  /// 2·(B·S)·H·S: per block 2·S·S·d, over B·heads blocks (the masked half is computed too).
+  static double flops(const Shape* in, int, const Shape& out) {
+    return 2.0 * static_cast<double>(in[0].rows) * static_cast<double>(in[0].cols) * static_cast<double>(out.cols);
+  }
+};
+
+}  // namespace detail
+
+/// Attention scores per (sequence b, head h): S_bh = q_bh·k_bhᵀ/√d, with q_bh, k_bh the [S,d] blocks of
+/// rows b·S … and columns h·d … (layout: docs/design.md §1.1). q, k: [B·S, H] → [B·heads·S, S], block
+/// b·heads + h holding S_bh. With `causal`, entry (i, j) with j > i is −∞ (softmax then gives it 0) and
+/// passes no gradient. dq_bh = dS_bh·k_bh/√d, dk_bh = dS_bhᵀ·q_bh/√d. A dot with batch dimensions
+/// (OpInfo::batch_dims): dots_with_no_batch_dims_saveable does not save it. 2·B·heads·S²·d FLOPs.
+/// Throws shape_error if q and k differ in shape, heads does not divide H or seq_len the rows.
+template <class T>
+Var<T> attention_scores(const Var<T>& q, const Var<T>& k, Index heads, Index seq_len, bool causal) {
+  return apply_op<detail::AttentionScoresOp>(detail::AttentionParams{heads, seq_len, causal}, q, k);
+}
+
+}  // namespace remat

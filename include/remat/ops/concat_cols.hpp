@@ -1,0 +1,64 @@
+// concat_cols: matrices side by side (the inverse of slice_cols).
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+/// Two matrices side by side; concat_cols of more is a balanced tree of these.
+struct ConcatColsOp : OpBase {
+  static constexpr const char* name = "concat_cols";
+  static constexpr OpKind kind = OpKind::data_movement;
+  static unsigned reads(GradInputs) { return reads_nothing; }
+  static Shape output_shape(const Shape* in, const Params&) {
+    if (in[0].rows != in[1].rows)
+      throw shape_error("concat_cols: " + to_string(in[0]) + " and " + to_string(in[1]) +
+                        " have different numbers of rows");
+    return {in[0].rows, in[0].cols + in[1].cols};
+  }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    auto y = c.out();
+    y.leftCols(c.in_shape(0).cols) = c.in(0);
+    y.rightCols(c.in_shape(1).cols) = c.in(1);
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const auto g = c.grad_out();
+    if (c.wants_grad(0)) c.add_grad(0, g.leftCols(c.in_shape(0).cols));
+    if (c.wants_grad(1)) c.add_grad(1, g.rightCols(c.in_shape(1).cols));
+  }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+};
+
+template <class T>
+Var<T> concat_range(const std::vector<Var<T>>& parts, std::size_t begin, std::size_t end) {
+  if (end - begin == 1) return parts[begin];
+  const std::size_t middle = begin + (end - begin) / 2;
+  return apply_op<ConcatColsOp>(concat_range(parts, begin, middle), concat_range(parts, middle, end));
+}
+
+}  // namespace detail
+
+/// [a | b | …]: the parts side by side, in order. Each part: [m, nᵢ] → [m, Σ nᵢ]; each part's gradient is
+/// its columns of dy. Records ⌈log₂ k⌉ levels of two-part concatenations for k parts (intermediates no
+/// backward reads are freed at once); one part is returned as it is. Throws shape_error for no parts or
+/// parts with different numbers of rows, tape_error for parts of different tapes.
+template <class T>
+Var<T> concat_cols(const std::vector<Var<T>>& parts) {
+  if (parts.empty()) throw shape_error("concat_cols: no parts; pass at least one");
+  return detail::concat_range(parts, 0, parts.size());
+}
+
+/// concat_cols({a, b, …}).
+template <class T>
+Var<T> concat_cols(std::initializer_list<Var<T>> parts) {
+  return concat_cols(std::vector<Var<T>>(parts));
+}
+
+}  // namespace remat

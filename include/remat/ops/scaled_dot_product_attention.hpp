@@ -1,0 +1,140 @@
+// scaled_dot_product_attention: softmax(q·kᵀ/√d)·v per (sequence, head) in one op whose backward
+// recomputes the probabilities from a saved per-row log-sum-exp (FlashAttention's trick), so no S×S
+// matrix outlives the op.
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "remat/detail/apply.hpp"
+#include "remat/detail/attention_layout.hpp"
+
+namespace remat {
+namespace detail {
+
+struct ScaledDotProductAttentionOp : OpBase {
+  static constexpr const char* name = "scaled_dot_product_attention";
+  static constexpr OpKind kind = OpKind::dot;
+  static constexpr bool batch_dims = true;
+  using Params = AttentionParams;
+  /// dv needs the probabilities (q, k, log-sum-exp); dq and dk also need v and the output (for the
+  /// row sums D = rowsum(dy ⊙ y)).
+  static unsigned reads(GradInputs g) {
+    if (wants(g, 0) || wants(g, 1)) return reads_input0 | reads_input1 | reads_input2 | reads_output | reads_extra;
+    return wants(g, 2) ? reads_input0 | reads_input1 | reads_extra : reads_nothing;
+  }
+  static Shape output_shape(const Shape* in, const Params& p) {
+    check_same_shape(name, "q", in[0], "k", in[1]);
+    check_same_shape(name, "q", in[0], "v", in[2]);
+    attention_layout(name, "q", in[0], p);
+    return in[0];
+  }
+  /// The per-row log-sum-exp of the scores: [B·heads·S, 1].
+  static Shape extra_shape(const Shape* in, const Params& p) {
+    const AttentionLayout l = attention_layout(name, "q", in[0], p);
+    return {l.blocks() * l.seq_len, 1};
+  }
+  /// One block's probabilities and their gradient, [2S, S], from the pool for the duration of a kernel.
+  static Shape scratch_shape(const Shape* in, const Params& p) {
+    const AttentionLayout l = attention_layout(name, "q", in[0], p);
+    return {2 * l.seq_len, l.seq_len};
+  }
+
+  /// Scores of block (b, h) into `s` ([S,S]), masked.
+  template <class Q, class K, class M>
+  static void scores(const Q& q, const K& k, const AttentionLayout& l, bool causal, Index b, Index h, M&& s) {
+    using T = typename std::decay_t<M>::Scalar;
+    const Index S = l.seq_len, d = l.head_width;
+    s.noalias() = T(l.scale()) * (q.block(b * S, h * d, S, d) * k.block(b * S, h * d, S, d).transpose());
+    if (causal)
+      for (Index i = 0; i + 1 < S; ++i) s.row(i).tail(S - 1 - i).setConstant(-std::numeric_limits<T>::infinity());
+  }
+
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    const auto p = params_of<Params>(c);
+    const AttentionLayout l = attention_layout(name, "q", c.in_shape(0), p);
+    const auto q = c.in(0), k = c.in(1), v = c.in(2);
+    auto y = c.out();
+    auto lse = c.extra();
+    auto s = c.scratch().topRows(l.seq_len);
+    const Index S = l.seq_len, d = l.head_width;
+    for (Index b = 0; b < l.batch; ++b)
+      for (Index h = 0; h < l.heads; ++h) {
+        scores(q, k, l, p.causal, b, h, s);
+        for (Index i = 0; i < S; ++i) {
+          const T m = s.row(i).maxCoeff();  // finite: the diagonal is never masked
+          s.row(i).array() = (s.row(i).array() - m).exp();
+          const T z = s.row(i).sum();
+          s.row(i) /= z;
+          lse(l.block_row(b, h) + i, 0) = m + std::log(z);
+        }
+        y.block(b * S, h * d, S, d).noalias() = s * v.block(b * S, h * d, S, d);
+      }
+  }
+
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const auto p = params_of<Params>(c);
+    const AttentionLayout l = attention_layout(name, "q", c.in_shape(0), p);
+    const auto q = c.in(0), k = c.in(1);
+    const auto lse = c.extra();
+    const auto g = c.grad_out();
+    auto scratch = c.scratch();
+    auto prob = scratch.topRows(l.seq_len);
+    auto dprob = scratch.bottomRows(l.seq_len);
+    const Index S = l.seq_len, d = l.head_width;
+    const bool qk = c.wants_grad(0) || c.wants_grad(1);
+    GradTarget<T> dq = c.wants_grad(0) ? c.grad_target(0) : GradTarget<T>{c.grad(0), false};
+    GradTarget<T> dk = c.wants_grad(1) ? c.grad_target(1) : GradTarget<T>{c.grad(1), false};
+    GradTarget<T> dv = c.wants_grad(2) ? c.grad_target(2) : GradTarget<T>{c.grad(2), false};
+    const T scale = T(l.scale());
+    for (Index b = 0; b < l.batch; ++b)
+      for (Index h = 0; h < l.heads; ++h) {
+        // P = exp(scores − lse), exactly the forward's probabilities up to rounding.
+        scores(q, k, l, p.causal, b, h, prob);
+        for (Index i = 0; i < S; ++i) prob.row(i).array() = (prob.row(i).array() - lse(l.block_row(b, h) + i, 0)).exp();
+        const auto gb = g.block(b * S, h * d, S, d);
+        if (c.wants_grad(2))
+          assign_or_add_product(dv.map.block(b * S, h * d, S, d), prob.transpose() * gb, dv.accumulate);
+        if (!qk) continue;
+        // dS = P ⊙ (dP − D), dP = dy·vᵀ, D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP).
+        dprob.noalias() = gb * c.in(2).block(b * S, h * d, S, d).transpose();
+        const auto yb = c.out().block(b * S, h * d, S, d);
+        for (Index i = 0; i < S; ++i) {
+          const T D = gb.row(i).dot(yb.row(i));
+          dprob.row(i).array() = prob.row(i).array() * (dprob.row(i).array() - D);
+        }
+        if (c.wants_grad(0))
+          assign_or_add_product(dq.map.block(b * S, h * d, S, d), scale * (dprob * k.block(b * S, h * d, S, d)),
+                                dq.accumulate);
+        if (c.wants_grad(1))
+          assign_or_add_product(dk.map.block(b * S, h * d, S, d),
+                                scale * (dprob.transpose() * q.block(b * S, h * d, S, d)), dk.accumulate);
+      }
+  }
+  /// 4·(B·S)·S·H for the two products (scores and values) + 5 per score (mask, exp, normalisation).
+  static double flops(const Shape* in, int, const Shape&, const Params& p) {
+    const double rows = static_cast<double>(in[0].rows), S = static_cast<double>(p.seq_len);
+    return 4.0 * rows * S * static_cast<double>(in[0].cols) + 5.0 * rows * static_cast<double>(p.heads) * S;
+  }
+};
+
+}  // namespace detail
+
+/// Multi-head scaled dot-product attention, fused: y_bh = softmax(q_bh·k_bhᵀ/√d [+ causal mask])·v_bh per
+/// (sequence b, head h) (layout: docs/design.md §1.1); equal to
+/// attention_values(softmax(attention_scores(q, k, heads, seq_len, causal)), v, heads, seq_len) up to
+/// rounding. q, k, v: [B·S, H] → [B·S, H]. Keeps the per-row log-sum-exp of the scores ([B·heads·S, 1]) and
+/// recomputes the probabilities in its backward (Dao et al., "FlashAttention", NeurIPS 2022, Algorithm 4,
+/// without tiling: one [S,S] block at a time in a [2S,S] pool buffer that lives only while the op runs):
+/// with P = exp(scores − lse), dv = Pᵀ·dy, dP = dy·vᵀ, dS = P ⊙ (dP − rowsum(dy ⊙ y)), dq = dS·k/√d,
+/// dk = dSᵀ·q/√d. Its residuals are q, k, v, y and the statistics, never an S×S matrix. A dot with batch
+/// dimensions. Throws shape_error if q, k, v differ in shape, heads does not divide H or seq_len the rows.
+template <class T>
+Var<T> scaled_dot_product_attention(const Var<T>& q, const Var<T>& k, const Var<T>& v, Index heads, Index seq_len,
+                                    bool causal) {
+  return apply_op<detail::ScaledDotProductAttentionOp>(detail::AttentionParams{heads, seq_len, causal}, q, k, v);
+}
+
+}  // namespace remat

@@ -1,0 +1,33 @@
+// sum_cols: the sum of each column.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct SumColsOp : OpBase {
+  static constexpr const char* name = "sum_cols";
+  static constexpr OpKind kind = OpKind::reduction;
+  static unsigned reads(GradInputs) { return reads_nothing; }
+  static Shape output_shape(const Shape* in, const Params&) { return {1, in[0].cols}; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    c.out().noalias() = c.in(0).colwise().sum();
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (c.wants_grad(0)) c.add_grad(0, c.grad_out().replicate(c.in_shape(0).rows, 1));
+  }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
+};
+
+}  // namespace detail
+
+/// Column sums: yⱼ = Σᵢ xᵢⱼ (a sum over the batch). x: [m,n] → [1,n]; dx broadcasts dy over the m rows.
+template <class T>
+Var<T> sum_cols(const Var<T>& x) {
+  return apply_op<detail::SumColsOp>(x);
+}
+
+}  // namespace remat
