@@ -20,6 +20,9 @@ CASES = [
     ("adamw_default", torch.optim.AdamW, {}),
     ("adamw", torch.optim.AdamW, dict(lr=0.1, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.5)),
     ("adamw_no_decay", torch.optim.AdamW, dict(lr=0.1, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0)),
+    ("sgd", torch.optim.SGD, dict(lr=0.1)),
+    ("sgd_momentum", torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.05)),
+    ("sgd_nesterov", torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.05, nesterov=True)),
 ]
 
 

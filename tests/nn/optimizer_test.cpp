@@ -1,5 +1,5 @@
-// Tests of the training pieces a GPT needs (include/remat/nn): nn::AdamW (and nn::Adam) against
-// hand-written references and against PyTorch 1.13.
+// Tests of the training pieces a GPT needs (include/remat/nn): nn::AdamW and nn::SGD against hand-written
+// references and against PyTorch 1.13.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include <remat/nn/adam.hpp>
 #include <remat/nn/adamw.hpp>
 #include <remat/nn/linear.hpp>
+#include <remat/nn/sgd.hpp>
 #include <remat/remat.hpp>
 
 namespace optimizer_test {
@@ -45,6 +46,12 @@ const std::vector<double> torch_adamw = {0.39012260906277868,  -0.99020918686440
                                          -0.14780754266348006, 2.6086345772657804,   -0.63211422502420012};
 const std::vector<double> torch_adamw_no_decay = {0.45472732305024477, -1.1585831963242381, 1.8381638844606578,
                                                   -0.1624564021853897, 3.0404281095101404,  -0.73170167600777147};
+const std::vector<double> torch_sgd = {
+    0.5, -1.25, 2.0249999999999999, 0.00020000000000000001, 2.8999999999999999, -0.78999999999999992};
+const std::vector<double> torch_sgd_momentum = {0.50492468749999997,     -1.0111323437499999, 1.8622135,
+                                                -0.00014810250000000017, 2.9057096250000001,  -0.78097165625000009};
+const std::vector<double> torch_sgd_nesterov = {0.49685210656250006,    -1.0213835082812499, 1.8735208614999999,
+                                                7.2841852499999917e-05, 2.7695005278749996,  -0.80688243771875001};
 
 // |actual − expected| ≤ relative·|expected| for each element.
 void expect_relative(const Matrix<double>& actual, const std::vector<double>& expected, double relative,
@@ -265,6 +272,132 @@ TEST(AdamW, RejectsBadArgumentsNamingThemAndChangesNothing) {
   EXPECT_EQ(p.version(), version);
   EXPECT_TRUE(same_bits(p.value(), Matrix<float>(Matrix<float>::Ones(2, 3))));
   EXPECT_TRUE(adamw.first_moment(0).isZero());
+}
+
+// ---- SGD ----
+
+// torch.optim.SGD's documented algorithm with dampening 0, written out per element in double.
+std::vector<double> reference_sgd(double alpha, double mu, double lambda, bool nesterov) {
+  std::vector<double> theta = start_values, b(6, 0.0);
+  for (int t = 1; t <= 3; ++t) {
+    const std::vector<double>& gradient = gradient_values[static_cast<std::size_t>(t - 1)];
+    for (std::size_t i = 0; i < 6; ++i) {
+      double g = gradient[i] + lambda * theta[i];
+      if (mu != 0) {
+        b[i] = t == 1 ? g : mu * b[i] + g;
+        g = nesterov ? g + mu * b[i] : b[i];
+      }
+      theta[i] -= alpha * g;
+    }
+  }
+  return theta;
+}
+
+nn::SGD<double>::Options sgd_options(double momentum, double weight_decay, bool nesterov) {
+  nn::SGD<double>::Options o;
+  o.learning_rate = 0.1;
+  o.momentum = momentum;
+  o.weight_decay = weight_decay;
+  o.nesterov = nesterov;
+  return o;
+}
+
+TEST(SGD, ThreeStepsMatchTheHandWrittenAlgorithm) {
+  for (double mu : {0.0, 0.9})
+    for (double lambda : {0.0, 0.05})
+      for (bool nesterov : {false, true}) {
+        if (nesterov && mu == 0) continue;
+        Parameter<double> p(as_matrix(start_values));
+        nn::SGD<double> sgd({&p}, sgd_options(mu, lambda, nesterov));
+        three_steps(sgd);
+        expect_relative(p.value(), reference_sgd(0.1, mu, lambda, nesterov), 1e-12,
+                        "momentum " + std::to_string(mu) + ", weight_decay " + std::to_string(lambda) +
+                            (nesterov ? ", nesterov" : ""));
+      }
+}
+
+TEST(SGD, ThreeStepsMatchPyTorch) {
+  struct Case {
+    nn::SGD<double>::Options options;
+    const std::vector<double>& expected;
+    const char* name;
+  };
+  for (const Case& c : {Case{sgd_options(0, 0, false), torch_sgd, "lr 0.1"},
+                        Case{sgd_options(0.9, 0.05, false), torch_sgd_momentum, "momentum 0.9, weight_decay 0.05"},
+                        Case{sgd_options(0.9, 0.05, true), torch_sgd_nesterov, "nesterov"}}) {
+    Parameter<double> p(as_matrix(start_values));
+    nn::SGD<double> sgd({&p}, c.options);
+    three_steps(sgd);
+    expect_relative(p.value(), c.expected, 1e-12, c.name);
+  }
+}
+
+TEST(SGD, TheFirstStepSetsTheBufferToTheGradientAndPlainSGDKeepsNone) {
+  Parameter<double> p(as_matrix(start_values));
+  nn::SGD<double> sgd({&p}, sgd_options(0.9, 0.05, false));
+  EXPECT_TRUE(sgd.momentum_buffer(0).isZero());
+  sgd.step(std::vector<Matrix<double>>{as_matrix(gradient_values[0])});
+  const Matrix<double> expected = as_matrix(gradient_values[0]) + 0.05 * as_matrix(start_values);
+  EXPECT_TRUE(same_bits(sgd.momentum_buffer(0), expected)) << "b = g + λθ, as torch's clone";
+
+  Parameter<double> q(as_matrix(start_values));
+  nn::SGD<double> plain({&q}, sgd_options(0, 0, false));
+  EXPECT_EQ(plain.momentum_buffer(0).size(), 0);
+  plain.step(std::vector<Matrix<double>>{as_matrix(gradient_values[0])});
+  EXPECT_TRUE(same_bits(q.value(), Matrix<double>(as_matrix(start_values) - 0.1 * as_matrix(gradient_values[0]))));
+}
+
+TEST(SGD, ParameterGroupsSetTheirOwnDecayAndAParameterWithoutGradientStays) {
+  Parameter<double> w(Matrix<double>::Constant(1, 2, 1.0)), b(Matrix<double>::Constant(1, 2, 1.0)),
+      idle(Matrix<double>::Constant(1, 2, 1.0));
+  nn::SGD<double>::Options o = sgd_options(0.9, 0.5, false);
+  nn::SGD<double> sgd({{{&w, &idle}}, {{&b}, 0.0}}, o);
+  EXPECT_EQ(sgd.weight_decay(0), 0.5);
+  EXPECT_EQ(sgd.weight_decay(1), 0.5);
+  EXPECT_EQ(sgd.weight_decay(2), 0.0);
+  w.mutable_grad().setZero();
+  b.mutable_grad().setZero();
+  sgd.step();
+  EXPECT_EQ(w.value()(0, 0), 1.0 - 0.1 * 0.5);  // g = 0 + λθ
+  EXPECT_EQ(b.value()(0, 0), 1.0);
+  EXPECT_EQ(idle.value()(0, 0), 1.0);
+  EXPECT_TRUE(sgd.momentum_buffer(1).isZero());
+}
+
+TEST(SGD, RejectsBadArgumentsNamingThemAndChangesNothing) {
+  Parameter<float> p(Matrix<float>::Ones(2, 3));
+  auto with = [](double lr, double momentum, double weight_decay, bool nesterov) {
+    nn::SGD<float>::Options o;
+    o.learning_rate = lr;
+    o.momentum = momentum;
+    o.weight_decay = weight_decay;
+    o.nesterov = nesterov;
+    return o;
+  };
+  expect_throw_naming<remat::domain_error>([&] { nn::SGD<float>({&p}, with(0.1, 0, 0, true)); },
+                                           {"nn::SGD", "momentum 0", "nesterov true"});
+  expect_throw_naming<remat::domain_error>([&] { nn::SGD<float>({&p}, with(0.1, -0.9, 0, false)); },
+                                           {"nn::SGD", "momentum -0.9"});
+  expect_throw_naming<remat::domain_error>([&] { nn::SGD<float>({&p}, with(std::nan(""), 0.9, 0, false)); },
+                                           {"nn::SGD", "learning_rate nan"});
+  expect_throw_naming<remat::domain_error>([&] { nn::SGD<float>({&p}, with(0.1, 0.9, -1, false)); },
+                                           {"nn::SGD", "weight_decay -1"});
+  expect_throw_naming<remat::domain_error>([&] { nn::SGD<float>({{{&p}, -3.0}}); }, {"nn::SGD", "group 0", "-3"});
+  expect_throw_naming<remat::domain_error>([&] { nn::SGD<float>({nullptr}); }, {"nn::SGD", "null"});
+  expect_throw_naming<remat::domain_error>([&] { nn::SGD<float>({&p, &p}); }, {"nn::SGD", "parameters 0 and 1"});
+
+  nn::SGD<float> sgd({&p}, with(0.1, 0.9, 0, true));
+  expect_throw_naming<remat::domain_error>([&] { sgd.set_learning_rate(-0.5); }, {"nn::SGD", "-0.5"});
+  EXPECT_EQ(sgd.options().learning_rate, 0.1);
+  expect_throw_naming<remat::shape_error>([&] { sgd.step(std::vector<Matrix<float>>{Matrix<float>::Ones(2, 2)}); },
+                                          {"nn::SGD::step", "gradient 0 is [2,2]"});
+  sgd.momentum_buffer(0) = Matrix<float>();
+  p.mutable_grad().setOnes();
+  expect_throw_naming<remat::shape_error>([&] { sgd.step(); },
+                                          {"nn::SGD::step", "momentum buffer of parameter 0 is [0,0]", "[2,3]"});
+  EXPECT_EQ(sgd.step_count(), 0u);
+  EXPECT_EQ(p.version(), 0u);
+  EXPECT_TRUE(same_bits(p.value(), Matrix<float>(Matrix<float>::Ones(2, 3))));
 }
 
 }  // namespace optimizer_test
