@@ -1,5 +1,5 @@
 // Tests of the training pieces a GPT needs (include/remat/nn): nn::AdamW and nn::SGD against hand-written
-// references and against PyTorch 1.13.
+// references and against PyTorch 1.13, and nn::clip_grad_norm.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 
 #include <remat/nn/adam.hpp>
 #include <remat/nn/adamw.hpp>
+#include <remat/nn/clip_grad_norm.hpp>
 #include <remat/nn/linear.hpp>
 #include <remat/nn/sgd.hpp>
 #include <remat/remat.hpp>
@@ -398,6 +399,88 @@ TEST(SGD, RejectsBadArgumentsNamingThemAndChangesNothing) {
   EXPECT_EQ(sgd.step_count(), 0u);
   EXPECT_EQ(p.version(), 0u);
   EXPECT_TRUE(same_bits(p.value(), Matrix<float>(Matrix<float>::Ones(2, 3))));
+}
+
+// ---- clip_grad_norm ----
+
+TEST(ClipGradNorm, ReturnsTheGlobalNormAndScalesOnlyAboveTheBound) {
+  Parameter<double> a(Matrix<double>::Zero(1, 2)), b(Matrix<double>::Zero(2, 1)), idle(Matrix<double>::Zero(1, 1));
+  auto set = [&] {
+    a.mutable_grad() << 3, -4;
+    b.mutable_grad() << 12, 0;
+  };
+  set();
+  const std::vector<Parameter<double>*> all = {&a, &idle, &b};
+  // √(9 + 16 + 144 + 0) = 13, exact; idle has no gradient and is skipped.
+  EXPECT_EQ(nn::clip_grad_norm(all, 13.5), 13.0);
+  EXPECT_EQ(a.grad()(0, 0), 3.0) << "13 + 1e-6 < 13.5: unchanged";
+  EXPECT_EQ(b.grad()(0, 0), 12.0);
+  EXPECT_FALSE(idle.has_grad());
+
+  EXPECT_EQ(nn::clip_grad_norm(all, 6.5), 13.0);
+  const double factor = 6.5 / (13.0 + 1e-6);
+  EXPECT_EQ(a.grad()(0, 0), 3.0 * factor);
+  EXPECT_EQ(a.grad()(0, 1), -4.0 * factor);
+  EXPECT_EQ(b.grad()(0, 0), 12.0 * factor);
+  EXPECT_EQ(b.grad()(1, 0), 0.0);
+  EXPECT_FALSE(idle.has_grad()) << "still no gradient";
+  EXPECT_NEAR(nn::clip_grad_norm(all, std::numeric_limits<double>::infinity()), 6.5, 1e-6);
+
+  EXPECT_EQ(nn::clip_grad_norm(std::vector<Parameter<double>*>{&idle}, 1.0), 0.0) << "no gradients";
+}
+
+TEST(ClipGradNorm, TheNormIsTheHandSumOfSquaresOfFloatGradients) {
+  remat::nn::Generator random(3);
+  std::vector<Parameter<float>> parameters;
+  double sum = 0;
+  for (remat::Index cols : {1, 17, 1000}) {
+    Parameter<float> p(Matrix<float>::Zero(3, cols));
+    auto g = p.mutable_grad();
+    for (remat::Index i = 0; i < g.size(); ++i) {
+      g.data()[i] = static_cast<float>(random.uniform() * 4 - 2);
+      sum += static_cast<double>(g.data()[i]) * g.data()[i];
+    }
+    parameters.push_back(std::move(p));
+  }
+  std::vector<Parameter<float>*> list;
+  for (auto& p : parameters) list.push_back(&p);
+  const double norm = nn::clip_grad_norm(list, 1.0);
+  EXPECT_NEAR(norm, std::sqrt(sum), 1e-14 * std::sqrt(sum)) << "summed in double, in another order";
+  double after = 0;
+  for (auto& p : parameters) after += p.grad().cast<double>().squaredNorm();
+  EXPECT_NEAR(std::sqrt(after), 1.0, 1e-6);
+}
+
+TEST(ClipGradNorm, ANonFiniteNormLeavesTheGradientsOrThrows) {
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    Parameter<double> a(Matrix<double>::Zero(1, 2)), b(Matrix<double>::Zero(1, 1));
+    a.mutable_grad() << 1, bad;
+    b.mutable_grad() << 5;
+    const std::vector<Parameter<double>*> all = {&a, &b};
+    const double norm = nn::clip_grad_norm(all, 1.0);
+    EXPECT_FALSE(std::isfinite(norm));
+    EXPECT_EQ(std::isnan(norm), std::isnan(bad));
+    EXPECT_EQ(a.grad()(0, 0), 1.0) << "unchanged";
+    EXPECT_EQ(b.grad()(0, 0), 5.0) << "unchanged";
+    expect_throw_naming<remat::domain_error>([&] { nn::clip_grad_norm(all, 1.0, true); },
+                                             {"nn::clip_grad_norm", std::isnan(bad) ? "nan" : "inf"});
+    EXPECT_EQ(b.grad()(0, 0), 5.0) << "unchanged";
+  }
+}
+
+TEST(ClipGradNorm, RejectsBadArgumentsChangingNothing) {
+  Parameter<double> a(Matrix<double>::Zero(1, 1));
+  a.mutable_grad() << 10;
+  expect_throw_naming<remat::domain_error>([&] { nn::clip_grad_norm(std::vector<Parameter<double>*>{&a}, -1.0); },
+                                           {"nn::clip_grad_norm", "-1"});
+  expect_throw_naming<remat::domain_error>(
+      [&] { nn::clip_grad_norm(std::vector<Parameter<double>*>{&a}, std::nan("")); }, {"nn::clip_grad_norm", "nan"});
+  expect_throw_naming<remat::domain_error>(
+      [&] {
+        nn::clip_grad_norm(std::vector<Parameter<double>*>{&a, nullptr}, 1.0);
+      },
+      {"nn::clip_grad_norm", "parameter 1", "null"});
+  EXPECT_EQ(a.grad()(0, 0), 10.0);
 }
 
 }  // namespace optimizer_test
