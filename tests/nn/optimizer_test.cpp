@@ -1,5 +1,5 @@
 // Tests of the training pieces a GPT needs (include/remat/nn): nn::AdamW and nn::SGD against hand-written
-// references and against PyTorch 1.13, and nn::clip_grad_norm.
+// references and against PyTorch 1.13, nn::clip_grad_norm and nn::WarmupCosineSchedule.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +14,7 @@
 #include <remat/nn/clip_grad_norm.hpp>
 #include <remat/nn/linear.hpp>
 #include <remat/nn/sgd.hpp>
+#include <remat/nn/warmup_cosine_schedule.hpp>
 #include <remat/remat.hpp>
 
 namespace optimizer_test {
@@ -481,6 +482,55 @@ TEST(ClipGradNorm, RejectsBadArgumentsChangingNothing) {
       },
       {"nn::clip_grad_norm", "parameter 1", "null"});
   EXPECT_EQ(a.grad()(0, 0), 10.0);
+}
+
+// ---- WarmupCosineSchedule ----
+
+TEST(WarmupCosineSchedule, RisesLinearlyThenFollowsTheCosineDownToTheMinimum) {
+  const double peak = 6e-4, min = 6e-5;
+  const nn::WarmupCosineSchedule s(peak, 10, 110, min);
+  EXPECT_DOUBLE_EQ(s.at(0), peak / 10);
+  EXPECT_DOUBLE_EQ(s.at(4), peak * 5 / 10);
+  EXPECT_DOUBLE_EQ(s.at(9), peak) << "warmup − 1: the warm-up ends at peak";
+  EXPECT_DOUBLE_EQ(s.at(10), peak) << "warmup: the decay starts at peak";
+  EXPECT_DOUBLE_EQ(s.at(35), min + 0.5 * (peak - min) * (1 + std::cos(M_PI * 0.25)));
+  EXPECT_NEAR(s.at(60), (peak + min) / 2, 1e-18) << "midpoint";
+  EXPECT_DOUBLE_EQ(s.at(109), min + 0.5 * (peak - min) * (1 - std::cos(M_PI / 100)));
+  EXPECT_GT(s.at(109), min);
+  EXPECT_EQ(s.at(110), min) << "total";
+  EXPECT_EQ(s.at(111), min);
+  EXPECT_EQ(s.at(std::uint64_t{1} << 62), min) << "beyond";
+  for (std::uint64_t t = 0; t < 9; ++t) EXPECT_LT(s.at(t), s.at(t + 1)) << t;
+  for (std::uint64_t t = 10; t < 110; ++t) EXPECT_GT(s.at(t), s.at(t + 1)) << t;
+  EXPECT_EQ(s.peak_lr(), peak);
+  EXPECT_EQ(s.min_lr(), min);
+  EXPECT_EQ(s.warmup_steps(), 10u);
+  EXPECT_EQ(s.total_steps(), 110u);
+}
+
+TEST(WarmupCosineSchedule, NoWarmupStartsAtThePeakAndTheMinimumDefaultsToZero) {
+  const nn::WarmupCosineSchedule s(1.0, 0, 4);
+  EXPECT_EQ(s.at(0), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(2), 0.5);
+  EXPECT_EQ(s.at(4), 0.0);
+  const nn::WarmupCosineSchedule one(1.0, 1, 2);  // one warm-up step, one decay step
+  EXPECT_EQ(one.at(0), 1.0);
+  EXPECT_EQ(one.at(1), 1.0);
+  EXPECT_EQ(one.at(2), 0.0);
+}
+
+TEST(WarmupCosineSchedule, RejectsBadArgumentsNamingThem) {
+  using S = nn::WarmupCosineSchedule;
+  expect_throw_naming<remat::domain_error>([] { S(0.0, 1, 10); }, {"nn::WarmupCosineSchedule", "peak_lr 0"});
+  expect_throw_naming<remat::domain_error>([] { S(std::numeric_limits<double>::infinity(), 1, 10); }, {"peak_lr inf"});
+  expect_throw_naming<remat::domain_error>([] { S(std::nan(""), 1, 10); }, {"peak_lr nan"});
+  expect_throw_naming<remat::domain_error>([] { S(1e-3, 1, 10, 2e-3); }, {"min_lr 0.002"});
+  expect_throw_naming<remat::domain_error>([] { S(1e-3, 1, 10, -1e-4); }, {"min_lr -1e-04"});
+  expect_throw_naming<remat::domain_error>([] { S(1e-3, 1, 10, std::nan("")); }, {"min_lr nan"});
+  expect_throw_naming<remat::domain_error>([] { S(1e-3, -1, 10); }, {"warmup_steps -1"});
+  expect_throw_naming<remat::domain_error>([] { S(1e-3, 10, 10); }, {"warmup_steps 10", "total_steps 10"});
+  expect_throw_naming<remat::domain_error>([] { S(1e-3, 10, 5); }, {"total_steps 5"});
+  EXPECT_NO_THROW(S(1e-3, 0, 1, 1e-3));
 }
 
 }  // namespace optimizer_test
