@@ -1,0 +1,146 @@
+// What the optimizers of remat::nn share: nn::ParameterGroup, and detail::Optimizer (the parameter list, the
+// step count and the two ways of taking a step of nn::Adam, nn::AdamW and nn::SGD).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "remat/errors.hpp"
+#include "remat/matrix.hpp"
+#include "remat/parameter.hpp"
+
+namespace remat::nn {
+
+/// Parameters that share an optimizer's settings, like a parameter group of torch.optim: a group's
+/// weight_decay, when set, replaces Options::weight_decay for its parameters. GPT training decays the
+/// weight matrices but not the biases, the layer-norm gains and (a matter of choice) the embeddings:
+///   nn::AdamW<float> optimizer({{matrices}, {biases_and_gains, 0.0}}, options);
+template <class T>
+struct ParameterGroup {
+  std::vector<Parameter<T>*> parameters;
+  std::optional<double> weight_decay = std::nullopt;  ///< λ for these parameters; unset: Options::weight_decay
+};
+
+}  // namespace remat::nn
+
+namespace remat::detail {
+
+/// The part of an optimizer that does not depend on its update rule: the parameters (whose storage it
+/// shares, as a tape does, so a Parameter moved or destroyed after construction is still updated safely),
+/// their shapes at construction, the step count t, step(), step(gradients) and zero_grad(). Each update
+/// writes a parameter's value as Parameter::mutable_value() does (its version moves on), so a tape that
+/// recorded the parameter before the update reports a stale value instead of using the new one.
+///
+/// Derived (CRTP, nn::Adam, nn::AdamW, nn::SGD) supplies, accessible to this class:
+///   static constexpr const char* name;       // "nn::Adam", in messages
+///   void check_state(std::size_t k) const;   // throws shape_error unless its state of parameter k has shape(k)
+///   void update(std::size_t k, const T* g);  // updates parameter k and its state from gradient g (row-major)
+template <class T, class Derived>
+class Optimizer {
+ public:
+  /// One update from the parameters' own gradients (Parameter::grad(), filled by backward). A parameter
+  /// without a gradient since its last zero_grad() is left unchanged (its state too), as in torch.optim;
+  /// the step still counts in step_count(). Throws shape_error, before changing anything, if a parameter's
+  /// shape changed since construction or a state matrix (set through the accessors) has another shape.
+  void step() {
+    check();
+    ++t_;
+    for (std::size_t k = 0; k < parameters_.size(); ++k) {
+      ParameterStorage<T>& p = *parameters_[k];
+      if (!p.grad_defined) continue;
+      ++p.version;  // as mutable_value(): tapes that recorded the old value become stale
+      derived().update(k, p.grad);
+    }
+  }
+
+  /// One update of every parameter: gradients[k] is d loss / d parameter k, of its shape, stored
+  /// contiguously row-major (a remat::Matrix or MatrixView, e.g. Var::grad() after Tape::backward).
+  /// Throws shape_error, before changing anything, if the count or a shape differs (or as step()).
+  template <class Gradient>
+  void step(const std::vector<Gradient>& gradients) {
+    static_assert(Gradient::IsRowMajor || Gradient::ColsAtCompileTime == 1,
+                  "remat::nn optimizers: step(gradients): gradients must be row-major like the parameters");
+    if (gradients.size() != parameters_.size())
+      throw shape_error(std::string(Derived::name) + "::step: " + std::to_string(gradients.size()) + " gradients for " +
+                        std::to_string(parameters_.size()) + " parameters");
+    for (std::size_t k = 0; k < gradients.size(); ++k)
+      if (gradients[k].rows() != parameters_[k]->value.rows() || gradients[k].cols() != parameters_[k]->value.cols())
+        throw shape_error(std::string(Derived::name) + "::step: gradient " + std::to_string(k) + " is " +
+                          to_string(Shape{gradients[k].rows(), gradients[k].cols()}) + " but its parameter is " +
+                          to_string(Shape{parameters_[k]->value.rows(), parameters_[k]->value.cols()}));
+    check();
+    ++t_;
+    for (std::size_t k = 0; k < gradients.size(); ++k) {
+      ++parameters_[k]->version;
+      derived().update(k, gradients[k].data());
+    }
+  }
+
+  /// Clears every parameter's gradient (Parameter::zero_grad()).
+  void zero_grad() {
+    for (auto& p : parameters_) p->grad_defined = false;
+  }
+
+  /// The number of parameters.
+  std::size_t size() const { return parameters_.size(); }
+  /// t: the number of steps taken (part of the state: saved and restored with the rest).
+  std::uint64_t& step_count() { return t_; }
+  std::uint64_t step_count() const { return t_; }
+  /// The current value of parameter k. Throws std::out_of_range unless k < size().
+  const Matrix<T>& value(std::size_t k) const { return parameters_.at(k)->value; }
+
+ protected:
+  Optimizer() = default;
+
+  /// Appends a parameter. Throws domain_error for a null pointer.
+  void add(Parameter<T>* p) {
+    if (!p) throw domain_error(std::string(Derived::name) + ": a null parameter pointer");
+    parameters_.push_back(ParameterAccess::storage(*p));
+    shapes_.push_back(Shape{p->rows(), p->cols()});
+  }
+  /// Throws domain_error if a parameter was given twice (it would be updated twice per step).
+  void reject_duplicates() const {
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      for (std::size_t j = i + 1; j < parameters_.size(); ++j)
+        if (parameters_[i] == parameters_[j])
+          throw domain_error(std::string(Derived::name) + ": parameters " + std::to_string(i) + " and " +
+                             std::to_string(j) + " are the same parameter");
+  }
+
+  /// The shape of parameter k when the optimizer was made: the shape of its state.
+  Shape shape(std::size_t k) const { return shapes_[k]; }
+  ParameterStorage<T>& storage(std::size_t k) { return *parameters_[k]; }
+
+  /// Throws shape_error "<name>::step: the <state_name> of parameter k is [..] but the parameter is [..]"
+  /// unless `state` has shape(k).
+  void check_state_shape(std::size_t k, const Matrix<T>& state, const char* state_name) const {
+    if (state.rows() != shapes_[k].rows || state.cols() != shapes_[k].cols)
+      throw shape_error(std::string(Derived::name) + "::step: the " + state_name + " of parameter " +
+                        std::to_string(k) + " is " + to_string(Shape{state.rows(), state.cols()}) +
+                        " but the parameter is " + to_string(shapes_[k]));
+  }
+
+ private:
+  Derived& derived() { return static_cast<Derived&>(*this); }
+  const Derived& derived() const { return static_cast<const Derived&>(*this); }
+
+  void check() const {
+    for (std::size_t k = 0; k < parameters_.size(); ++k) {
+      const Matrix<T>& value = parameters_[k]->value;
+      if (value.rows() != shapes_[k].rows || value.cols() != shapes_[k].cols)
+        throw shape_error(std::string(Derived::name) + "::step: parameter " + std::to_string(k) + " is " +
+                          to_string(Shape{value.rows(), value.cols()}) + " but was " + to_string(shapes_[k]) +
+                          " when the optimizer was made");
+      derived().check_state(k);
+    }
+  }
+
+  std::vector<std::shared_ptr<ParameterStorage<T>>> parameters_;
+  std::vector<Shape> shapes_;
+  std::uint64_t t_ = 0;
+};
+
+}  // namespace remat::detail
