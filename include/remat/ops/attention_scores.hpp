@@ -62,8 +62,10 @@ struct AttentionScoresOp : OpBase {
         if (p.causal) {
           // The masked entries are constants: their gradient reaches neither q nor k.
           auto masked = c.scratch();
-          masked = g_bh.template triangularView<Eigen::Lower>();
-          masked *= scale;
+          for (Index i = 0; i < S; ++i) {  // row by row: contiguous, vectorised
+            masked.row(i).head(i + 1) = scale * g_bh.row(i).head(i + 1);
+            masked.row(i).tail(S - 1 - i).setZero();
+          }
           if (want_q) assign_or_add_product(dq.map.block(b * S, h * d, S, d), masked * k_bh, dq.accumulate);
           if (want_k) assign_or_add_product(dk.map.block(b * S, h * d, S, d), masked.transpose() * q_bh, dk.accumulate);
         } else {
