@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Turns a step_benchmark run (--benchmark_format=json or --benchmark_out=FILE) into a CSV, a Markdown table
-of medians and ratios, and a PNG of memory saved vs time overhead per policy on W2.
+of medians and ratios, a W3 table (remat's recompute modes beside LibTorch and the PyTorch GPT peer), and a
+PNG of memory saved vs time overhead per policy on W2.
 
   /usr/bin/python3 bench/plot_results.py run.json [--pytorch pytorch_1.json pytorch_2.json]
+      [--pytorch-w3 gpt_pytorch_1.json gpt_pytorch_2.json]
       [--csv bench/results.csv] [--markdown bench/results_table.md] [--png bench/w2_memory_vs_time.png]
 
 Medians: the "median" aggregate of --benchmark_repetitions when present, else the median of the
@@ -16,7 +18,7 @@ import statistics
 from collections import defaultdict
 
 NAME = re.compile(r"Step<(?P<workload>\w+), (?P<implementation>\w+)>/threads:(?P<threads>\d+)")
-WORKLOAD_NAMES = {"W0": "W0", "W1": "W1", "W1Small": "W1-small", "W2": "W2"}
+WORKLOAD_NAMES = {"W0": "W0", "W1": "W1", "W1Small": "W1-small", "W2": "W2", "W3": "W3"}
 POLICY_OF = {
     "RematPlain": "plain",
     "RematNothingSaveable": "nothing_saveable",
@@ -26,11 +28,25 @@ POLICY_OF = {
     "RematSegments4NothingSaveable": "segments4_nothing_saveable",
     "RematSegments4DotsSaveable": "segments4_dots_saveable",
 }
+# W3's remat benchmarks (bench/step_benchmark.cpp) and the recompute mode each runs (docs/gpt.md).
+W3_MODE_OF = {
+    "RematNone": "none",
+    "RematBlock": "block",
+    "RematAttention": "attention (selective)",
+    "RematDotsNoBatch": "dots_no_batch",
+    "RematSqrt": "sqrt (round(√L) segments)",
+    "RematNoneFused": "none, fused attention",
+    "RematBlockFused": "block, fused attention",
+    "LibTorch": "plain (C++ API, no checkpoint)",
+}
+# The baseline of the "÷ remat plain" ratio: W3's is its none mode.
+PLAIN_OF = {"W3": "RematNone"}
 # The hand-written baseline doing the same recomputation as each remat variant.
 HAND_OF = {"RematSequential": "HandWrittenSequential", "RematSegments4NothingSaveable": "HandWrittenSegments4"}
 ORDER = ["HandWritten", "HandWrittenSequential", "HandWrittenSegments4", "LibTorch", "RematPlain",
          "RematNothingSaveable", "RematDotsSaveable", "RematEverythingSaveable", "RematSequential",
-         "RematSegments4NothingSaveable", "RematSegments4DotsSaveable"]
+         "RematSegments4NothingSaveable", "RematSegments4DotsSaveable", "RematNone", "RematBlock", "RematAttention",
+         "RematDotsNoBatch", "RematSqrt", "RematNoneFused", "RematBlockFused"]
 
 
 def load(path):
@@ -38,9 +54,14 @@ def load(path):
         doc = json.load(f)
     runs = defaultdict(list)
     medians = {}
+    failed = {}
     for b in doc["benchmarks"]:
         m = NAME.match(b.get("run_name", b["name"]))
-        if not m or b.get("error_occurred"):
+        if not m:
+            continue
+        if b.get("error_occurred"):
+            # A failed correctness check: no row, but say so (a missing row must not pass unnoticed).
+            failed[b.get("run_name", b["name"])] = b.get("error_message", "")
             continue
         key = (WORKLOAD_NAMES[m["workload"]], m["implementation"], int(m["threads"]))
         if b.get("run_type") == "aggregate":
@@ -68,8 +89,10 @@ def load(path):
                          replayed_bytes=counters.get("replayed_bytes"),
                          flops_per_step=counters.get("flops_per_step"),
                          gflops=(counters.get("flops_per_step") or 0) / (src["real_time"] * scale * 1e6),
-                         gradient_error=counters.get("gradient_error"))
-    return doc.get("context", {}), rows
+                         gradient_error=counters.get("gradient_error"), loss_error=counters.get("loss_error"),
+                         bitwise_equal_to_none=counters.get("bitwise_equal_to_none"),
+                         saved_bytes_formula=counters.get("saved_bytes_formula"))
+    return doc.get("context", {}), rows, failed
 
 
 def ratio(rows, a, b):
@@ -86,18 +109,59 @@ def mib(x):
     return "—" if x is None else f"{x / 2**20:.2f}"
 
 
+def w3_table(rows, pytorch_w3):
+    """W3: every remat mode, LibTorch and the PyTorch peer's variants, per thread count."""
+    lines = ["| threads | implementation | mode | median ms | IQR ms | ÷ remat none | saved MiB | peak MiB "
+             "| replayed MiB | GFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    threads = sorted({k[2] for k in rows if k[0] == "W3"} | {k[1] for k in pytorch_w3})
+    for th in threads:
+        none = rows.get(("W3", "RematNone", th))
+        for impl in W3_MODE_OF:  # remat's modes, then LibTorch
+            r = rows.get(("W3", impl, th))
+            if not r:
+                continue
+            name = "LibTorch 1.13" if impl == "LibTorch" else "remat"
+            lines.append(f"| {th} | {name} | {W3_MODE_OF.get(impl, impl)} | {r['median_ms']:.1f} | "
+                         f"{r['q1_ms']:.1f}–{r['q3_ms']:.1f} | {fmt(ratio(rows, ('W3', impl, th), ('W3', 'RematNone', th)))} | "
+                         f"{mib(r['saved_bytes'])} | {mib(r['peak_bytes'])} | {mib(r['replayed_bytes'])} | "
+                         f"{r['gflops']:.1f} |")
+        for (variant, t), p in sorted(pytorch_w3.items(), key=lambda kv: kv[0][1]):
+            if t != th:
+                continue
+            ms = p["median_s"] * 1e3
+            across = f"{ms / none['median_ms']:.3f}†" if none else "—"
+            peak = mib(p.get("peak_bytes"))
+            lines.append(f"| {th} | PyTorch 1.13 (peer) | {variant} | {ms:.1f} | {p['q1_s'] * 1e3:.1f}–{p['q3_s'] * 1e3:.1f} | "
+                         f"{across} | {mib(p['saved_bytes'])} | {peak} | — | {p['gflops_per_s']:.1f} |")
+    lines += ["",
+              "W3: B 4 × S 512 tokens, H 256, 4 heads, 4 blocks, V 256, float32, no dropout; a step is loss + all "
+              "gradients. GFLOP/s = 3 × the hand-counted forward FLOPs (bench/workloads.hpp, forward_flops) ÷ median "
+              "step time; recomputation is not counted. remat's saved MiB is the tape after the forward pass (equal "
+              "to examples/gpt/memory_formula.hpp, checked by the benchmark), peak MiB the tape's peak over the step, "
+              "replayed MiB what checkpoint replay recomputed. LibTorch exposes no byte counts. The PyTorch peer "
+              "(bench/peers/gpt_pytorch.py) counts saved tensors through saved_tensors_hooks and its peak from the "
+              "profiler's allocator events; † it is a different process, not interleaved with the C++ run, so its "
+              "ratio to remat none is across runs. PyTorch's variants: block = every block under checkpoint, "
+              "selective = the attention core under checkpoint, sdpa = F.scaled_dot_product_attention (torch ≥ 2.0 "
+              "only)."]
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run")
     p.add_argument("--pytorch", nargs="*", default=[], help="JSON files written by peers/pytorch_checkpoint.py --json")
+    p.add_argument("--pytorch-w3", nargs="*", default=[], help="JSON files written by peers/gpt_pytorch.py --json")
     p.add_argument("--csv", default="bench/results.csv")
     p.add_argument("--markdown", default=None)
     p.add_argument("--png", default="bench/w2_memory_vs_time.png")
     args = p.parse_args()
-    context, rows = load(args.run)
+    context, rows, failed = load(args.run)
 
     fields = ["workload", "implementation", "threads", "median_ms", "q1_ms", "q3_ms", "cpu_ms", "repetitions", "saved_bytes",
               "peak_bytes", "replayed_bytes", "flops_per_step", "gflops", "gradient_error",
+              "loss_error", "bitwise_equal_to_none", "saved_bytes_formula",
               "ratio_to_hand_written", "ratio_to_libtorch", "ratio_to_remat_plain"]
     with open(args.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
@@ -108,7 +172,7 @@ def main():
             hand = HAND_OF.get(impl, "HandWritten")
             r["ratio_to_hand_written"] = ratio(rows, key, (wl, hand, th))
             r["ratio_to_libtorch"] = ratio(rows, key, (wl, "LibTorch", th))
-            r["ratio_to_remat_plain"] = ratio(rows, key, (wl, "RematPlain", th))
+            r["ratio_to_remat_plain"] = ratio(rows, key, (wl, PLAIN_OF.get(wl, "RematPlain"), th))
             w.writerow(r)
 
     pytorch = {}
@@ -132,9 +196,9 @@ def main():
         lines.append(f"| {wl} | {th} | {impl} | {r['median_ms']:.3f} | {r['q1_ms']:.3f}–{r['q3_ms']:.3f} | "
                      f"{r['gflops']:.1f} | "
                      f"{fmt(ratio(rows, key, (wl, hand, th)))} | {fmt(ratio(rows, key, (wl, 'LibTorch', th)))} | "
-                     f"{fmt(ratio(rows, key, (wl, 'RematPlain', th)))} | {r['cpu_ms']:.3f} | "
+                     f"{fmt(ratio(rows, key, (wl, PLAIN_OF.get(wl, 'RematPlain'), th)))} | {r['cpu_ms']:.3f} | "
                      f"{fmt(cpu_ratio(key, (wl, hand, th)))} | {fmt(cpu_ratio(key, (wl, 'LibTorch', th)))} | "
-                     f"{fmt(cpu_ratio(key, (wl, 'RematPlain', th)))} | {mib(r['saved_bytes'])} | "
+                     f"{fmt(cpu_ratio(key, (wl, PLAIN_OF.get(wl, 'RematPlain'), th)))} | {mib(r['saved_bytes'])} | "
                      f"{mib(r['peak_bytes'])} | {mib(r['replayed_bytes'])} |")
     if pytorch:
         lines += ["", "| workload | threads | PyTorch variant | median ms | ÷ PyTorch plain | saved MiB |",
@@ -167,6 +231,17 @@ def main():
         cpu = cpu_ratio((wl, a, 1), (wl, b, 1))
         two = ratio(rows, (wl, a, 2), (wl, b, 2))
         lines.append(f"| {label} | {'≤ ' + format(limit, '.2f') if limit else '—'} | {fmt(one)} | {fmt(cpu)} | {fmt(two)} |")
+    pytorch_w3 = {}
+    for path in args.pytorch_w3:
+        with open(path) as f:
+            for r in json.load(f):
+                if r["workload"] == "W3":
+                    pytorch_w3[(r["variant"], r["threads"])] = r
+    if any(k[0] == "W3" for k in rows) or pytorch_w3:
+        lines += ["", "### W3", ""] + w3_table(rows, pytorch_w3)
+    if failed:
+        lines += ["", "Benchmarks that failed their correctness check (no row above):", ""]
+        lines += [f"- `{name}`: {message}" for name, message in sorted(failed.items())]
     table = "\n".join(lines) + "\n"
     if args.markdown:
         with open(args.markdown, "w") as f:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the benchmarks of bench/RESULTS.md §2 on an idle machine and writes bench/results/<name>.*:
 # waits until the 1-minute load average is below 0.5, records `uptime` before and after each run, runs
-# step_benchmark (remat, hand-written Eigen, LibTorch; 1 and 2 threads; randomly interleaved repetitions)
-# and the PyTorch peer, then makes the CSV and Markdown tables.
+# step_benchmark (remat, hand-written Eigen, LibTorch; W0 … W3; 1 and 2 threads; randomly interleaved
+# repetitions) and the PyTorch peers (W0 … W2: peers/pytorch_checkpoint.py; W3: peers/gpt_pytorch.py), then
+# makes the CSV and Markdown tables (W3 in a table of its own).
 #
 #   bench/run.sh [build-dir] [repetitions] [min-time-seconds]     (defaults: build-bench 10 1)
 #
@@ -40,7 +41,18 @@ for threads in 1 2; do
   uptime >> "$results/pytorch_threads$threads.uptime"
 done
 
+# W3's peer: plain, block and selective checkpointing (sdpa only on torch >= 2.0), each variant once per
+# repetition in shuffled order, plus one untimed step for its saved and peak bytes.
+for threads in 1 2; do
+  wait_for_idle
+  uptime > "$results/gpt_pytorch_threads$threads.uptime"
+  "${tuned[@]}" /usr/bin/python3 bench/peers/gpt_pytorch.py --threads "$threads" --repeats "$repetitions" \
+    --json "$results/gpt_pytorch_threads$threads.json" > "$results/gpt_pytorch_threads$threads.txt"
+  uptime >> "$results/gpt_pytorch_threads$threads.uptime"
+done
+
 /usr/bin/python3 bench/plot_results.py "$results/run_tuned.json" \
   --pytorch "$results/pytorch_threads1.json" "$results/pytorch_threads2.json" \
+  --pytorch-w3 "$results/gpt_pytorch_threads1.json" "$results/gpt_pytorch_threads2.json" \
   --csv "$results/run_tuned.csv" --markdown "$results/table.md" --png bench/w2_memory_vs_time.png
 cat "$results"/*.uptime

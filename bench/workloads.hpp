@@ -1,4 +1,4 @@
-// The reference workloads of docs/design.md §6 (W0, W1, W1-small, W2): shapes, data and FLOP counts,
+// The reference workloads of shared/DESIGN.md (W0, W1, W1-small, W2, W3): shapes, data and FLOP counts,
 // shared by every implementation in the benchmark so that all of them run exactly the same step.
 #pragma once
 
@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include <remat/matrix.hpp>
@@ -28,6 +29,12 @@ struct BlockShape {
   Index model, inner, blocks, classes, batch;
 };
 
+/// The byte-level GPT of docs/gpt.md: B sequences of S tokens, width H, `heads` heads, L blocks,
+/// vocabulary V, no dropout.
+struct GptShape {
+  Index batch, seq_len, width, heads, blocks, vocabulary;
+};
+
 struct W0 {
   static constexpr const char* name = "W0";
   static constexpr MlpShape shape{32, 32, 64, 10, 16};
@@ -45,11 +52,23 @@ struct W2 {
   static constexpr BlockShape shape{256, 1024, 8, 10, 2048};
 };
 
+/// The workload where the S×S attention terms dominate activation memory (4 × 512 tokens, H 256,
+/// 4 heads, 4 blocks, V 256; float32). The same numbers as bench/peers/gpt_pytorch.py's W3.
+struct W3 {
+  static constexpr const char* name = "W3";
+  static constexpr GptShape shape{4, 512, 256, 4, 4, 256};
+};
+
+template <class W>
+inline constexpr bool is_gpt = std::is_same_v<std::decay_t<decltype(W::shape)>, GptShape>;
+
 template <class W>
 inline constexpr bool is_mlp = std::is_same_v<std::decay_t<decltype(W::shape)>, MlpShape>;
 
 /// Number of checkpoint_sequential segments for a chain of `layers`: round(√layers).
-inline int sqrt_segments(Index layers) { return static_cast<int>(std::lround(std::sqrt(static_cast<double>(layers)))); }
+inline int sqrt_segments(Index layers) {
+  return static_cast<int>(std::lround(std::sqrt(static_cast<double>(layers))));
+}
 
 /// Weights of one affine map x·W + b; W: [in, out], b: [1, out].
 struct Affine {
@@ -61,8 +80,8 @@ struct Affine {
 struct Data {
   Matrix<float> x;
   std::vector<int> labels;
-  std::vector<Affine> affine;         // MLP: layers + 1 (output last); W2: 2 per block, then the head
-  std::vector<Affine> norm;           // W2: one (gain, bias) per block, then the head's; MLP: empty
+  std::vector<Affine> affine;  // MLP: layers + 1 (output last); W2: 2 per block, then the head
+  std::vector<Affine> norm;    // W2: one (gain, bias) per block, then the head's; MLP: empty
 };
 
 inline Affine random_affine(std::mt19937& rng, Index in, Index out) {
@@ -81,6 +100,23 @@ inline void fill_inputs(std::mt19937& rng, Data& d, Index batch, Index width, In
   for (Index i = 0; i < d.x.size(); ++i) d.x.data()[i] = normal(rng);
   d.labels.resize(static_cast<std::size_t>(batch));
   for (int& l : d.labels) l = label(rng);
+}
+
+/// W3's inputs: fixed ids, not random, so that remat, LibTorch and the PyTorch peer (and
+/// tests/gpt/make_reference.py) read the same tokens: ids[r] = (5r + 3) mod V, targets[r] = (5r + 8) mod V,
+/// the ids shifted by one position. The parameters are docs/gpt.md's deterministic formula
+/// (gpt::Model::deterministic), computed by each implementation.
+struct GptData {
+  std::vector<int> ids, targets;
+};
+
+inline GptData make_data(const GptShape& s) {
+  GptData d;
+  for (Index r = 0; r < s.batch * s.seq_len; ++r) {
+    d.ids.push_back(static_cast<int>((5 * r + 3) % s.vocabulary));
+    d.targets.push_back(static_cast<int>((5 * r + 8) % s.vocabulary));
+  }
+  return d;
 }
 
 inline Data make_data(const MlpShape& s, std::uint32_t seed = 42) {
@@ -130,6 +166,26 @@ inline double step_flops(const MlpShape& s) {
 inline double step_flops(const BlockShape& s) {
   auto gemm = [](Index m, Index k, Index n) { return 2.0 * double(m) * double(k) * double(n); };
   return 3 * double(s.blocks) * 2 * gemm(s.batch, s.model, s.inner) + 3 * gemm(s.batch, s.model, s.classes);
+}
+
+/// Hand-counted forward FLOPs of W3-like GPTs, multiply-add = 2, N = B·S. Per block: qkv 2·N·H·3H,
+/// proj 2·N·H·H, fc 2·N·H·4H, fc_proj 2·N·4H·H, scores 2·B·S·S·H and values 2·B·S·S·H (the whole S×S
+/// square: remat's and PyTorch's kernels compute the causally masked half too); head 2·N·H·V. Layer norms,
+/// softmax, gelu, embeddings and the loss are not counted. The same formula as
+/// bench/peers/gpt_pytorch.py's forward_flops.
+inline double forward_flops(const GptShape& s) {
+  const double N = double(s.batch) * double(s.seq_len), H = double(s.width), S = double(s.seq_len);
+  const double B = double(s.batch), V = double(s.vocabulary);
+  const double block =
+      2 * N * H * 3 * H + 2 * N * H * H + 2 * N * H * 4 * H + 2 * N * 4 * H * H + 2 * B * S * S * H + 2 * B * S * S * H;
+  return double(s.blocks) * block + 2 * N * H * V;
+}
+/// A step (loss + all gradients) counted as 3 × forward (the PyTorch peer's convention): each product's
+/// backward computes both operands' gradients, 2 × its forward — here every one is needed, since even the
+/// first block's input leads to the embeddings. Recomputation is not counted: every mode does the same
+/// useful work, so GFLOP/s compares the modes' step times.
+inline double step_flops(const GptShape& s) {
+  return 3 * forward_flops(s);
 }
 
 /// Sets the BLAS (and, through the LibTorch driver, intra-op) thread count for the current run.

@@ -1,6 +1,6 @@
 // The GPT of docs/gpt.md (examples/gpt/gpt.hpp) against PyTorch float64 (tests/gpt/reference.txt, written
 // by tests/gpt/make_reference.py from the model contract alone), every recompute mode bitwise equal to
-// none, and the saved bytes after the forward pass equal to the formulas derived in docs/gpt.md.
+// none, and the saved bytes after the forward pass equal to the formulas of examples/gpt/memory_formula.hpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpt/gpt.hpp"
+#include "gpt/memory_formula.hpp"
 #include "remat/remat.hpp"
 
 namespace gpt_test {
@@ -159,44 +160,23 @@ TEST(Gpt, EveryRecomputeModeGivesBitwiseEqualLossAndGradients) {
   }
 }
 
-// docs/gpt.md §Memory: floats saved after the forward pass, with N = B·S tokens, width H, a heads, S,
-// vocabulary V, L blocks. Per block: plain 16NH + 4N + aNS; selective (attention recomputed) 16NH + 4N;
-// fused 16NH + 4N + aN; full per-block recomputation NH. After the blocks: 2NH + 2N + NV.
-struct Sizes {
-  double N, H, a, S, V, L;
-};
-double saved_floats(gpt::Recompute mode, gpt::Attention attention, const Sizes& z) {
-  const double tail = 2 * z.N * z.H + 2 * z.N + z.N * z.V;
-  double block = 0;
-  if (mode == gpt::Recompute::block)
-    block = z.N * z.H;
-  else if (attention == gpt::Attention::fused)
-    block = 16 * z.N * z.H + 4 * z.N + z.a * z.N;
-  else if (mode == gpt::Recompute::attention)
-    block = 16 * z.N * z.H + 4 * z.N;
-  else
-    block = 16 * z.N * z.H + 4 * z.N + z.a * z.N * z.S;
-  return z.L * block + tail;
-}
-
-TEST(Gpt, SavedBytesEqualTheFormulasOfDocsGpt) {
-  for (const gpt::Config c :
-       {gpt::Config{32, 16, 2, 8, 2, 0}, gpt::Config{11, 6, 1, 1, 3, 0}, gpt::Config{32, 12, 3, 5, 2, 0}}) {
+TEST(Gpt, SavedBytesEqualTheFormulasOfMemoryFormulaHpp) {
+  // examples/gpt/memory_formula.hpp derives the formulas; bench W3 checks the same header on its step.
+  // L = 3 and 4 make sqrt checkpoint segments (round(√2) = 1 segment is the plain model).
+  for (const gpt::Config c : {gpt::Config{32, 16, 2, 8, 2, 0}, gpt::Config{11, 6, 1, 1, 3, 0},
+                              gpt::Config{32, 12, 3, 5, 2, 0}, gpt::Config{32, 8, 2, 4, 4, 0}}) {
     auto model = gpt::Model<float>::deterministic(c);
     const Index B = 3;
     const Batch batch = reference_batch(c, B);
-    const Sizes z{static_cast<double>(B * c.seq_len), static_cast<double>(c.width),      static_cast<double>(c.heads),
-                  static_cast<double>(c.seq_len),     static_cast<double>(c.vocabulary), static_cast<double>(c.blocks)};
-    for (const auto& [mode, attention] :
-         std::vector<std::pair<gpt::Recompute, gpt::Attention>>{{gpt::Recompute::none, gpt::Attention::unfused},
-                                                                {gpt::Recompute::attention, gpt::Attention::unfused},
-                                                                {gpt::Recompute::block, gpt::Attention::unfused},
-                                                                {gpt::Recompute::none, gpt::Attention::fused}}) {
-      SCOPED_TRACE(std::string(gpt::to_string(mode)) + (attention == gpt::Attention::fused ? " fused" : ""));
-      const Step<float> step = run(model, batch, {mode, attention});
-      EXPECT_EQ(step.after_forward.saved_bytes,
-                static_cast<std::size_t>(saved_floats(mode, attention, z)) * sizeof(float));
-    }
+    const gpt::Sizes z = gpt::sizes(c, B);
+    for (const auto mode : all_modes)
+      for (const auto attention : {gpt::Attention::unfused, gpt::Attention::fused}) {
+        SCOPED_TRACE(std::string(gpt::to_string(mode)) + (attention == gpt::Attention::fused ? " fused" : "") +
+                     " L = " + std::to_string(c.blocks));
+        const Step<float> step = run(model, batch, {mode, attention});
+        EXPECT_EQ(step.after_forward.saved_bytes,
+                  static_cast<std::size_t>(gpt::saved_floats(mode, attention, z)) * sizeof(float));
+      }
   }
 }
 
