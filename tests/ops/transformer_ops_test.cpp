@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "gradcheck.hpp"
+#include "op_list.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 
@@ -77,18 +79,25 @@ struct AttentionGrads {
 };
 
 template <class T>
-AttentionGrads<T> attention(bool fused, bool causal, remat::Index heads, remat::Index S) {
-  const Shape s{12, 6};
+AttentionGrads<T> attention_at(bool fused, bool causal, remat::Index heads, remat::Index S, const Matrix<T>& qv,
+                               const Matrix<T>& kv, const Matrix<T>& vv) {
+  const Shape s{qv.rows(), qv.cols()};
   Tape<T> tape;
-  Var<T> q = tape.variable(remat_test::random_matrix<T>(s, 1, remat_test::Domain{-2, 2, 0}));
-  Var<T> k = tape.variable(remat_test::random_matrix<T>(s, 2, remat_test::Domain{-2, 2, 0}));
-  Var<T> v = tape.variable(remat_test::random_matrix<T>(s, 3, remat_test::Domain{-2, 2, 0}));
+  Var<T> q = tape.variable(qv), k = tape.variable(kv), v = tape.variable(vv);
   Var<T> y =
       fused ? remat::scaled_dot_product_attention(q, k, v, heads, S, causal)
             : remat::attention_values(remat::softmax(remat::attention_scores(q, k, heads, S, causal)), v, heads, S);
   const Matrix<T> w = remat_test::random_matrix<T>(s, 4, remat_test::Domain{-1, 1, 0});
   tape.backward(remat::sum(y * tape.constant(w)));
   return {y.value(), q.grad(), k.grad(), v.grad()};
+}
+
+template <class T>
+AttentionGrads<T> attention(bool fused, bool causal, remat::Index heads, remat::Index S) {
+  const Shape s{12, 6};
+  return attention_at<T>(fused, causal, heads, S, remat_test::random_matrix<T>(s, 1, remat_test::Domain{-2, 2, 0}),
+                         remat_test::random_matrix<T>(s, 2, remat_test::Domain{-2, 2, 0}),
+                         remat_test::random_matrix<T>(s, 3, remat_test::Domain{-2, 2, 0}));
 }
 
 TEST(ScaledDotProductAttention, EqualsTheUnfusedOpsToRounding) {
@@ -101,6 +110,53 @@ TEST(ScaledDotProductAttention, EqualsTheUnfusedOpsToRounding) {
       EXPECT_LE((a.dk - b.dk).cwiseAbs().maxCoeff(), 1e-13);
       EXPECT_LE((a.dv - b.dv).cwiseAbs().maxCoeff(), 1e-13);
     }
+}
+
+// Causal attention runs in tiles of 64 rows (detail::causal_tile); S = 150 has two full tiles and a
+// partial one, so every tile boundary case is exercised.
+TEST(Attention, CausalTilesMatchTheReferenceLoopsAcrossTileBoundaries) {
+  const remat::Index S = 150, H = 4, heads = 2;
+  const Matrix<double> qv = remat_test::random_matrix<double>({2 * S, H}, 1, remat_test::Domain{-2, 2, 0});
+  const Matrix<double> kv = remat_test::random_matrix<double>({2 * S, H}, 2, remat_test::Domain{-2, 2, 0});
+  const Matrix<double> vv = remat_test::random_matrix<double>({2 * S, H}, 3, remat_test::Domain{-2, 2, 0});
+  const Matrix<double> scores = remat_test::reference::attention_scores(qv, kv, heads, S, true);
+  const Matrix<double> expected =
+      remat_test::reference::attention_values(remat_test::reference::softmax(scores), vv, heads, S);
+  Tape<double> tape;
+  const Var<double> q = tape.variable(qv), k = tape.variable(kv), v = tape.variable(vv);
+  const Matrix<double> got_scores = remat::attention_scores(q, k, heads, S, true).value();
+  for (remat::Index i = 0; i < scores.rows(); ++i)
+    for (remat::Index j = 0; j < S; ++j)
+      if (std::isinf(scores(i, j)))
+        EXPECT_EQ(got_scores(i, j), scores(i, j)) << i << "," << j;
+      else
+        EXPECT_NEAR(got_scores(i, j), scores(i, j), 1e-13) << i << "," << j;
+  EXPECT_LE((remat::scaled_dot_product_attention(q, k, v, heads, S, true).value() - expected).cwiseAbs().maxCoeff(),
+            1e-13);
+  const auto fused = attention_at<double>(true, true, heads, S, qv, kv, vv);
+  const auto unfused = attention_at<double>(false, true, heads, S, qv, kv, vv);
+  EXPECT_LE((fused.dq - unfused.dq).cwiseAbs().maxCoeff(), 1e-12);
+  EXPECT_LE((fused.dk - unfused.dk).cwiseAbs().maxCoeff(), 1e-12);
+  EXPECT_LE((fused.dv - unfused.dv).cwiseAbs().maxCoeff(), 1e-12);
+}
+
+TEST(Attention, CausalTiledGradientsPassTheFiniteDifferenceGradcheck) {
+  // One sequence of 70 tokens (a full tile and part of a second), two heads of width 1.
+  for (const bool fused : {false, true}) {
+    const auto result = remat::gradcheck(
+        [fused](Tape<double>& tape, const std::vector<Var<double>>& in) {
+          const Var<double> y =
+              fused ? remat::scaled_dot_product_attention(in[0], in[1], in[2], 2, 70, true)
+                    : remat::attention_values(remat::softmax(remat::attention_scores(in[0], in[1], 2, 70, true)), in[2],
+                                              2, 70);
+          return remat::sum(y *
+                            tape.constant(remat_test::random_matrix<double>({70, 2}, 9, remat_test::Domain{-1, 1, 0})));
+        },
+        {remat_test::random_matrix<double>({70, 2}, 1, remat_test::Domain{-2, 2, 0}),
+         remat_test::random_matrix<double>({70, 2}, 2, remat_test::Domain{-2, 2, 0}),
+         remat_test::random_matrix<double>({70, 2}, 3, remat_test::Domain{-2, 2, 0})});
+    EXPECT_TRUE(remat_test::passes(result)) << (fused ? "fused" : "unfused");
+  }
 }
 
 TEST(ScaledDotProductAttention, SavesItsStatisticsNotTheProbabilitiesAndCountsItsTemporaryInThePeak) {

@@ -4,6 +4,7 @@
 // block b·heads + h first. Shared by attention_scores, attention_values and scaled_dot_product_attention.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -28,6 +29,18 @@ struct AttentionLayout {
   /// 1/√d, the scale of q·kᵀ.
   double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_width)); }
 };
+
+/// Causal attention is computed in tiles of this many rows (or columns): a row tile [r0, r0 + rows) of an
+/// S×S block sees only columns [0, r0 + rows), so the products skip the masked upper triangle except
+/// within the diagonal tiles (56 % of the square's FLOPs at S = 512 instead of 100 %).
+constexpr Index causal_tile = 64;
+
+/// f(begin, count) for consecutive tiles of [0, S): one tile of S unless causal.
+template <class F>
+void for_each_tile(Index S, bool causal, F f) {
+  const Index step = causal ? causal_tile : S;
+  for (Index begin = 0; begin < S; begin += step) f(begin, std::min(step, S - begin));
+}
 
 /// The layout of token rows of shape `x` named `what` in `op`; throws shape_error unless heads ≥ 1,
 /// seq_len ≥ 1, heads divides H and seq_len divides the rows.

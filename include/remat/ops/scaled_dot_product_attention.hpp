@@ -40,14 +40,29 @@ struct ScaledDotProductAttentionOp : OpBase {
     return {2 * l.seq_len, l.seq_len};
   }
 
-  /// Scores of block (b, h) into `s` ([S,S]), masked.
-  template <class Q, class K, class M>
-  static void scores(const Q& q, const K& k, const AttentionLayout& l, bool causal, Index b, Index h, M&& s) {
-    using T = typename std::decay_t<M>::Scalar;
-    const Index S = l.seq_len, d = l.head_width;
-    s.noalias() = T(l.scale()) * (q.block(b * S, h * d, S, d) * k.block(b * S, h * d, S, d).transpose());
-    if (causal)
-      for (Index i = 0; i + 1 < S; ++i) s.row(i).tail(S - 1 - i).setConstant(-std::numeric_limits<T>::infinity());
+  /// Probabilities of block (b, h) into `prob` ([S,S]; zero above the diagonal when causal), from the
+  /// scores and their per-row log-sum-exp: computed here (forward, `lse` written) or read (backward).
+  template <bool compute_lse, class Q, class K, class L, class P>
+  static void probabilities(const Q& q_bh, const K& k_bh, const AttentionLayout& l, bool causal, L&& lse, P&& prob) {
+    using T = typename std::decay_t<P>::Scalar;
+    const Index S = l.seq_len;
+    const T scale = T(l.scale());
+    for_each_tile(S, causal, [&](Index r0, Index rows) {
+      const Index visible = causal ? r0 + rows : S;
+      prob.block(r0, 0, rows, visible).noalias() =
+          scale * (q_bh.middleRows(r0, rows) * k_bh.topRows(visible).transpose());
+    });
+    for (Index i = 0; i < S; ++i) {
+      const Index visible = causal ? i + 1 : S;  // row i sees columns [0, i] when causal
+      auto row = prob.row(i).head(visible);
+      if constexpr (compute_lse) {
+        const T m = row.maxCoeff();
+        const T z = (row.array() - m).exp().sum();
+        lse(i, 0) = m + std::log(z);
+      }
+      row.array() = (row.array() - lse(i, 0)).exp();
+      prob.row(i).tail(S - visible).setZero();
+    }
   }
 
   template <class T>
@@ -57,19 +72,17 @@ struct ScaledDotProductAttentionOp : OpBase {
     const auto q = c.in(0), k = c.in(1), v = c.in(2);
     auto y = c.out();
     auto lse = c.extra();
-    auto s = c.scratch().topRows(l.seq_len);
+    auto prob = c.scratch().topRows(l.seq_len);
     const Index S = l.seq_len, d = l.head_width;
     for (Index b = 0; b < l.batch; ++b)
       for (Index h = 0; h < l.heads; ++h) {
-        scores(q, k, l, p.causal, b, h, s);
-        for (Index i = 0; i < S; ++i) {
-          const T m = s.row(i).maxCoeff();  // finite: the diagonal is never masked
-          s.row(i).array() = (s.row(i).array() - m).exp();
-          const T z = s.row(i).sum();
-          s.row(i) /= z;
-          lse(l.block_row(b, h) + i, 0) = m + std::log(z);
-        }
-        y.block(b * S, h * d, S, d).noalias() = s * v.block(b * S, h * d, S, d);
+        const auto v_bh = v.block(b * S, h * d, S, d);
+        probabilities<true>(q.block(b * S, h * d, S, d), k.block(b * S, h * d, S, d), l, p.causal,
+                            lse.middleRows(l.block_row(b, h), S), prob);
+        for_each_tile(S, p.causal, [&](Index r0, Index rows) {
+          const Index visible = p.causal ? r0 + rows : S;
+          y.block(b * S + r0, h * d, rows, d).noalias() = prob.block(r0, 0, rows, visible) * v_bh.topRows(visible);
+        });
       }
   }
 
@@ -82,7 +95,7 @@ struct ScaledDotProductAttentionOp : OpBase {
     const auto g = c.grad_out();
     auto scratch = c.scratch();
     auto prob = scratch.topRows(l.seq_len);
-    auto dprob = scratch.bottomRows(l.seq_len);
+    auto dscore = scratch.bottomRows(l.seq_len);
     const Index S = l.seq_len, d = l.head_width;
     const bool qk = c.wants_grad(0) || c.wants_grad(1);
     GradTarget<T> dq = c.wants_grad(0) ? c.grad_target(0) : GradTarget<T>{c.grad(0), false};
@@ -91,26 +104,46 @@ struct ScaledDotProductAttentionOp : OpBase {
     const T scale = T(l.scale());
     for (Index b = 0; b < l.batch; ++b)
       for (Index h = 0; h < l.heads; ++h) {
-        // P = exp(scores − lse), exactly the forward's probabilities up to rounding.
-        scores(q, k, l, p.causal, b, h, prob);
-        for (Index i = 0; i < S; ++i) prob.row(i).array() = (prob.row(i).array() - lse(l.block_row(b, h) + i, 0)).exp();
-        const auto gb = g.block(b * S, h * d, S, d);
+        const auto q_bh = q.block(b * S, h * d, S, d), k_bh = k.block(b * S, h * d, S, d);
+        const auto g_bh = g.block(b * S, h * d, S, d);
+        // P = exp(scores − lse): the forward's probabilities, recomputed.
+        auto lse_bh = lse.middleRows(l.block_row(b, h), S);
+        probabilities<false>(q_bh, k_bh, l, p.causal, lse_bh, prob);
+        // dv = Pᵀ·dy: rows [c0, c0 + cols) of dv are read by rows [c0, S) of P only (causal).
         if (c.wants_grad(2))
-          assign_or_add_product(dv.map.block(b * S, h * d, S, d), prob.transpose() * gb, dv.accumulate);
+          for_each_tile(S, p.causal, [&](Index c0, Index cols) {
+            const Index from = p.causal ? c0 : 0;
+            assign_or_add_product(dv.map.block(b * S + c0, h * d, cols, d),
+                                  prob.block(from, c0, S - from, cols).transpose() * g_bh.bottomRows(S - from),
+                                  dv.accumulate);
+          });
         if (!qk) continue;
-        // dS = P ⊙ (dP − D), dP = dy·vᵀ, D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP).
-        dprob.noalias() = gb * c.in(2).block(b * S, h * d, S, d).transpose();
-        const auto yb = c.out().block(b * S, h * d, S, d);
+        // dS = P ⊙ (dP − D) with dP = dy·vᵀ and D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP); zero where P is.
+        const auto v_bh = c.in(2).block(b * S, h * d, S, d);
+        for_each_tile(S, p.causal, [&](Index r0, Index rows) {
+          const Index visible = p.causal ? r0 + rows : S;
+          dscore.block(r0, 0, rows, visible).noalias() = g_bh.middleRows(r0, rows) * v_bh.topRows(visible).transpose();
+        });
+        const auto y_bh = c.out().block(b * S, h * d, S, d);
         for (Index i = 0; i < S; ++i) {
-          const T D = gb.row(i).dot(yb.row(i));
-          dprob.row(i).array() = prob.row(i).array() * (dprob.row(i).array() - D);
+          const Index visible = p.causal ? i + 1 : S;
+          const T D = g_bh.row(i).dot(y_bh.row(i));
+          dscore.row(i).head(visible).array() =
+              scale * prob.row(i).head(visible).array() * (dscore.row(i).head(visible).array() - D);
+          dscore.row(i).tail(S - visible).setZero();
         }
-        if (c.wants_grad(0))
-          assign_or_add_product(dq.map.block(b * S, h * d, S, d), scale * (dprob * k.block(b * S, h * d, S, d)),
-                                dq.accumulate);
-        if (c.wants_grad(1))
-          assign_or_add_product(dk.map.block(b * S, h * d, S, d),
-                                scale * (dprob.transpose() * q.block(b * S, h * d, S, d)), dk.accumulate);
+        // dq = dS·k/√d (scale folded into dS above), dk = dSᵀ·q/√d, by tiles as for dv.
+        for_each_tile(S, p.causal, [&](Index r0, Index rows) {
+          const Index visible = p.causal ? r0 + rows : S;
+          const Index from = p.causal ? r0 : 0;
+          if (c.wants_grad(0))
+            assign_or_add_product(dq.map.block(b * S + r0, h * d, rows, d),
+                                  dscore.block(r0, 0, rows, visible) * k_bh.topRows(visible), dq.accumulate);
+          if (c.wants_grad(1))
+            assign_or_add_product(dk.map.block(b * S + r0, h * d, rows, d),
+                                  dscore.block(from, r0, S - from, rows).transpose() * q_bh.bottomRows(S - from),
+                                  dk.accumulate);
+        });
       }
   }
   /// 4·(B·S)·S·H for the two products (scores and values) + 5 per score (mask, exp, normalisation).
