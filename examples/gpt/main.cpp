@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <sstream>
@@ -265,6 +266,14 @@ std::string sample(const Options& o, gpt::Model<float>& model, std::string conte
 
 // ---- output ----
 
+/// CPU time of this process (all threads). On a shared machine the wall time depends on the other
+/// processes; the CPU time of a 1-thread run is what the training costs.
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 std::string megabytes(std::size_t bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f MB", static_cast<double>(bytes) / 1e6);
@@ -401,7 +410,7 @@ int run(Options& o, const CLI::App& app) {
   const std::size_t tokens = static_cast<std::size_t>(o.batch) * static_cast<std::size_t>(o.seq_len);
   std::vector<int> ids(tokens), targets(tokens);
   std::size_t saved_bytes = 0, peak_bytes = 0;
-  double train_seconds = 0, window_seconds = 0;
+  double train_seconds = 0, train_cpu_seconds = 0, window_seconds = 0;
   int steps_this_run = 0, window_steps = 0;
   double validation = NAN;
   std::uint64_t validated_at = ~std::uint64_t{0};
@@ -424,6 +433,7 @@ int run(Options& o, const CLI::App& app) {
     }
     const std::uint64_t step = t.optimizer->step_count();
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = cpu_seconds();
     for (std::size_t b = 0; b < static_cast<std::size_t>(o.batch); ++b)
       train_windows.fill(corpus, t.batches.below(train_windows.count()), b, ids, targets);
     const double lr = schedule.at(step);
@@ -437,6 +447,7 @@ int run(Options& o, const CLI::App& app) {
     t.last_loss = r.loss;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     train_seconds += seconds;
+    train_cpu_seconds += cpu_seconds() - cpu_start;
     window_seconds += seconds;
     ++steps_this_run;
     ++window_steps;
@@ -467,9 +478,10 @@ int run(Options& o, const CLI::App& app) {
   const std::uint32_t crc = parameters_crc32(model);
   std::printf(
       "done: %llu steps, train loss %.4f, validation %.4f nats/byte (%.4f bits/byte) vs unigram %.4f nats/byte; "
-      "%.1f s training this run, %.0f tok/s; saved %s after forward, peak %s\n",
+      "%.1f s training this run (CPU %.1f s), %.0f tok/s; saved %s after forward, peak %s\n",
       static_cast<unsigned long long>(steps_done), t.last_loss, validation, validation / std::log(2.0), baseline,
-      train_seconds, tokens_per_second, megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
+      train_seconds, train_cpu_seconds, tokens_per_second, megabytes(saved_bytes).c_str(),
+      megabytes(peak_bytes).c_str());
   std::printf("parameter checksum %.17g (CRC-32 %u)\n", checksum, crc);
   if (o.sample_bytes > 0)
     std::printf("sample (temperature %g, %d bytes after %s):\n%s%s\n", o.temperature, o.sample_bytes,
@@ -481,14 +493,14 @@ int run(Options& o, const CLI::App& app) {
       << ",\"unigram_nats_per_byte\":" << number(baseline)
       << ",\"unigram_bits_per_byte\":" << number(baseline / std::log(2.0))
       << ",\"tokens_per_second\":" << number(tokens_per_second) << ",\"train_seconds\":" << number(train_seconds)
-      << ",\"saved_bytes\":" << saved_bytes << ",\"peak_bytes\":" << peak_bytes
-      << ",\"parameter_checksum\":" << number(checksum) << ",\"parameters_crc32\":" << crc
-      << ",\"parameters\":" << parameter_count << ",\"corpus_bytes\":" << corpus.bytes.size()
-      << ",\"train_bytes\":" << corpus.train.bytes << ",\"val_bytes\":" << corpus.validation.bytes
-      << ",\"layers\":" << o.layers << ",\"width\":" << o.width << ",\"heads\":" << o.heads
-      << ",\"seq_len\":" << o.seq_len << ",\"batch\":" << o.batch << ",\"lr\":" << number(o.lr)
-      << ",\"dropout\":" << number(o.dropout) << ",\"seed\":" << o.seed << ",\"threads\":" << o.threads
-      << ",\"checkpoint\":\"" << o.checkpoint << "\",\"attention\":\"" << o.attention
+      << ",\"train_cpu_seconds\":" << number(train_cpu_seconds) << ",\"saved_bytes\":" << saved_bytes
+      << ",\"peak_bytes\":" << peak_bytes << ",\"parameter_checksum\":" << number(checksum)
+      << ",\"parameters_crc32\":" << crc << ",\"parameters\":" << parameter_count
+      << ",\"corpus_bytes\":" << corpus.bytes.size() << ",\"train_bytes\":" << corpus.train.bytes
+      << ",\"val_bytes\":" << corpus.validation.bytes << ",\"layers\":" << o.layers << ",\"width\":" << o.width
+      << ",\"heads\":" << o.heads << ",\"seq_len\":" << o.seq_len << ",\"batch\":" << o.batch
+      << ",\"lr\":" << number(o.lr) << ",\"dropout\":" << number(o.dropout) << ",\"seed\":" << o.seed
+      << ",\"threads\":" << o.threads << ",\"checkpoint\":\"" << o.checkpoint << "\",\"attention\":\"" << o.attention
       << "\",\"sample\":" << json_string(text) << "}";
     std::printf("%s\n", j.str().c_str());
   }
