@@ -354,6 +354,13 @@ int run(Options& o, const CLI::App& app) {
     resume = std::make_unique<examples::StateReader>(examples::read_state_file(o.state, state_format));
     decode_settings(*resume, o, app);
   }
+  // After the state file's settings: a file written with dropout makes --attention fused an error too.
+  if (o.attention == "fused" && o.dropout > 0) {
+    char given[32];
+    std::snprintf(given, sizeof given, "%g", o.dropout);
+    throw std::invalid_argument(std::string("--attention fused has no dropout (got --dropout ") + given +
+                                "); use --attention unfused or --dropout 0");
+  }
   if (o.width % o.heads != 0)
     throw std::invalid_argument("--width " + std::to_string(o.width) + " is not divisible by --heads " +
                                 std::to_string(o.heads));
@@ -584,13 +591,6 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
-  }
-  if (o.attention == "fused" && o.dropout > 0) {
-    std::fprintf(stderr,
-                 "gpt: error: --attention fused has no dropout (got --dropout %g); use --attention unfused or "
-                 "--dropout 0\n",
-                 o.dropout);
-    return 2;
   }
   try {
     return run(o, app);
