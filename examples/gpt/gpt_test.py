@@ -101,14 +101,15 @@ def case_bad_corpus():
 
 def case_fused_dropout():
     with tempfile.TemporaryDirectory() as tmp:
-        write_corpus(tmp)
-        p = run("--data", tmp, *TINY, "--attention", "fused", "--dropout", 0.1, expect=2)
+        data = os.path.join(tmp, "corpus")
+        write_corpus(data)
+        p = run("--data", data, *TINY, "--attention", "fused", "--dropout", 0.1, expect=2)
         one_error_line(p, ["--attention fused", "dropout"], "fused + dropout")
         check(p.stdout == "", f"fused + dropout trained anyway: {p.stdout[:200]!r}")
         # The dropout may come from a state file instead of the command line.
         state = os.path.join(tmp, "dropout.state")
-        run("--data", tmp, *TINY, "--dropout", 0.1, "--stop-after", 2, "--state", state)
-        one_error_line(run("--data", tmp, "--state", state, "--attention", "fused", expect=2),
+        run("--data", data, *TINY, "--dropout", 0.1, "--stop-after", 2, "--state", state)
+        one_error_line(run("--data", data, "--state", state, "--attention", "fused", expect=2),
                        ["--attention fused", "dropout 0.1"], "fused + a state file with dropout")
 
 
