@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -265,10 +264,29 @@ class Model {
     return x1 + maybe_dropout(remat::linear(h, w.fc_proj_weight, w.fc_proj_bias));
   }
 
+  /// The blocks as checkpoint_sequential's sequence of layers: callables made on demand, so recording
+  /// allocates no std::function (a steady training loop allocates nothing, examples/gpt).
+  struct BlockSequence {
+    const Model* model;
+    const BlockVars* w;
+    std::size_t count;
+    const Options* options;
+    std::size_t size() const { return count; }
+    auto operator[](std::size_t l) const {
+      return [this, l](Var<T> in) { return model->block(w[l], std::move(in), *options); };
+    }
+  };
+
   Var<T> run_blocks(remat::Tape<T>& tape, Var<T> x, const Options& options) {
-    std::vector<BlockVars> w;
-    w.reserve(blocks_.size());
+    std::vector<BlockVars>& w = block_vars_;  // scratch kept for its capacity; emptied before returning
+    w.clear();
     for (Block<T>& b : blocks_) w.push_back(vars(tape, b));
+    x = run_blocks(w, std::move(x), options);
+    w.clear();
+    return x;
+  }
+
+  Var<T> run_blocks(const std::vector<BlockVars>& w, Var<T> x, const Options& options) const {
     Options inner = options;
     switch (options.recompute) {
       case Recompute::none:
@@ -287,8 +305,7 @@ class Model {
         return x;
       case Recompute::sqrt: {
         inner.recompute = Recompute::none;
-        std::vector<std::function<Var<T>(Var<T>)>> layers;
-        for (const BlockVars& bw : w) layers.push_back([&](Var<T> in) { return block(bw, in, inner); });
+        const BlockSequence layers{this, w.data(), w.size(), &inner};
         const int segments = std::max(1, static_cast<int>(std::lround(std::sqrt(static_cast<double>(w.size())))));
         return remat::checkpoint_sequential(layers, segments, x);
       }
@@ -300,7 +317,8 @@ class Model {
   Parameter<T> token_embedding_, position_embedding_;
   std::vector<Block<T>> blocks_;
   Parameter<T> lnf_gain_, lnf_bias_, head_weight_, head_bias_;
-  std::vector<int> positions_;  // scratch, kept for its capacity
+  std::vector<int> positions_;         // scratch, kept for its capacity
+  std::vector<BlockVars> block_vars_;  // scratch of run_blocks, kept for its capacity
 };
 
 }  // namespace gpt

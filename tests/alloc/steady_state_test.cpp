@@ -18,6 +18,9 @@
 
 #include "blas_threads.hpp"
 #include "training_step.hpp"  // examples/mlp
+#ifndef __SANITIZE_ADDRESS__
+#include "gpt/training_step.hpp"  // examples/gpt
+#endif
 #include "w2_model.hpp"
 
 namespace {
@@ -289,5 +292,61 @@ INSTANTIATE_TEST_SUITE_P(Modes, MlpStep,
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
                          });
+
+// ---- (c) the GPT example's training step (examples/gpt/training_step.hpp) ----
+// Optimised build only: instantiating the GPT doubles this file's compile time (18 -> 42 CPU s at -O1),
+// and the test suite has no room for that twice (README: 579 of its 600 s). tests/gpt runs the model
+// itself under the sanitizers.
+#ifndef __SANITIZE_ADDRESS__
+
+/// main.cpp's loop on a small model: random windows of a fixed byte pattern, one tape, every step seeded.
+std::vector<StepRecord> run_gpt(gpt::Recompute recompute, gpt::Attention attention, double dropout) {
+  gpt::Config c;
+  c.width = 16;
+  c.heads = 2;
+  c.seq_len = 8;
+  c.blocks = 4;  // sqrt: 2 segments of 2
+  c.dropout = dropout;
+  remat::nn::Generator init(7), batches(9);
+  gpt::Model<float> model = gpt::Model<float>::random(c, init);
+  const std::vector<remat::Parameter<float>*> parameters = model.parameters();
+  remat::nn::AdamW<float> optimizer({{model.decayed_parameters()}, {model.undecayed_parameters(), 0.0}});
+  remat::Tape<float> tape;
+  const std::size_t tokens = 3 * static_cast<std::size_t>(c.seq_len);
+  std::vector<int> ids(tokens), targets(tokens);
+  std::vector<StepRecord> steps(6);
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    remat_alloc::Count count;
+    for (std::size_t i = 0; i < tokens; ++i) {
+      ids[i] = static_cast<int>(batches.below(256));
+      targets[i] = static_cast<int>(batches.below(256));
+    }
+    const gpt::StepResult r = gpt::training_step(tape, model, parameters, optimizer, ids, targets,
+                                                 {recompute, attention}, s, 1e-3 / static_cast<double>(s + 1), 1.0);
+    steps[s].counts = count.stop();
+    steps[s].after_backward.peak_bytes = r.peak_bytes;
+    tape.clear();
+    steps[s].after_step = tape.memory();
+  }
+  return steps;
+}
+
+class GptStep : public ::testing::TestWithParam<std::tuple<gpt::Recompute, gpt::Attention>> {};
+
+TEST_P(GptStep, AllocatesNothingAfterTheFirstStep) {
+  const auto [recompute, attention] = GetParam();
+  expect_steady(run_gpt(recompute, attention, attention == gpt::Attention::fused ? 0.0 : 0.1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GptStep,
+                         ::testing::Combine(::testing::Values(gpt::Recompute::none, gpt::Recompute::block,
+                                                              gpt::Recompute::attention, gpt::Recompute::dots_no_batch,
+                                                              gpt::Recompute::sqrt),
+                                            ::testing::Values(gpt::Attention::unfused, gpt::Attention::fused)),
+                         [](const auto& info) {
+                           return std::string(gpt::to_string(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) == gpt::Attention::fused ? "_fused" : "_unfused");
+                         });
+#endif  // __SANITIZE_ADDRESS__
 
 }  // namespace

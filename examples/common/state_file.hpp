@@ -1,0 +1,228 @@
+// The training-state files of the examples (examples/mlp, examples/gpt): written atomically, validated
+// completely when read. Each example names its own format (StateFormat: magic and version), so one
+// example's file is never mistaken for another's.
+//
+// Layout (all integers little-endian, floats IEEE-754 little-endian):
+//   header  : magic (8 bytes, e.g. "REMATMLP") | format version u32 | payload length u64 | CRC-32 of the payload u32
+//   payload : a sequence of fields written by StateWriter and read back in the same order by StateReader.
+// A file whose length differs from the header's (truncated or extended) or whose payload's CRC-32
+// (zlib's crc32, ISO 3309) differs is rejected before anything is read from it.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <remat/matrix.hpp>
+
+namespace examples {
+
+/// The state file is unreadable, truncated, altered, of another version, or does not fit the model;
+/// or it cannot be written. what() is one line naming the file.
+class state_error : public std::runtime_error {
+ public:
+  state_error(const std::string& file, const std::string& problem) : std::runtime_error(file + ": " + problem) {}
+};
+
+/// Which kind of state file: its magic number, its format version and what it is called in errors
+/// ("not a <name> state file").
+struct StateFormat {
+  char magic[8];
+  std::uint32_t version;
+  const char* name;
+};
+
+constexpr std::size_t state_header_bytes = 8 + 4 + 8 + 4;
+
+/// Appends fields to a payload.
+class StateWriter {
+ public:
+  void u32(std::uint32_t v) { little_endian(v, 4); }
+  void u64(std::uint64_t v) { little_endian(v, 8); }
+  void f64(double v) {
+    std::uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    u64(bits);
+  }
+  void text(const std::string& s) {
+    u32(static_cast<std::uint32_t>(s.size()));
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+  }
+  /// Shape then the values, row-major.
+  void matrix(const remat::Matrix<float>& m) {
+    u64(static_cast<std::uint64_t>(m.rows()));
+    u64(static_cast<std::uint64_t>(m.cols()));
+    for (remat::Index i = 0; i < m.size(); ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, m.data() + i, 4);
+      u32(bits);
+    }
+  }
+  const std::vector<unsigned char>& bytes() const { return bytes_; }
+
+ private:
+  void little_endian(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) bytes_.push_back(static_cast<unsigned char>(v >> (8 * i)));
+  }
+  std::vector<unsigned char> bytes_;
+};
+
+/// Reads fields back; any read past the end or a shape that differs from the expected throws state_error.
+class StateReader {
+ public:
+  StateReader(std::string path, std::vector<unsigned char> payload)
+      : path_(std::move(path)), bytes_(std::move(payload)) {}
+  std::uint32_t u32() { return static_cast<std::uint32_t>(little_endian(4)); }
+  std::uint64_t u64() { return little_endian(8); }
+  double f64() {
+    const std::uint64_t bits = u64();
+    double v;
+    std::memcpy(&v, &bits, 8);
+    return v;
+  }
+  std::string text() {
+    const std::uint32_t n = u32();
+    need(n, "a string");
+    std::string s(bytes_.begin() + static_cast<std::ptrdiff_t>(at_),
+                  bytes_.begin() + static_cast<std::ptrdiff_t>(at_ + n));
+    at_ += n;
+    return s;
+  }
+  /// Reads a matrix that must be [rows, cols]; `what` names it in errors.
+  void matrix(remat::Matrix<float>& m, remat::Index rows, remat::Index cols, const std::string& what) {
+    const std::uint64_t r = u64(), c = u64();
+    if (r != static_cast<std::uint64_t>(rows) || c != static_cast<std::uint64_t>(cols))
+      throw state_error(path_, what + " is [" + std::to_string(r) + "," + std::to_string(c) +
+                                   "] in the file but the model needs [" + std::to_string(rows) + "," +
+                                   std::to_string(cols) + "]");
+    need(static_cast<std::size_t>(r * c * 4), what);
+    m.resize(rows, cols);
+    for (remat::Index i = 0; i < m.size(); ++i) {
+      const std::uint32_t bits = u32();
+      std::memcpy(m.data() + i, &bits, 4);
+    }
+  }
+  /// Throws unless every byte was read.
+  void expect_end() const {
+    if (at_ != bytes_.size())
+      throw state_error(path_, std::to_string(bytes_.size() - at_) + " unexpected bytes after the last field");
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  void need(std::size_t n, const std::string& what) const {
+    if (n > bytes_.size() - at_) throw state_error(path_, "payload ends inside " + what);
+  }
+  std::uint64_t little_endian(int n) {
+    need(static_cast<std::size_t>(n), "a number");
+    std::uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= std::uint64_t{bytes_[at_ + static_cast<std::size_t>(i)]} << (8 * i);
+    at_ += static_cast<std::size_t>(n);
+    return v;
+  }
+  std::string path_;
+  std::vector<unsigned char> bytes_;
+  std::size_t at_ = 0;
+};
+
+inline std::uint32_t crc32_of(const std::vector<unsigned char>& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const auto chunk = static_cast<uInt>(std::min<std::size_t>(bytes.size() - done, 1u << 30));
+    crc = crc32(crc, bytes.data() + done, chunk);
+    done += chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+/// Writes header + payload to `path` atomically: into a temporary file in the same directory, flushed
+/// and fsync'ed, then renamed over `path` (rename is atomic on POSIX file systems), then the directory
+/// is fsync'ed. A crash leaves either the old file or the new one, never a mixture. Throws state_error.
+inline void write_state_file(const std::string& path, const StateFormat& format,
+                             const std::vector<unsigned char>& payload) {
+  std::vector<unsigned char> bytes(format.magic, format.magic + 8);
+  StateWriter h;
+  h.u32(format.version);
+  h.u64(payload.size());
+  h.u32(crc32_of(payload));
+  bytes.insert(bytes.end(), h.bytes().begin(), h.bytes().end());
+  bytes.insert(bytes.end(), payload.begin(), payload.end());
+
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  std::string temporary = path + ".tmp.XXXXXX";
+  std::vector<char> name(temporary.begin(), temporary.end());
+  name.push_back('\0');
+  const int fd = mkstemp(name.data());
+  if (fd < 0)
+    throw state_error(path, std::string("cannot create a temporary file next to it: ") + std::strerror(errno));
+  temporary.assign(name.data());
+  auto fail = [&](const char* step) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(temporary.c_str());
+    throw state_error(path, std::string(step) + " failed: " + reason + " (the previous file, if any, is unchanged)");
+  };
+  FILE* f = fdopen(fd, "wb");
+  if (!f) {
+    ::close(fd);
+    fail("fdopen");
+  }
+  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  const bool flushed = written && std::fflush(f) == 0;
+  const bool synced = flushed && ::fsync(fileno(f)) == 0;
+  const bool closed = std::fclose(f) == 0;
+  if (!written) fail("write");
+  if (!flushed) fail("fflush");
+  if (!synced) fail("fsync");
+  if (!closed) fail("close");
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) fail("rename");
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);  // makes the rename itself durable; best effort
+    ::close(dir_fd);
+  }
+}
+
+/// Reads and validates a state file: magic, version, length and CRC-32. Returns a reader over the
+/// payload. Throws state_error describing the first problem found.
+inline StateReader read_state_file(const std::string& path, const StateFormat& format) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw state_error(path, std::string("cannot open: ") + std::strerror(errno));
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw state_error(path, "read error");
+  if (bytes.size() < state_header_bytes)
+    throw state_error(path, "truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the " +
+                                std::to_string(state_header_bytes) + "-byte header");
+  if (std::memcmp(bytes.data(), format.magic, 8) != 0)
+    throw state_error(path, std::string("not a ") + format.name + " state file (bad magic number)");
+  StateReader header(path, std::vector<unsigned char>(bytes.begin() + 8, bytes.begin() + state_header_bytes));
+  const std::uint32_t version = header.u32();
+  const std::uint64_t length = header.u64();
+  const std::uint32_t crc = header.u32();
+  if (version != format.version)
+    throw state_error(path, "format version " + std::to_string(version) +
+                                " is not supported (this program reads version " + std::to_string(format.version) +
+                                ")");
+  const std::uint64_t actual = bytes.size() - state_header_bytes;
+  if (actual != length)
+    throw state_error(path, (actual < length ? "truncated: the payload has " : "length mismatch: the payload has ") +
+                                std::to_string(actual) + " bytes but the header says " + std::to_string(length));
+  std::vector<unsigned char> payload(bytes.begin() + state_header_bytes, bytes.end());
+  if (crc32_of(payload) != crc) throw state_error(path, "checksum mismatch: the file was altered or damaged");
+  return StateReader(path, std::move(payload));
+}
+
+}  // namespace examples

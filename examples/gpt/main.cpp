@@ -1,0 +1,604 @@
+// Trains the byte-level GPT of docs/gpt.md (gpt.hpp) on Debian's fortunes corpus with remat, optionally
+// with gradient checkpointing, and samples text from it. See docs/gpt.md §Training for the flags, the
+// measured default run and how to reproduce it.
+#include <zlib.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <remat/nn/adamw.hpp>
+#include <remat/nn/warmup_cosine_schedule.hpp>
+#include <remat/remat.hpp>
+
+#include "../common/state_file.hpp"
+#include "corpus.hpp"
+#include "gpt.hpp"
+#include "training_step.hpp"
+
+#ifdef EIGEN_USE_BLAS
+extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS's own API (cblas.h is not on the path)
+#endif
+
+namespace {
+
+using remat::Var;
+
+/// The command line.
+struct Options {
+  std::string data = "/usr/share/games/fortunes";
+  int layers = 4, width = 128, heads = 4, seq_len = 64, batch = 16;
+  int steps = 1500, warmup = 100;
+  double lr = 3e-3;
+  double dropout = 0;
+  std::uint64_t seed = 42;
+  int threads = 1;
+  std::string checkpoint = "none", attention = "unfused";
+  int log_every = 100, eval_every = 250, eval_batches = 16;
+  int sample_bytes = 300;
+  double temperature = 0.8;
+  std::string prompt;
+  bool json = false;
+  std::string state;
+  int save_every = 100, stop_after = 0;
+};
+
+constexpr double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, clip_norm = 1.0, min_lr_fraction = 0.1;
+
+gpt::Recompute recompute_of(const std::string& s) {
+  for (auto r : {gpt::Recompute::none, gpt::Recompute::block, gpt::Recompute::attention, gpt::Recompute::dots_no_batch,
+                 gpt::Recompute::sqrt})
+    if (s == gpt::to_string(r)) return r;
+  return gpt::Recompute::none;  // unreachable: CLI11 checked the name
+}
+
+/// What a run continues from: the parameters (in the model), the optimizer, and the batch stream.
+struct Training {
+  std::unique_ptr<gpt::Model<float>> model;
+  std::vector<remat::Parameter<float>*> optimized;  ///< the optimizer's order: decayed, then undecayed
+  std::unique_ptr<remat::nn::AdamW<float>> optimizer;
+  remat::nn::Generator batches;  ///< draws the windows of each batch; its state is saved
+  double last_loss = NAN;        ///< the training loss of the last step taken (saved: a resumed run reports it)
+};
+
+gpt::Config config_of(const Options& o) {
+  gpt::Config c;
+  c.vocabulary = 256;
+  c.width = o.width;
+  c.heads = o.heads;
+  c.seq_len = o.seq_len;
+  c.blocks = o.layers;
+  c.dropout = o.dropout;
+  return c;
+}
+
+void make_optimizer(const Options& o, Training& t) {
+  const auto decayed = t.model->decayed_parameters(), undecayed = t.model->undecayed_parameters();
+  t.optimized = decayed;
+  t.optimized.insert(t.optimized.end(), undecayed.begin(), undecayed.end());
+  remat::nn::AdamW<float>::Options a;
+  a.learning_rate = o.lr;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.weight_decay = weight_decay;
+  t.optimizer = std::make_unique<remat::nn::AdamW<float>>(
+      std::vector<remat::nn::ParameterGroup<float>>{{decayed}, {undecayed, 0.0}}, a);
+}
+
+/// The dropout stream of training step `step`: a pure function of the seed and the step, so a resumed run
+/// (and every checkpoint mode, whose replays redraw the same masks) sees the same masks.
+std::uint64_t dropout_seed(std::uint64_t seed, std::uint64_t step) {
+  remat::nn::Generator g(seed ^ 0xd1b54a32d192ed03ULL);
+  g.set_state(g.state() + step * 0x9e3779b97f4a7c15ULL);
+  return g.next();
+}
+
+// ---- training state file (examples/common/state_file.hpp) ----
+
+constexpr examples::StateFormat state_format{{'R', 'E', 'M', 'A', 'T', 'G', 'P', 'T'}, 1, "remat GPT"};
+
+std::vector<unsigned char> encode_state(const Options& o, const gpt::Corpus& corpus, const Training& t) {
+  examples::StateWriter w;
+  w.u64(o.seed);
+  for (int v : {o.layers, o.width, o.heads, o.seq_len, o.batch, o.warmup}) w.u32(static_cast<std::uint32_t>(v));
+  w.u64(static_cast<std::uint64_t>(o.steps));
+  w.f64(o.dropout);
+  w.f64(o.lr);
+  w.u64(corpus.bytes.size());
+  w.u32(corpus.crc32);
+  w.u64(t.optimizer->step_count());
+  w.u64(t.batches.state());
+  w.f64(t.last_loss);
+  w.u32(static_cast<std::uint32_t>(t.optimizer->size()));
+  for (std::size_t k = 0; k < t.optimizer->size(); ++k) {
+    w.matrix(t.optimizer->value(k));
+    w.matrix(t.optimizer->first_moment(k));
+    w.matrix(t.optimizer->second_moment(k));
+  }
+  return w.bytes();
+}
+
+/// Reads the settings at the head of a state file into `o`. The file's settings win; a flag given on the
+/// command line that contradicts them is an error (the run could not continue identically), except
+/// --steps, which extends or shortens the run (the cosine schedule is then recomputed for the new total).
+void decode_settings(examples::StateReader& r, Options& o, const CLI::App& app) {
+  auto text = [](double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  };
+  auto take = [&](const char* flag, auto& option, auto file_value) {
+    using V = std::decay_t<decltype(option)>;
+    const V value = static_cast<V>(file_value);
+    if (app.count(flag) && option != value)
+      throw examples::state_error(r.path(), std::string("was written with ") + flag + " " + text(value) +
+                                                " but the command line gives " + text(option) +
+                                                "; drop the flag to continue with the file's setting");
+    option = value;
+  };
+  take("--seed", o.seed, r.u64());
+  for (auto [flag, option] :
+       {std::pair{"--layers", &o.layers}, std::pair{"--width", &o.width}, std::pair{"--heads", &o.heads},
+        std::pair{"--seq-len", &o.seq_len}, std::pair{"--batch", &o.batch}, std::pair{"--warmup", &o.warmup}})
+    take(flag, *option, r.u32());
+  const auto steps = static_cast<int>(r.u64());
+  if (!app.count("--steps"))
+    o.steps = steps;
+  else if (o.steps != steps)
+    std::printf("note: the run was planned for %d steps, now %d: the cosine schedule is recomputed for %d\n", steps,
+                o.steps, o.steps);
+  take("--dropout", o.dropout, r.f64());
+  take("--lr", o.lr, r.f64());
+}
+
+/// Reads the rest of the file into `t` (made for the file's settings). Everything is read into
+/// temporaries first: a file that fails half-way changes nothing.
+void decode_training(examples::StateReader& r, const gpt::Corpus& corpus, Training& t) {
+  const std::uint64_t bytes = r.u64();
+  const std::uint32_t crc = r.u32();
+  if (bytes != corpus.bytes.size() || crc != corpus.crc32)
+    throw examples::state_error(r.path(), "was written training on a corpus of " + std::to_string(bytes) +
+                                              " bytes (CRC-32 " + std::to_string(crc) + ") but " + corpus.directory +
+                                              " has " + std::to_string(corpus.bytes.size()) + " bytes (CRC-32 " +
+                                              std::to_string(corpus.crc32) + "); check --data");
+  const std::uint64_t steps = r.u64(), batches = r.u64();
+  const double last_loss = r.f64();
+  const std::uint32_t count = r.u32();
+  if (count != t.optimized.size())
+    throw examples::state_error(r.path(), "has " + std::to_string(count) + " parameters but the model has " +
+                                              std::to_string(t.optimized.size()));
+  std::vector<remat::Matrix<float>> values(count), m(count), v(count);
+  for (std::size_t k = 0; k < count; ++k) {
+    const remat::Index rows = t.optimized[k]->rows(), cols = t.optimized[k]->cols();
+    const std::string what = "parameter " + std::to_string(k);
+    r.matrix(values[k], rows, cols, what);
+    r.matrix(m[k], rows, cols, what + " first moment");
+    r.matrix(v[k], rows, cols, what + " second moment");
+  }
+  r.expect_end();
+  for (std::size_t k = 0; k < count; ++k) {
+    t.optimized[k]->mutable_value() = values[k];
+    t.optimizer->first_moment(k) = m[k];
+    t.optimizer->second_moment(k) = v[k];
+  }
+  t.optimizer->step_count() = steps;
+  t.batches.set_state(batches);
+  t.last_loss = last_loss;
+}
+
+// ---- evaluation and sampling ----
+
+/// Mean cross-entropy (nats per byte) over a fixed set of validation windows: eval_batches batches of
+/// B windows spread evenly over the validation split, the same at every evaluation, so the curve
+/// compares like with like. Evaluation mode (no dropout), on its own tape.
+double validation_loss(const Options& o, const gpt::Corpus& corpus, const gpt::Windows& windows,
+                       gpt::Model<float>& model, remat::Tape<float>& tape, std::vector<int>& ids,
+                       std::vector<int>& targets) {
+  const std::size_t n = static_cast<std::size_t>(o.eval_batches) * static_cast<std::size_t>(o.batch);
+  const gpt::Options eval{gpt::Recompute::none,
+                          o.attention == "fused" ? gpt::Attention::fused : gpt::Attention::unfused};
+  double sum = 0;
+  for (int e = 0; e < o.eval_batches; ++e) {
+    for (std::size_t b = 0; b < static_cast<std::size_t>(o.batch); ++b) {
+      const std::size_t i = static_cast<std::size_t>(e) * static_cast<std::size_t>(o.batch) + b;
+      windows.fill(corpus,
+                   static_cast<std::size_t>(static_cast<double>(i) * static_cast<double>(windows.count()) /
+                                            static_cast<double>(n)),
+                   b, ids, targets);
+    }
+    tape.clear();
+    sum += static_cast<double>(model.loss(tape, ids, targets, eval).item());
+  }
+  tape.clear();
+  return sum / o.eval_batches;
+}
+
+/// Continues `context` by `count` bytes: each byte from the logits of the last S bytes (fewer at the
+/// start: the window is padded on the right, which causal attention never looks at), greedy
+/// (remat::argmax_rows) at temperature 0, else drawn from softmax(logits / temperature).
+std::string sample(const Options& o, gpt::Model<float>& model, std::string context, remat::Tape<float>& tape) {
+  remat::nn::Generator g(o.seed ^ 0x2545f4914f6cdd1dULL);
+  const std::size_t S = static_cast<std::size_t>(o.seq_len);
+  const gpt::Options eval{gpt::Recompute::none,
+                          o.attention == "fused" ? gpt::Attention::fused : gpt::Attention::unfused};
+  std::vector<int> ids(S);
+  std::vector<double> p(256);
+  std::string out;
+  for (int n = 0; n < o.sample_bytes; ++n) {
+    const std::size_t used = std::min(S, context.size());
+    std::fill(ids.begin(), ids.end(), 0);
+    for (std::size_t s = 0; s < used; ++s) ids[s] = static_cast<unsigned char>(context[context.size() - used + s]);
+    tape.clear();
+    Var<float> logits = model.logits(tape, ids, eval);
+    const auto row = static_cast<remat::Index>(used - 1);
+    int next;
+    if (o.temperature == 0) {
+      next = remat::argmax_rows(logits)[used - 1];
+    } else {
+      const auto v = logits.value();
+      const float top = v.row(row).maxCoeff();
+      double total = 0;
+      for (int j = 0; j < 256; ++j)
+        total += p[static_cast<std::size_t>(j)] = std::exp((v(row, j) - top) / o.temperature);
+      double u = g.uniform() * total;
+      next = 255;
+      for (int j = 0; j < 256; ++j)
+        if ((u -= p[static_cast<std::size_t>(j)]) < 0) {
+          next = j;
+          break;
+        }
+    }
+    context.push_back(static_cast<char>(next));
+    out.push_back(static_cast<char>(next));
+  }
+  tape.clear();
+  return out;
+}
+
+// ---- output ----
+
+/// CPU time of this process (all threads). On a shared machine the wall time depends on the other
+/// processes; the CPU time of a 1-thread run is what the training costs.
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+std::string megabytes(std::size_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f MB", static_cast<double>(bytes) / 1e6);
+  return s;
+}
+
+std::string number(double v) {  // %.17g: doubles round-trip exactly, so equal text means bitwise equal values
+  char buffer[40];
+  std::snprintf(buffer, sizeof buffer, "%.17g", v);
+  return buffer;
+}
+
+/// A JSON string: valid UTF-8 sequences as they are, any other byte as U+FFFD, controls escaped.
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += static_cast<char>(c);
+      } else if (c < 0x20 || c == 0x7f) {
+        char e[8];
+        std::snprintf(e, sizeof e, "\\u%04x", c);
+        out += e;
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    const std::size_t n = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    bool valid = n > 0 && i + n <= s.size();
+    for (std::size_t k = 1; valid && k < n; ++k) valid = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+    if (valid && n == 3) {  // no overlong forms, no surrogates
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      valid = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0);
+    }
+    if (valid && n == 4) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      valid = !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);
+    }
+    if (valid) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out + "\"";
+}
+
+/// The sum of every parameter's elements, in double, in the contract's order: equal runs print equal
+/// sums; with the CRC-32 of the parameters' bytes it shows bitwise equality.
+double parameter_checksum(gpt::Model<float>& model) {
+  double sum = 0;
+  for (remat::Parameter<float>* p : model.parameters())
+    for (remat::Index i = 0; i < p->value().size(); ++i) sum += static_cast<double>(p->value().data()[i]);
+  return sum;
+}
+
+std::uint32_t parameters_crc32(gpt::Model<float>& model) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (remat::Parameter<float>* p : model.parameters())
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(p->value().data()),
+                static_cast<uInt>(static_cast<std::size_t>(p->value().size()) * sizeof(float)));
+  return static_cast<std::uint32_t>(crc);
+}
+
+int run(Options& o, const CLI::App& app) {
+#ifdef EIGEN_USE_BLAS
+  openblas_set_num_threads(o.threads);
+#endif
+  // The state file's settings come first: they decide the model's shape and the split.
+  std::unique_ptr<examples::StateReader> resume;
+  if (!o.state.empty() && std::filesystem::exists(o.state)) {
+    resume = std::make_unique<examples::StateReader>(examples::read_state_file(o.state, state_format));
+    decode_settings(*resume, o, app);
+  }
+  // After the state file's settings: a file written with dropout makes --attention fused an error too.
+  if (o.attention == "fused" && o.dropout > 0) {
+    char given[32];
+    std::snprintf(given, sizeof given, "%g", o.dropout);
+    throw std::invalid_argument(std::string("--attention fused has no dropout (got --dropout ") + given +
+                                "); use --attention unfused or --dropout 0");
+  }
+  if (o.width % o.heads != 0)
+    throw std::invalid_argument("--width " + std::to_string(o.width) + " is not divisible by --heads " +
+                                std::to_string(o.heads));
+  if (o.steps <= o.warmup)
+    throw std::invalid_argument("--steps " + std::to_string(o.steps) + " must exceed --warmup " +
+                                std::to_string(o.warmup));
+
+  gpt::Corpus corpus = gpt::read_corpus(o.data);
+  gpt::split(corpus, static_cast<std::size_t>(o.seq_len));
+  const gpt::Windows train_windows(corpus.train, static_cast<std::size_t>(o.seq_len));
+  const gpt::Windows validation_windows(corpus.validation, static_cast<std::size_t>(o.seq_len));
+  const double baseline = gpt::unigram_entropy(corpus, corpus.train);
+
+  Training t;
+  if (resume) {
+    t.model = std::make_unique<gpt::Model<float>>(config_of(o));
+    make_optimizer(o, t);
+    decode_training(*resume, corpus, t);
+  } else {
+    remat::nn::Generator init(o.seed);
+    t.model = std::make_unique<gpt::Model<float>>(gpt::Model<float>::random(config_of(o), init));
+    make_optimizer(o, t);
+    t.batches.set_state(o.seed ^ 0x5851f42d4c957f2dULL);
+  }
+  gpt::Model<float>& model = *t.model;
+  const std::vector<remat::Parameter<float>*> parameters = model.parameters();
+  std::size_t parameter_count = 0;
+  for (const remat::Parameter<float>* p : parameters) parameter_count += static_cast<std::size_t>(p->value().size());
+  const remat::nn::WarmupCosineSchedule schedule(o.lr, o.warmup, o.steps, min_lr_fraction * o.lr);
+  const gpt::Options options{recompute_of(o.checkpoint),
+                             o.attention == "fused" ? gpt::Attention::fused : gpt::Attention::unfused};
+
+  std::printf(
+      "GPT L=%d H=%d heads=%d S=%d V=256: %zu parameters; dropout %g, attention %s, checkpoint %s, %d thread%s\n",
+      o.layers, o.width, o.heads, o.seq_len, parameter_count, o.dropout, o.attention.c_str(), o.checkpoint.c_str(),
+      o.threads, o.threads == 1 ? "" : "s");
+  std::printf("corpus %s: %zu files, %zu bytes; train %zu / validation %zu bytes (every 20th block of %zu bytes)\n",
+              corpus.directory.c_str(), corpus.files.size(), corpus.bytes.size(), corpus.train.bytes,
+              corpus.validation.bytes, corpus.block);
+  std::printf("unigram baseline (entropy of the training bytes): %.4f nats/byte (%.4f bits/byte)\n", baseline,
+              baseline / std::log(2.0));
+  std::printf(
+      "AdamW lr %g (warm-up %d steps, cosine to %g at step %d), betas %g/%g, weight decay %g on matrices, clip %g; "
+      "batch %d x %d bytes, seed %llu\n",
+      o.lr, o.warmup, min_lr_fraction * o.lr, o.steps, beta1, beta2, weight_decay, clip_norm, o.batch, o.seq_len,
+      static_cast<unsigned long long>(o.seed));
+  if (resume)
+    std::printf("resumed from %s at step %llu\n", o.state.c_str(),
+                static_cast<unsigned long long>(t.optimizer->step_count()));
+  std::fflush(stdout);
+
+  remat::Tape<float> tape, eval_tape;
+  eval_tape.set_training(false);
+  const std::size_t tokens = static_cast<std::size_t>(o.batch) * static_cast<std::size_t>(o.seq_len);
+  std::vector<int> ids(tokens), targets(tokens);
+  std::size_t saved_bytes = 0, peak_bytes = 0;
+  double train_seconds = 0, train_cpu_seconds = 0, window_seconds = 0;
+  int steps_this_run = 0, window_steps = 0;
+  double validation = NAN;
+  std::uint64_t validated_at = ~std::uint64_t{0};
+  auto evaluate = [&](std::uint64_t step) {
+    validation = validation_loss(o, corpus, validation_windows, model, eval_tape, ids, targets);
+    validated_at = step;
+    std::printf("step %5llu  validation %.4f nats/byte (%.4f bits/byte)\n", static_cast<unsigned long long>(step),
+                validation, validation / std::log(2.0));
+    std::fflush(stdout);
+  };
+  auto save = [&] {
+    if (!o.state.empty()) examples::write_state_file(o.state, state_format, encode_state(o, corpus, t));
+  };
+
+  while (t.optimizer->step_count() < static_cast<std::uint64_t>(o.steps)) {
+    if (o.stop_after > 0 && steps_this_run == o.stop_after) {
+      std::printf("stopping after %d step%s as --stop-after asks; run again with --state to continue\n", o.stop_after,
+                  o.stop_after == 1 ? "" : "s");
+      break;
+    }
+    const std::uint64_t step = t.optimizer->step_count();
+    const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = cpu_seconds();
+    for (std::size_t b = 0; b < static_cast<std::size_t>(o.batch); ++b)
+      train_windows.fill(corpus, t.batches.below(train_windows.count()), b, ids, targets);
+    const double lr = schedule.at(step);
+    const gpt::StepResult r = gpt::training_step(tape, model, parameters, *t.optimizer, ids, targets, options,
+                                                 dropout_seed(o.seed, step), lr, clip_norm);
+    if (!std::isfinite(r.grad_norm))
+      throw std::runtime_error("training diverged at step " + std::to_string(step) + ": the gradient norm is " +
+                               number(r.grad_norm) + " (try a smaller --lr)");
+    saved_bytes = r.saved_bytes;
+    peak_bytes = std::max(peak_bytes, r.peak_bytes);
+    t.last_loss = r.loss;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    train_seconds += seconds;
+    train_cpu_seconds += cpu_seconds() - cpu_start;
+    window_seconds += seconds;
+    ++steps_this_run;
+    ++window_steps;
+    const std::uint64_t done = step + 1;
+    if (o.log_every > 0 && (done % static_cast<std::uint64_t>(o.log_every) == 0 || done == 1 ||
+                            done == static_cast<std::uint64_t>(o.steps))) {
+      std::printf("step %5llu/%d  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  saved %s  peak %s\n",
+                  static_cast<unsigned long long>(done), o.steps, t.last_loss, lr, r.grad_norm,
+                  static_cast<double>(window_steps * tokens) / window_seconds, megabytes(saved_bytes).c_str(),
+                  megabytes(peak_bytes).c_str());
+      std::fflush(stdout);
+      window_seconds = 0;
+      window_steps = 0;
+    }
+    if (o.eval_every > 0 && done % static_cast<std::uint64_t>(o.eval_every) == 0) evaluate(done);
+    if (o.save_every > 0 && done % static_cast<std::uint64_t>(o.save_every) == 0) save();
+  }
+  tape.clear();
+  save();
+  const std::uint64_t steps_done = t.optimizer->step_count();
+  if (validated_at != steps_done) evaluate(steps_done);
+
+  const std::string context = o.prompt.empty() ? std::string("%\n") : o.prompt;
+  const std::string text = o.sample_bytes > 0 ? sample(o, model, context, eval_tape) : std::string();
+  const double tokens_per_second =
+      train_seconds > 0 ? static_cast<double>(static_cast<std::size_t>(steps_this_run) * tokens) / train_seconds : 0.0;
+  const double checksum = parameter_checksum(model);
+  const std::uint32_t crc = parameters_crc32(model);
+  std::printf(
+      "done: %llu steps, train loss %.4f, validation %.4f nats/byte (%.4f bits/byte) vs unigram %.4f nats/byte; "
+      "%.1f s training this run (CPU %.1f s), %.0f tok/s; saved %s after forward, peak %s\n",
+      static_cast<unsigned long long>(steps_done), t.last_loss, validation, validation / std::log(2.0), baseline,
+      train_seconds, train_cpu_seconds, tokens_per_second, megabytes(saved_bytes).c_str(),
+      megabytes(peak_bytes).c_str());
+  std::printf("parameter checksum %.17g (CRC-32 %u)\n", checksum, crc);
+  if (o.sample_bytes > 0)
+    std::printf("sample (temperature %g, %d bytes after %s):\n%s%s\n", o.temperature, o.sample_bytes,
+                o.prompt.empty() ? "\"%\\n\"" : "the prompt", o.prompt.c_str(), text.c_str());
+  if (o.json) {
+    std::ostringstream j;
+    j << "{\"steps\":" << steps_done << ",\"train_loss\":" << number(t.last_loss)
+      << ",\"val_loss\":" << number(validation) << ",\"val_bits_per_byte\":" << number(validation / std::log(2.0))
+      << ",\"unigram_nats_per_byte\":" << number(baseline)
+      << ",\"unigram_bits_per_byte\":" << number(baseline / std::log(2.0))
+      << ",\"tokens_per_second\":" << number(tokens_per_second) << ",\"train_seconds\":" << number(train_seconds)
+      << ",\"train_cpu_seconds\":" << number(train_cpu_seconds) << ",\"saved_bytes\":" << saved_bytes
+      << ",\"peak_bytes\":" << peak_bytes << ",\"parameter_checksum\":" << number(checksum)
+      << ",\"parameters_crc32\":" << crc << ",\"parameters\":" << parameter_count
+      << ",\"corpus_bytes\":" << corpus.bytes.size() << ",\"train_bytes\":" << corpus.train.bytes
+      << ",\"val_bytes\":" << corpus.validation.bytes << ",\"layers\":" << o.layers << ",\"width\":" << o.width
+      << ",\"heads\":" << o.heads << ",\"seq_len\":" << o.seq_len << ",\"batch\":" << o.batch
+      << ",\"lr\":" << number(o.lr) << ",\"dropout\":" << number(o.dropout) << ",\"seed\":" << o.seed
+      << ",\"threads\":" << o.threads << ",\"checkpoint\":\"" << o.checkpoint << "\",\"attention\":\"" << o.attention
+      << "\",\"sample\":" << json_string(text) << "}";
+    std::printf("%s\n", j.str().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "Trains a byte-level GPT (docs/gpt.md) on Debian's fortunes corpus with remat (reverse-mode autodiff with "
+      "gradient checkpointing), reports the validation loss against the unigram baseline, and samples text.",
+      "gpt"};
+  app.add_option("--data", o.data,
+                 "Corpus directory: its regular files not ending in .dat or .u8, sorted by name, concatenated")
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "Transformer blocks L")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--width", o.width, "Model width H")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--heads", o.heads, "Attention heads (must divide --width)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--seq-len", o.seq_len, "Context length S (bytes)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--batch", o.batch, "Sequences per batch B")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--steps", o.steps, "Total optimizer steps (a resumed run continues up to this count)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--lr", o.lr, "Peak AdamW learning rate (betas 0.9/0.95, weight decay 0.1 on the weight matrices)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup, "Linear warm-up steps, then a cosine decay to lr/10 at --steps")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--dropout", o.dropout, "Dropout on attention probabilities and both residual branches")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.99));
+  app.add_option("--seed", o.seed, "Seed of the initialisation, the batches, dropout and sampling")
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "OpenBLAS threads for the matrix products")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--checkpoint", o.checkpoint,
+                 "What backward recomputes: none; block (each block a nothing_saveable region); attention (the "
+                 "attention core, selective); dots_no_batch (each block a dots_with_no_batch_dims_saveable region); "
+                 "sqrt (round(sqrt(L)) segments of blocks)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "block", "attention", "dots_no_batch", "sqrt"}));
+  app.add_option("--attention", o.attention, "unfused (softmax of scores, then values) or fused (no dropout)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"unfused", "fused"}));
+  app.add_option("--log-every", o.log_every, "Print a progress line every N steps (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--eval-every", o.eval_every, "Validation loss every N steps (0 = only at the end)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--eval-batches", o.eval_batches, "Batches of B windows in each validation")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--sample-bytes", o.sample_bytes, "Bytes of text to generate at the end (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--temperature", o.temperature, "Sampling temperature (0 = greedy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--prompt", o.prompt, "Text the sample continues (default: \"%\\n\", the start of a fortune)");
+  app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
+  app.add_option("--state", o.state,
+                 "Training state file: resumed from if it exists, written every --save-every steps and at the end "
+                 "(atomically)");
+  app.add_option("--save-every", o.save_every, "Write --state every N steps (0 = only at the end)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--stop-after", o.stop_after,
+                 "Stop after N steps of this run, as if interrupted (continue with the same --state; 0 = never)")
+      ->check(CLI::Range(0, 1 << 30));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    return run(o, app);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "gpt: error: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt: error: %s\n", e.what());
+  }
+  std::fflush(stdout);
+  return 2;
+}
