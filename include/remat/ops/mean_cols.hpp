@@ -17,8 +17,11 @@ struct MeanColsOp : OpBase {
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    const Index m = c.in_shape(0).rows;
-    if (c.wants_grad(0)) c.add_grad(0, (c.grad_out() / T(m)).replicate(m, 1));
+    if (!c.wants_grad(0)) return;
+    GradTarget<T> d = c.grad_target(0);
+    const auto g = c.grad_out().row(0).array() / T(d.map.rows());
+    // Row by row: replicate() of a quotient would evaluate it into a heap temporary.
+    for (Index i = 0; i < d.map.rows(); ++i) assign_or_add(d.map.row(i).array(), g, d.accumulate);
   }
   static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size() + in[0].cols); }
 };
