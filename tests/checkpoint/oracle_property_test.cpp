@@ -400,4 +400,31 @@ TEST(OracleHandCounted, SingleLayerNothingSaveable) {
       {1024, 0, 0});
 }
 
+TEST(OracleHandCounted, ValueReturnedByAnInnerRegionIsASourceOfTheOuterReplay) {
+  // x a variable [1,4] (16 B). R = save_only_these_names({"t"}) around S = save_anything_except_these_names
+  // ({"t"}): in S, t = checkpoint_name(x, "t") (S drops it, R saves it), u = tanh(t) (S saves it, R drops
+  // it), z = neg(u); S returns t and z, R returns z. q = multiply(x, x) before R; loss = sum(z) + sum(q).
+  // L: t = 0 (returned by S, saved by R), u = 1, z = 0. R's target u (tanh reads its output); u <- t
+  // (L = 0: a source, §2.3). 1 op (tanh), 16 B. Saved: x (16, multiply) + t (16, source) = 32 B.
+  // (The multiply, whose backward runs after R's replay, keeps x alive: a tape that lost t then recomputes
+  // it from x instead of reading freed memory.)
+  const PolicySpec only_t{PolicyKind::only_names, {"t"}, 0};
+  const PolicySpec all_but_t{PolicyKind::anything_except, {"t"}, 0};
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(1, 4, 10);
+  expect_numbers(
+      [&](Recorder<F>& r) {
+        const Value X = r.variable(x);
+        const Value q = r.multiply(X, X);
+        const auto out = r.region(only_t, {X}, 1, [&](const std::vector<Value>& a) {
+          const auto s = r.region(all_but_t, {a[0]}, 2, [&](const std::vector<Value>& b) {
+            const Value t = r.name(b[0], "t");
+            return std::vector<Value>{t, r.neg(r.tanh(t))};
+          });
+          return std::vector<Value>{s[1]};
+        });
+        return r.add(r.sum(out[0]), r.sum(q));
+      },
+      {32, 1, 16});
+}
+
 }  // namespace oracle_property_test
