@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gradcheck.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 
@@ -101,6 +102,28 @@ TEST(ScaledDotProductAttention, EqualsTheUnfusedOpsToRounding) {
       EXPECT_LE((a.dk - b.dk).cwiseAbs().maxCoeff(), 1e-13);
       EXPECT_LE((a.dv - b.dv).cwiseAbs().maxCoeff(), 1e-13);
     }
+}
+
+TEST(ScaledDotProductAttention, GradientWhenQKAndVAreOneValue) {
+  // Self-attention on x itself: two or three inputs are one value, whose gradient buffer each of dq, dk, dv
+  // adds into; the first target taken assigns it, so each block must be written in that order (found by
+  // tests/checkpoint/random_graph_test.cpp, whose attention steps draw k and v among values of q's shape).
+  const Matrix<double> x = remat_test::random_matrix<double>(6, 4, 1), y = remat_test::random_matrix<double>(6, 4, 2);
+  for (int c = 0; c < 4; ++c) {
+    const char* const cases[] = {"q = k = v", "q = v", "k = v", "q = k"};
+    SCOPED_TRACE(cases[c]);
+    const auto result = remat_test::gradcheck(
+        [c](Tape<double>&, const std::vector<Var<double>>& in) {
+          const Var<double>&a = in[0], &b = in[1];
+          const Var<double> out = c == 0   ? remat::scaled_dot_product_attention(a, a, a, 2, 3, true)
+                                  : c == 1 ? remat::scaled_dot_product_attention(a, b, a, 2, 3, false)
+                                  : c == 2 ? remat::scaled_dot_product_attention(b, a, a, 2, 3, true)
+                                           : remat::scaled_dot_product_attention(a, a, b, 2, 3, false);
+          return remat::sum(remat::square(out));
+        },
+        {x, y});
+    EXPECT_TRUE(remat_test::passes(result));
+  }
 }
 
 TEST(ScaledDotProductAttention, SavesItsStatisticsNotTheProbabilitiesAndCountsItsTemporaryInThePeak) {

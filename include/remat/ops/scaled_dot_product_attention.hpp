@@ -95,22 +95,25 @@ struct ScaledDotProductAttentionOp : OpBase {
         scores(q, k, l, p.causal, b, h, prob);
         for (Index i = 0; i < S; ++i) prob.row(i).array() = (prob.row(i).array() - lse(l.block_row(b, h) + i, 0)).exp();
         const auto gb = g.block(b * S, h * d, S, d);
+        // Each block is written in the order the targets were taken (dq, dk, dv): when inputs are one value
+        // (self-attention on x itself), the first target assigns their common buffer and the others add.
+        if (qk) {
+          // dS = P ⊙ (dP − D), dP = dy·vᵀ, D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP).
+          dprob.noalias() = gb * c.in(2).block(b * S, h * d, S, d).transpose();
+          const auto yb = c.out().block(b * S, h * d, S, d);
+          for (Index i = 0; i < S; ++i) {
+            const T D = gb.row(i).dot(yb.row(i));
+            dprob.row(i).array() = prob.row(i).array() * (dprob.row(i).array() - D);
+          }
+          if (c.wants_grad(0))
+            assign_or_add_product(dq.map.block(b * S, h * d, S, d), scale * (dprob * k.block(b * S, h * d, S, d)),
+                                  dq.accumulate);
+          if (c.wants_grad(1))
+            assign_or_add_product(dk.map.block(b * S, h * d, S, d),
+                                  scale * (dprob.transpose() * q.block(b * S, h * d, S, d)), dk.accumulate);
+        }
         if (c.wants_grad(2))
           assign_or_add_product(dv.map.block(b * S, h * d, S, d), prob.transpose() * gb, dv.accumulate);
-        if (!qk) continue;
-        // dS = P ⊙ (dP − D), dP = dy·vᵀ, D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP).
-        dprob.noalias() = gb * c.in(2).block(b * S, h * d, S, d).transpose();
-        const auto yb = c.out().block(b * S, h * d, S, d);
-        for (Index i = 0; i < S; ++i) {
-          const T D = gb.row(i).dot(yb.row(i));
-          dprob.row(i).array() = prob.row(i).array() * (dprob.row(i).array() - D);
-        }
-        if (c.wants_grad(0))
-          assign_or_add_product(dq.map.block(b * S, h * d, S, d), scale * (dprob * k.block(b * S, h * d, S, d)),
-                                dq.accumulate);
-        if (c.wants_grad(1))
-          assign_or_add_product(dk.map.block(b * S, h * d, S, d),
-                                scale * (dprob.transpose() * q.block(b * S, h * d, S, d)), dk.accumulate);
       }
   }
   /// 4·(B·S)·S·H for the two products (scores and values) + 5 per score (mask, exp, normalisation).
