@@ -39,11 +39,18 @@ using remat::Var;
 // Policies, described by the test. The oracle side evaluates them here (checkpointing.md §4), from what the test
 // knows of each op; the tape side gets a callable (the library's policy where it exists).
 
-/// Spec checkpointing.md §4's OpKind, from the op name (the test's own table, not remat's).
-enum class Kind { dot, elementwise, reduction, normalization, loss, random, identity };
+/// Spec checkpointing.md §4's OpKind, from the op name (the test's own table, not remat's; data_movement is
+/// documented in remat/op_info.hpp).
+enum class Kind { dot, elementwise, reduction, normalization, loss, random, identity, data_movement };
 inline Kind kind_of(const std::string& op) {
-  if (op == "matmul" || op == "linear") return Kind::dot;
-  if (op == "sum" || op == "mean" || op == "sum_rows") return Kind::reduction;
+  if (op == "matmul" || op == "linear" || op == "attention_scores" || op == "attention_values" ||
+      op == "scaled_dot_product_attention")
+    return Kind::dot;
+  if (op == "sum" || op == "mean" || op == "sum_rows" || op == "sum_cols" || op == "mean_cols" || op == "max_rows")
+    return Kind::reduction;
+  if (op == "embedding" || op == "slice_cols" || op == "concat_cols" || op == "transpose" || op == "reshape" ||
+      op == "detach")
+    return Kind::data_movement;
   if (op == "softmax" || op == "log_softmax" || op == "layer_norm") return Kind::normalization;
   if (op == "cross_entropy" || op == "mse_loss") return Kind::loss;
   if (op == "dropout") return Kind::random;
@@ -64,15 +71,24 @@ inline Kind kind_of(remat::OpKind k) {
       return Kind::random;
     case remat::OpKind::identity:
       return Kind::identity;
+    case remat::OpKind::data_movement:
+      return Kind::data_movement;
     default:
       return Kind::elementwise;
   }
 }
 
-/// What a policy may look at: name, kind, tag, output shape, bytes.
+/// Whether a dot has batch dimensions (dot_general's sense, checkpointing.md §4): the attention products
+/// are one product per (sequence, head); matmul and linear have none.
+inline bool batch_dims_of(const std::string& op) {
+  return op == "attention_scores" || op == "attention_values" || op == "scaled_dot_product_attention";
+}
+
+/// What a policy may look at: name, kind, batch dimensions, tag, output shape, bytes.
 struct OpView {
   std::string name;
   Kind kind = Kind::elementwise;
+  bool batch_dims = false;
   std::string tag;
   long rows = 0, cols = 0;
   std::size_t bytes = 0;
@@ -80,6 +96,7 @@ struct OpView {
 inline OpView view_of(const OpInfo& op) {
   return {std::string(op.name),
           kind_of(op.kind),
+          op.batch_dims,
           std::string(op.tag),
           static_cast<long>(op.shape.rows),
           static_cast<long>(op.shape.cols),
@@ -166,10 +183,10 @@ bool spec_policy_saves(const PolicySpec& p, const OpView& op, std::mt19937_64& c
       return true;
     case PolicyKind::dots:
       return op.kind == Kind::dot;
-    // Spec checkpointing.md §4: kind == dot && !batch_dims. Every remat op is 2-D, so no dot has batch dimensions
-    // (dot_general's sense); the spec does not say which ops set batch_dims (see the report).
+    // Spec checkpointing.md §4: kind == dot && !batch_dims; the attention products have batch dimensions
+    // (batch_dims_of), so this policy drops them where dots_saveable keeps them.
     case PolicyKind::dots_no_batch_dims:
-      return op.kind == Kind::dot;
+      return op.kind == Kind::dot && !op.batch_dims;
     case PolicyKind::only_names:
       return named && listed(p.names, op.tag);
     case PolicyKind::any_names_but:
@@ -413,7 +430,13 @@ class Recorder {
     n.extra_cols = static_cast<long>(extra.cols);
     n.region = open_.empty() ? -1 : open_.back().region;
     // Spec §2.2: every enclosing region's policy is asked for the op (outermost first).
-    const OpView view{name, kind_of(name), tag, n.rows, n.cols, static_cast<std::size_t>(shape.size()) * sizeof(T)};
+    const OpView view{name,
+                      kind_of(name),
+                      batch_dims_of(name),
+                      tag,
+                      n.rows,
+                      n.cols,
+                      static_cast<std::size_t>(shape.size()) * sizeof(T)};
     for (auto& o : open_) n.saved_by.push_back(spec_policy_saves<T>(o.policy, view, o.calls));
     graph.nodes.push_back(std::move(n));
     return {std::move(v), static_cast<int>(graph.nodes.size()) - 1, shape};
