@@ -3,7 +3,9 @@
 // each graph alone.
 //
 // Property test: the random programs of random_program.hpp (mixed ops with broadcasting, matmul, linear,
-// multi-layer stacks, layer_norm, cross_entropy, softmax, dropout, checkpoint_name; constants, tape
+// multi-layer stacks, layer_norm, cross_entropy, softmax, dropout, checkpoint_name; the transformer ops:
+// transpose, reshape, slice_cols, concat_cols, embedding, sum_cols, mean_cols, max_rows, detach, attention
+// unfused and fused, whose batch dimensions dots_with_no_batch_dims_saveable must not save; constants, tape
 // variables and remat::Parameter leaves, constant (frozen) weights; regions nested up to three deep, several
 // per graph, with every library policy and random custom ones, one or two arguments, one or two outputs).
 // Each graph is recorded on a tape while a Graph description is built next to it (op names, inputs, shapes,
@@ -55,6 +57,7 @@ void PrintTo(const Numbers& n, std::ostream* os) {
 template <class T>
 struct Recording {
   Numbers tape;
+  int batch_dot_decisions = 0;  // Recorder::batch_dot_decisions
   Matrix<T> loss;
   std::vector<Matrix<T>> grads;
   remat_oracle::Graph graph;
@@ -77,6 +80,7 @@ Recording<T> run_program(const Program& program, std::uint64_t tape_seed, bool c
   out.loss = run.loss.var.value();
   out.grads = checkpoint_test::gradients_of(run.differentiable());
   out.graph = std::move(run.rec.graph);
+  out.batch_dot_decisions = run.rec.batch_dot_decisions;
   return out;
 }
 
@@ -85,6 +89,12 @@ Numbers oracle_numbers(const remat_oracle::Result& r) {
 }
 
 constexpr int graph_count = 1200;
+
+/// The ops added with the transformer (the generator must cover each).
+const char* const transformer_ops[] = {
+    "transpose", "reshape",  "slice_cols", "concat_cols",      "embedding",        "sum_cols",
+    "mean_cols", "max_rows", "detach",     "attention_scores", "attention_values", "scaled_dot_product_attention"};
+constexpr int transformer_op_count = sizeof(transformer_ops) / sizeof(transformer_ops[0]);
 
 /// How many detailed reports a failing run prints (REMAT_ORACLE_REPORTS overrides; the rest get one line).
 int report_limit() {
@@ -127,7 +137,8 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
   int differ = 0, reports = 0, threw = 0, gradient_failures = 0;
   const int limit = report_limit();
   Program coverage;
-  int replaying_graphs = 0;
+  int replaying_graphs = 0, batch_dot_decisions = 0;
+  std::vector<int> programs_with(transformer_op_count, 0);  // programs recording each transformer op
   const int only = only_graph();
   for (int i = 0; i < graph_count; ++i) {
     if (only >= 0 && i != only) continue;
@@ -145,6 +156,11 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
       const remat_oracle::Result expected = remat_oracle::compute(ckpt.graph);
       const Numbers oracle = oracle_numbers(expected);
       if (oracle.ops > 0) ++replaying_graphs;
+      batch_dot_decisions += ckpt.batch_dot_decisions;
+      for (int k = 0; k < transformer_op_count; ++k)
+        programs_with[static_cast<std::size_t>(k)] +=
+            std::any_of(ckpt.graph.nodes.begin(), ckpt.graph.nodes.end(),
+                        [&](const remat_oracle::Node& n) { return n.op == transformer_ops[k]; });
 
       bool same_values =
           checkpoint_test::bitwise_equal(plain.loss, ckpt.loss) && plain.grads.size() == ckpt.grads.size();
@@ -183,9 +199,17 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
   for (int k = 0; k < policy_kinds; ++k)
     EXPECT_GT(coverage.policies[static_cast<std::size_t>(k)], graph_count / 20) << k;
   EXPECT_GT(replaying_graphs, graph_count / 3);
+  for (int k = 0; k < transformer_op_count; ++k)
+    EXPECT_GT(programs_with[static_cast<std::size_t>(k)], graph_count / 20) << transformer_ops[k];
+  // Where dots_with_no_batch_dims_saveable and dots_saveable part: a batched product in a region of the former.
+  EXPECT_GT(batch_dot_decisions, graph_count / 10);
   std::cout << "[ coverage ] " << coverage.regions << " regions (" << coverage.stacks << " layer stacks, "
             << coverage.tuple_regions << " with two outputs), " << replaying_graphs << " of " << graph_count
             << " graphs replay; " << differ << " differ from the oracle\n";
+  std::cout << "[ coverage ] programs recording each transformer op:";
+  for (int k = 0; k < transformer_op_count; ++k)
+    std::cout << " " << transformer_ops[k] << " " << programs_with[static_cast<std::size_t>(k)];
+  std::cout << "; " << batch_dot_decisions << " batched dots asked by dots_with_no_batch_dims_saveable\n";
 }
 
 // ---------------------------------------------------------------------------------------------------
