@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -133,7 +134,11 @@ std::size_t check_graph(const Program& program, int index, Request request, bool
           return Executor<double>(program, rec).run(leaves).var;
         },
         inputs, remat_test::GradcheckOptions{1e-6, tape_seed});
-    EXPECT_TRUE(remat_test::passes(result, 1e-6));
+    // The central difference's rounding error is about 2.2e-16 |L| / h = 2.2e-10 |L|: a loss beyond 10^3
+    // (the generator's products of (x²+1)^1.5, layer_norm gains from column sums and squares reach 10^6)
+    // needs a tolerance above it.
+    const double loss = std::abs(static_cast<double>(reference.loss(0, 0)));
+    EXPECT_TRUE(remat_test::passes(result, std::max(1e-6, 1e-9 * loss)));
   }
   return checkpointed.replay_limit;
 }
