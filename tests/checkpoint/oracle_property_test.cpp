@@ -424,6 +424,93 @@ TEST(OracleHandCounted, SingleLayerNothingSaveable) {
       {1024, 0, 0});
 }
 
+/// An attention block in one region: x a constant [4,4] (64 B), W a Parameter [4,4]; h = matmul(x, W),
+/// s = attention_scores(h, h, 2 heads, S = 2) [B·heads·S, S] = [8,2] (64 B), p = softmax(s) [8,2],
+/// y = attention_values(p, h) [4,4] returned; loss = sum(y) outside. Reads (§2.1 and the attention rows):
+/// matmul reads x (W requires grad), not W (x does not); scores read h (twice, both inputs require grad);
+/// softmax reads p; attention_values reads p and h.
+std::function<Value(Recorder<F>&)> attention_block(const Matrix<F>& x, Parameter<F>& w, const PolicySpec& policy) {
+  return [&x, &w, policy](Recorder<F>& r) {
+    Value W = r.parameter(w);
+    const auto out = r.region(policy, {r.constant(x)}, 1, [&](const std::vector<Value>& a) {
+      const Value h = r.matmul(a[0], W);
+      return std::vector<Value>{r.attention_values(r.softmax(r.attention_scores(h, h, 2, 2, false)), h, 2, 2)};
+    });
+    return r.sum(out[0]);
+  };
+}
+
+TEST(OracleHandCounted, AttentionDotsSaveableKeepsTheScores) {
+  // L: h = s = 0 (dots), p = 1, y = 0 (returned). Target p; p <- s (L = 0: source). 1 op (softmax), 64 B.
+  // Saved: x (64) + h (64) + s (64, source) = 192 B.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(attention_block(x, w, dots), {192, 1, 64});
+}
+
+TEST(OracleHandCounted, AttentionDotsWithNoBatchDimsRecomputesTheScores) {
+  // The scores have batch dimensions: L: h = 0 (a dot without), s = p = 1, y = 0. Target p; p <- s (L = 1,
+  // not a target: transient) <- h (L = 0: source). 2 ops (scores, softmax), 128 B. Saved: x + h = 128 B.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(attention_block(x, w, PolicySpec{PolicyKind::dots_no_batch_dims, {}, 0}), {128, 2, 128});
+}
+
+TEST(OracleHandCounted, AttentionNothingSaveable) {
+  // L: h = s = p = 1, y = 0. Targets h (scores, attention_values) and p; h <- x, W (sources); p <- s
+  // (transient) <- h. 3 ops, 192 B. Saved: x (64) = 64 B.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(attention_block(x, w, nothing), {64, 3, 192});
+}
+
+/// Fused: h = matmul(x, W) as above, a = scaled_dot_product_attention(h, h, h, 2 heads, S = 2) [4,4] with
+/// its extra [B·heads·S, 1] = [8,1] (32 B), t = tanh(a) returned. Its backward reads q, k, v (h), its
+/// output and its extra (dq, dk wanted).
+std::function<Value(Recorder<F>&)> fused_block(const Matrix<F>& x, Parameter<F>& w, const PolicySpec& policy) {
+  return [&x, &w, policy](Recorder<F>& r) {
+    Value W = r.parameter(w);
+    const auto out = r.region(policy, {r.constant(x)}, 1, [&](const std::vector<Value>& a) {
+      const Value h = r.matmul(a[0], W);
+      return std::vector<Value>{r.tanh(r.attention(h, h, h, 2, 2, true))};
+    });
+    return r.sum(out[0]);
+  };
+}
+
+TEST(OracleHandCounted, FusedAttentionDotsSaveable) {
+  // Every L = 0. Saved: x (64) + h (64) + a (64) + its extra (32) + t (64, tanh) = 288 B; nothing replays.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(fused_block(x, w, dots), {288, 0, 0});
+}
+
+TEST(OracleHandCounted, FusedAttentionDotsWithNoBatchDims) {
+  // L(a) = 1 (batch dimensions), its extra too. Targets: a and its extra (its own backward reads both);
+  // a <- h (L = 0: source). 1 op, 64 + 32 = 96 B. Saved: x (64) + h (64) + t (64) = 192 B.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(fused_block(x, w, PolicySpec{PolicyKind::dots_no_batch_dims, {}, 0}), {192, 1, 96});
+}
+
+TEST(OracleHandCounted, DetachInNothingSaveableRegion) {
+  // x a variable [4,4] (64 B). One nothing_saveable region: t = tanh(x), d = detach(t), e = exp(d),
+  // y = multiply(x, e) returned; loss = sum(y). d and e require no grad, so exp reads nothing and multiply
+  // reads e (x requires grad) but not x (e does not). tanh's node requires grad (x does), so the spec's
+  // static reads keep its output for its backward although no gradient can reach it through detach.
+  // L: t = d = e = 1, y = 0. Targets t and e; t <- x (source); e <- d (transient) <- t. The region
+  // receives a gradient (y): 3 ops, 192 B. Saved: x (64, source).
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 9);
+  expect_numbers(
+      [&](Recorder<F>& r) {
+        const auto out = r.region(nothing, {r.variable(x)}, 1, [&](const std::vector<Value>& a) {
+          return std::vector<Value>{r.multiply(a[0], r.exp(r.detach(r.tanh(a[0]))))};
+        });
+        return r.sum(out[0]);
+      },
+      {64, 3, 192});
+}
+
 TEST(OracleHandCounted, ValueReturnedByAnInnerRegionIsASourceOfTheOuterReplay) {
   // x a variable [1,4] (16 B). R = save_only_these_names({"t"}) around S = save_anything_except_these_names
   // ({"t"}): in S, t = checkpoint_name(x, "t") (S drops it, R saves it), u = tanh(t) (S saves it, R drops
