@@ -57,8 +57,10 @@ struct Reads {
 
 /// Spec §2.1, the table, row by row. r0, r1, r2: whether input 0, 1, 2 requires grad. Only called
 /// for nodes that require grad ("an op whose node does not require grad reads nothing").
+///
+/// The transformer ops are not in the spec's table; their rows are derived from the derivative each op's
+/// header documents (what that formula needs, not what the op's reads() says), one comment per row.
 inline Reads backward_reads(const std::string& op, bool r0, bool r1, bool r2) {
-  (void)r2;  // no row of the table depends on r2 (linear's and layer_norm's bias)
   Reads r;
   auto is = [&](std::initializer_list<const char*> names) {
     for (const char* n : names)
@@ -93,10 +95,41 @@ inline Reads backward_reads(const std::string& op, bool r0, bool r1, bool r2) {
     r.extra = r0 || r1;
   } else if (is({"cross_entropy"})) {
     r.extra = r0;
+  } else if (is({"embedding", "slice_cols", "concat_cols", "transpose", "reshape", "sum_cols", "mean_cols"})) {
+    // Data movement and column sums: dx is dy scattered by id, placed in its columns, transposed, read as
+    // x's shape or broadcast over the rows; the ids and shapes are attributes, no tensor is read.
+  } else if (is({"detach"})) {
+    // dy/dx = 0 and its node never requires grad (stops_gradient below): never asked, reads nothing.
+  } else if (is({"max_rows"})) {
+    // dx_ij = dy_i if j is the first column with x_ij = y_i, else 0: the indicator compares x with y (as
+    // JAX's reduce_max rule compares operand and answer).
+    r.input[0] = r.output = r0;
+  } else if (is({"attention_scores"})) {
+    // S_bh = q_bh k_bh^T / sqrt(d): dq_bh = dS_bh k_bh / sqrt(d) needs k, dk_bh = dS_bh^T q_bh / sqrt(d)
+    // needs q (the causal mask is a constant pattern, read from no tensor).
+    r.input[0] = r1;
+    r.input[1] = r0;
+  } else if (is({"attention_values"})) {
+    // y_bh = p_bh v_bh: dp_bh = dy_bh v_bh^T needs v, dv_bh = p_bh^T dy_bh needs p.
+    r.input[0] = r1;
+    r.input[1] = r0;
+  } else if (is({"scaled_dot_product_attention"})) {
+    // P = exp(scores(q, k) - lse) with lse the extra: dv = P^T dy needs q, k and the extra; dq and dk
+    // need dS = P * (dy v^T - rowsum(dy * y)), so v and the output too, then dq = dS k / sqrt(d) and
+    // dk = dS^T q / sqrt(d) (k and q, already read).
+    const bool qk = r0 || r1;
+    r.input[0] = r.input[1] = r.extra = qk || r2;
+    r.input[2] = r.output = qk;
   } else {
     throw std::invalid_argument("oracle: op '" + op + "' is not in the spec's table (§2.1)");
   }
   return r;
+}
+
+/// Whether the op's output requires no gradient whatever its inputs (stop_gradient): values computed from
+/// it alone then require none either (detach's header).
+inline bool stops_gradient(const std::string& op) {
+  return op == "detach";
 }
 
 /// The oracle's answer for one region.
@@ -143,7 +176,8 @@ inline Result compute(const Graph& g) {
   auto node = [&](int v) -> const Node& { return g.nodes[static_cast<std::size_t>(v)]; };
   auto is_op = [&](int v) { return node(v).leaf == Leaf::none; };
 
-  // Terms: a node requires grad iff it is a variable (tape variable or Parameter) or some input does.
+  // Terms: a node requires grad iff it is a variable (tape variable or Parameter) or some input does, unless
+  // its op stops the gradient (then no gradient reaches its inputs through it either).
   res.requires_grad.assign(static_cast<std::size_t>(n), false);
   for (int v = 0; v < n; ++v) {
     const Node& x = node(v);
@@ -155,7 +189,8 @@ inline Result compute(const Graph& g) {
     if (x.inputs.empty() || x.inputs.size() > 3) fail("op #" + std::to_string(v) + " has no or more than 3 inputs");
     for (int w : x.inputs) {
       if (w < 0 || w >= v) fail("op #" + std::to_string(v) + " reads a later node");
-      if (res.requires_grad[static_cast<std::size_t>(w)]) res.requires_grad[static_cast<std::size_t>(v)] = true;
+      if (res.requires_grad[static_cast<std::size_t>(w)] && !stops_gradient(x.op))
+        res.requires_grad[static_cast<std::size_t>(v)] = true;
     }
   }
   auto rg = [&](int v) { return static_cast<bool>(res.requires_grad[static_cast<std::size_t>(v)]); };

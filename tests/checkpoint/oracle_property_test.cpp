@@ -3,7 +3,9 @@
 // each graph alone.
 //
 // Property test: the random programs of random_program.hpp (mixed ops with broadcasting, matmul, linear,
-// multi-layer stacks, layer_norm, cross_entropy, softmax, dropout, checkpoint_name; constants, tape
+// multi-layer stacks, layer_norm, cross_entropy, softmax, dropout, checkpoint_name; the transformer ops:
+// transpose, reshape, slice_cols, concat_cols, embedding, sum_cols, mean_cols, max_rows, detach, attention
+// unfused and fused, whose batch dimensions dots_with_no_batch_dims_saveable must not save; constants, tape
 // variables and remat::Parameter leaves, constant (frozen) weights; regions nested up to three deep, several
 // per graph, with every library policy and random custom ones, one or two arguments, one or two outputs).
 // Each graph is recorded on a tape while a Graph description is built next to it (op names, inputs, shapes,
@@ -55,6 +57,7 @@ void PrintTo(const Numbers& n, std::ostream* os) {
 template <class T>
 struct Recording {
   Numbers tape;
+  int batch_dot_decisions = 0;  // Recorder::batch_dot_decisions
   Matrix<T> loss;
   std::vector<Matrix<T>> grads;
   remat_oracle::Graph graph;
@@ -77,6 +80,7 @@ Recording<T> run_program(const Program& program, std::uint64_t tape_seed, bool c
   out.loss = run.loss.var.value();
   out.grads = checkpoint_test::gradients_of(run.differentiable());
   out.graph = std::move(run.rec.graph);
+  out.batch_dot_decisions = run.rec.batch_dot_decisions;
   return out;
 }
 
@@ -85,6 +89,12 @@ Numbers oracle_numbers(const remat_oracle::Result& r) {
 }
 
 constexpr int graph_count = 1200;
+
+/// The ops added with the transformer (the generator must cover each).
+const char* const transformer_ops[] = {
+    "transpose", "reshape",  "slice_cols", "concat_cols",      "embedding",        "sum_cols",
+    "mean_cols", "max_rows", "detach",     "attention_scores", "attention_values", "scaled_dot_product_attention"};
+constexpr int transformer_op_count = sizeof(transformer_ops) / sizeof(transformer_ops[0]);
 
 /// How many detailed reports a failing run prints (REMAT_ORACLE_REPORTS overrides; the rest get one line).
 int report_limit() {
@@ -127,7 +137,8 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
   int differ = 0, reports = 0, threw = 0, gradient_failures = 0;
   const int limit = report_limit();
   Program coverage;
-  int replaying_graphs = 0;
+  int replaying_graphs = 0, batch_dot_decisions = 0;
+  std::vector<int> programs_with(transformer_op_count, 0);  // programs recording each transformer op
   const int only = only_graph();
   for (int i = 0; i < graph_count; ++i) {
     if (only >= 0 && i != only) continue;
@@ -145,6 +156,11 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
       const remat_oracle::Result expected = remat_oracle::compute(ckpt.graph);
       const Numbers oracle = oracle_numbers(expected);
       if (oracle.ops > 0) ++replaying_graphs;
+      batch_dot_decisions += ckpt.batch_dot_decisions;
+      for (int k = 0; k < transformer_op_count; ++k)
+        programs_with[static_cast<std::size_t>(k)] +=
+            std::any_of(ckpt.graph.nodes.begin(), ckpt.graph.nodes.end(),
+                        [&](const remat_oracle::Node& n) { return n.op == transformer_ops[k]; });
 
       bool same_values =
           checkpoint_test::bitwise_equal(plain.loss, ckpt.loss) && plain.grads.size() == ckpt.grads.size();
@@ -183,9 +199,17 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
   for (int k = 0; k < policy_kinds; ++k)
     EXPECT_GT(coverage.policies[static_cast<std::size_t>(k)], graph_count / 20) << k;
   EXPECT_GT(replaying_graphs, graph_count / 3);
+  for (int k = 0; k < transformer_op_count; ++k)
+    EXPECT_GT(programs_with[static_cast<std::size_t>(k)], graph_count / 20) << transformer_ops[k];
+  // Where dots_with_no_batch_dims_saveable and dots_saveable part: a batched product in a region of the former.
+  EXPECT_GT(batch_dot_decisions, graph_count / 10);
   std::cout << "[ coverage ] " << coverage.regions << " regions (" << coverage.stacks << " layer stacks, "
             << coverage.tuple_regions << " with two outputs), " << replaying_graphs << " of " << graph_count
             << " graphs replay; " << differ << " differ from the oracle\n";
+  std::cout << "[ coverage ] programs recording each transformer op:";
+  for (int k = 0; k < transformer_op_count; ++k)
+    std::cout << " " << transformer_ops[k] << " " << programs_with[static_cast<std::size_t>(k)];
+  std::cout << "; " << batch_dot_decisions << " batched dots asked by dots_with_no_batch_dims_saveable\n";
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -398,6 +422,120 @@ TEST(OracleHandCounted, SingleLayerNothingSaveable) {
         return r.sum(out[0]);
       },
       {1024, 0, 0});
+}
+
+/// An attention block in one region: x a constant [4,4] (64 B), W a Parameter [4,4]; h = matmul(x, W),
+/// s = attention_scores(h, h, 2 heads, S = 2) [B·heads·S, S] = [8,2] (64 B), p = softmax(s) [8,2],
+/// y = attention_values(p, h) [4,4] returned; loss = sum(y) outside. Reads (§2.1 and the attention rows):
+/// matmul reads x (W requires grad), not W (x does not); scores read h (twice, both inputs require grad);
+/// softmax reads p; attention_values reads p and h.
+std::function<Value(Recorder<F>&)> attention_block(const Matrix<F>& x, Parameter<F>& w, const PolicySpec& policy) {
+  return [&x, &w, policy](Recorder<F>& r) {
+    Value W = r.parameter(w);
+    const auto out = r.region(policy, {r.constant(x)}, 1, [&](const std::vector<Value>& a) {
+      const Value h = r.matmul(a[0], W);
+      return std::vector<Value>{r.attention_values(r.softmax(r.attention_scores(h, h, 2, 2, false)), h, 2, 2)};
+    });
+    return r.sum(out[0]);
+  };
+}
+
+TEST(OracleHandCounted, AttentionDotsSaveableKeepsTheScores) {
+  // L: h = s = 0 (dots), p = 1, y = 0 (returned). Target p; p <- s (L = 0: source). 1 op (softmax), 64 B.
+  // Saved: x (64) + h (64) + s (64, source) = 192 B.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(attention_block(x, w, dots), {192, 1, 64});
+}
+
+TEST(OracleHandCounted, AttentionDotsWithNoBatchDimsRecomputesTheScores) {
+  // The scores have batch dimensions: L: h = 0 (a dot without), s = p = 1, y = 0. Target p; p <- s (L = 1,
+  // not a target: transient) <- h (L = 0: source). 2 ops (scores, softmax), 128 B. Saved: x + h = 128 B.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(attention_block(x, w, PolicySpec{PolicyKind::dots_no_batch_dims, {}, 0}), {128, 2, 128});
+}
+
+TEST(OracleHandCounted, AttentionNothingSaveable) {
+  // L: h = s = p = 1, y = 0. Targets h (scores, attention_values) and p; h <- x, W (sources); p <- s
+  // (transient) <- h. 3 ops, 192 B. Saved: x (64) = 64 B.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(attention_block(x, w, nothing), {64, 3, 192});
+}
+
+/// Fused: h = matmul(x, W) as above, a = scaled_dot_product_attention(h, h, h, 2 heads, S = 2) [4,4] with
+/// its extra [B·heads·S, 1] = [8,1] (32 B), t = tanh(a) returned. Its backward reads q, k, v (h), its
+/// output and its extra (dq, dk wanted).
+std::function<Value(Recorder<F>&)> fused_block(const Matrix<F>& x, Parameter<F>& w, const PolicySpec& policy) {
+  return [&x, &w, policy](Recorder<F>& r) {
+    Value W = r.parameter(w);
+    const auto out = r.region(policy, {r.constant(x)}, 1, [&](const std::vector<Value>& a) {
+      const Value h = r.matmul(a[0], W);
+      return std::vector<Value>{r.tanh(r.attention(h, h, h, 2, 2, true))};
+    });
+    return r.sum(out[0]);
+  };
+}
+
+TEST(OracleHandCounted, FusedAttentionDotsSaveable) {
+  // Every L = 0. Saved: x (64) + h (64) + a (64) + its extra (32) + t (64, tanh) = 288 B; nothing replays.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(fused_block(x, w, dots), {288, 0, 0});
+}
+
+TEST(OracleHandCounted, FusedAttentionDotsWithNoBatchDims) {
+  // L(a) = 1 (batch dimensions), its extra too. Targets: a and its extra (its own backward reads both);
+  // a <- h (L = 0: source). 1 op, 64 + 32 = 96 B. Saved: x (64) + h (64) + t (64) = 192 B.
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
+  Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
+  expect_numbers(fused_block(x, w, PolicySpec{PolicyKind::dots_no_batch_dims, {}, 0}), {192, 1, 96});
+}
+
+TEST(OracleHandCounted, DetachInNothingSaveableRegion) {
+  // x a variable [4,4] (64 B). One nothing_saveable region: t = tanh(x), d = detach(t), e = exp(d),
+  // y = multiply(x, e) returned; loss = sum(y). d and e require no grad, so exp reads nothing and multiply
+  // reads e (x requires grad) but not x (e does not). tanh's node requires grad (x does), so the spec's
+  // static reads keep its output for its backward although no gradient can reach it through detach.
+  // L: t = d = e = 1, y = 0. Targets t and e; t <- x (source); e <- d (transient) <- t. The region
+  // receives a gradient (y): 3 ops, 192 B. Saved: x (64, source).
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 9);
+  expect_numbers(
+      [&](Recorder<F>& r) {
+        const auto out = r.region(nothing, {r.variable(x)}, 1, [&](const std::vector<Value>& a) {
+          return std::vector<Value>{r.multiply(a[0], r.exp(r.detach(r.tanh(a[0]))))};
+        });
+        return r.sum(out[0]);
+      },
+      {64, 3, 192});
+}
+
+TEST(OracleHandCounted, ValueReturnedByAnInnerRegionIsASourceOfTheOuterReplay) {
+  // x a variable [1,4] (16 B). R = save_only_these_names({"t"}) around S = save_anything_except_these_names
+  // ({"t"}): in S, t = checkpoint_name(x, "t") (S drops it, R saves it), u = tanh(t) (S saves it, R drops
+  // it), z = neg(u); S returns t and z, R returns z. q = multiply(x, x) before R; loss = sum(z) + sum(q).
+  // L: t = 0 (returned by S, saved by R), u = 1, z = 0. R's target u (tanh reads its output); u <- t
+  // (L = 0: a source, §2.3). 1 op (tanh), 16 B. Saved: x (16, multiply) + t (16, source) = 32 B.
+  // (The multiply, whose backward runs after R's replay, keeps x alive: a tape that lost t then recomputes
+  // it from x instead of reading freed memory.)
+  const PolicySpec only_t{PolicyKind::only_names, {"t"}, 0};
+  const PolicySpec all_but_t{PolicyKind::anything_except, {"t"}, 0};
+  const Matrix<F> x = checkpoint_test::random_matrix<F>(1, 4, 10);
+  expect_numbers(
+      [&](Recorder<F>& r) {
+        const Value X = r.variable(x);
+        const Value q = r.multiply(X, X);
+        const auto out = r.region(only_t, {X}, 1, [&](const std::vector<Value>& a) {
+          const auto s = r.region(all_but_t, {a[0]}, 2, [&](const std::vector<Value>& b) {
+            const Value t = r.name(b[0], "t");
+            return std::vector<Value>{t, r.neg(r.tanh(t))};
+          });
+          return std::vector<Value>{s[1]};
+        });
+        return r.add(r.sum(out[0]), r.sum(q));
+      },
+      {32, 1, 16});
 }
 
 }  // namespace oracle_property_test

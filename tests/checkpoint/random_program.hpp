@@ -5,8 +5,10 @@
 //
 // A Program is a list of Steps on a scope of values: mixed ops with broadcasting, matmul, linear,
 // multi-layer stacks, layer_norm, cross_entropy, softmax, dropout, checkpoint_name, constants recorded
-// inside regions; leaves that are constants, tape variables or remat::Parameters; regions nested up to
-// three deep, with every library policy and random custom ones, one or two arguments, one or two outputs.
+// inside regions; the transformer ops (transpose, reshape, slice_cols, concat_cols, embedding, sum_cols,
+// mean_cols, max_rows, detach, attention unfused and fused, causal or not); leaves that are constants, tape
+// variables or remat::Parameters; regions nested up to three deep, with every library policy and random
+// custom ones, one or two arguments, one or two outputs.
 // Generator draws one from a seed; Executor records it on a Recorder; Run records it on a tape of its own.
 #pragma once
 
@@ -39,11 +41,18 @@ using remat::Var;
 // Policies, described by the test. The oracle side evaluates them here (checkpointing.md §4), from what the test
 // knows of each op; the tape side gets a callable (the library's policy where it exists).
 
-/// Spec checkpointing.md §4's OpKind, from the op name (the test's own table, not remat's).
-enum class Kind { dot, elementwise, reduction, normalization, loss, random, identity };
+/// Spec checkpointing.md §4's OpKind, from the op name (the test's own table, not remat's; data_movement is
+/// documented in remat/op_info.hpp).
+enum class Kind { dot, elementwise, reduction, normalization, loss, random, identity, data_movement };
 inline Kind kind_of(const std::string& op) {
-  if (op == "matmul" || op == "linear") return Kind::dot;
-  if (op == "sum" || op == "mean" || op == "sum_rows") return Kind::reduction;
+  if (op == "matmul" || op == "linear" || op == "attention_scores" || op == "attention_values" ||
+      op == "scaled_dot_product_attention")
+    return Kind::dot;
+  if (op == "sum" || op == "mean" || op == "sum_rows" || op == "sum_cols" || op == "mean_cols" || op == "max_rows")
+    return Kind::reduction;
+  if (op == "embedding" || op == "slice_cols" || op == "concat_cols" || op == "transpose" || op == "reshape" ||
+      op == "detach")
+    return Kind::data_movement;
   if (op == "softmax" || op == "log_softmax" || op == "layer_norm") return Kind::normalization;
   if (op == "cross_entropy" || op == "mse_loss") return Kind::loss;
   if (op == "dropout") return Kind::random;
@@ -64,15 +73,24 @@ inline Kind kind_of(remat::OpKind k) {
       return Kind::random;
     case remat::OpKind::identity:
       return Kind::identity;
+    case remat::OpKind::data_movement:
+      return Kind::data_movement;
     default:
       return Kind::elementwise;
   }
 }
 
-/// What a policy may look at: name, kind, tag, output shape, bytes.
+/// Whether a dot has batch dimensions (dot_general's sense, checkpointing.md §4): the attention products
+/// are one product per (sequence, head); matmul and linear have none.
+inline bool batch_dims_of(const std::string& op) {
+  return op == "attention_scores" || op == "attention_values" || op == "scaled_dot_product_attention";
+}
+
+/// What a policy may look at: name, kind, batch dimensions, tag, output shape, bytes.
 struct OpView {
   std::string name;
   Kind kind = Kind::elementwise;
+  bool batch_dims = false;
   std::string tag;
   long rows = 0, cols = 0;
   std::size_t bytes = 0;
@@ -80,6 +98,7 @@ struct OpView {
 inline OpView view_of(const OpInfo& op) {
   return {std::string(op.name),
           kind_of(op.kind),
+          op.batch_dims,
           std::string(op.tag),
           static_cast<long>(op.shape.rows),
           static_cast<long>(op.shape.cols),
@@ -166,10 +185,10 @@ bool spec_policy_saves(const PolicySpec& p, const OpView& op, std::mt19937_64& c
       return true;
     case PolicyKind::dots:
       return op.kind == Kind::dot;
-    // Spec checkpointing.md §4: kind == dot && !batch_dims. Every remat op is 2-D, so no dot has batch dimensions
-    // (dot_general's sense); the spec does not say which ops set batch_dims (see the report).
+    // Spec checkpointing.md §4: kind == dot && !batch_dims; the attention products have batch dimensions
+    // (batch_dims_of), so this policy drops them where dots_saveable keeps them.
     case PolicyKind::dots_no_batch_dims:
-      return op.kind == Kind::dot;
+      return op.kind == Kind::dot && !op.batch_dims;
     case PolicyKind::only_names:
       return named && listed(p.names, op.tag);
     case PolicyKind::any_names_but:
@@ -245,6 +264,20 @@ class Recorder {
 
   remat_oracle::Graph graph;
   int body_calls = 0;  // how many times region bodies ran (with checkpoint: the checkpointed functions)
+  // How often a dots_with_no_batch_dims_saveable region was asked about a dot with batch dimensions (where
+  // it and dots_saveable decide differently): the property test's coverage of that decision.
+  int batch_dot_decisions = 0;
+
+  /// Finite differences of a program with detach (random_graph_test's gradcheck): stop_gradient is
+  /// differentiated as if detach(x) were the constant x has at the point checked, so a run on perturbed
+  /// inputs must see that constant, not x + h. With `frozen` set, a run on variables records each detach
+  /// and keeps its value; a run with `replay` records those values, in order, as constants instead.
+  struct FrozenDetach {
+    std::vector<Matrix<T>> values;
+    std::size_t next = 0;
+    bool replay = false;
+  };
+  FrozenDetach* frozen = nullptr;
 
   Value constant(const Matrix<T>& m) { return leaf(remat_oracle::Leaf::constant, tape_.constant(m)); }
   Value variable(const Matrix<T>& m) { return leaf(remat_oracle::Leaf::variable, tape_.variable(m)); }
@@ -310,6 +343,63 @@ class Recorder {
   }
   Value mse_loss(const Value& a, const Value& b) {
     return op("mse_loss", {&a, &b}, {1, 1}, {}, "", remat::mse_loss(a.var, b.var));
+  }
+  // Data movement and column reductions (layout: docs/gpt.md).
+  Value transpose(const Value& a) {
+    return op("transpose", {&a}, {a.shape.cols, a.shape.rows}, {}, "", remat::transpose(a.var));
+  }
+  Value reshape(const Value& a, Shape to) {
+    return op("reshape", {&a}, to, {}, "", remat::reshape(a.var, to.rows, to.cols));
+  }
+  Value slice_cols(const Value& a, remat::Index begin, remat::Index count) {
+    return op("slice_cols", {&a}, {a.shape.rows, count}, {}, "", remat::slice_cols(a.var, begin, count));
+  }
+  Value embedding(const Value& table, const std::vector<int>& ids) {
+    return op("embedding", {&table}, {static_cast<remat::Index>(ids.size()), table.shape.cols}, {}, "",
+              remat::embedding(table.var, ids));
+  }
+  /// concat_cols of 2 or 3 parts: the header records a balanced tree of two-part concatenations; which
+  /// side of an odd split is larger it does not say, so the left half is the first ⌊k/2⌋ parts, as in
+  /// concat_range (for 3 parts: [a | [b | c]], the inner node first). Only the root's shape can be checked.
+  Value concat_cols(const std::vector<Value>& parts) {
+    std::vector<Var<T>> vars;
+    for (const Value& v : parts) vars.push_back(v.var);
+    Var<T> y = remat::concat_cols(vars);
+    std::function<std::pair<int, Shape>(std::size_t, std::size_t)> tree = [&](std::size_t begin, std::size_t end) {
+      if (end - begin == 1) return std::make_pair(parts[begin].id, parts[begin].shape);
+      const std::size_t middle = begin + (end - begin) / 2;
+      const auto left = tree(begin, middle);
+      const auto right = tree(middle, end);
+      const Shape shape{left.second.rows, left.second.cols + right.second.cols};
+      return std::make_pair(describe_op("concat_cols", {left.first, right.first}, shape, {}, ""), shape);
+    };
+    Shape shape{parts[0].shape.rows, 0};
+    for (const Value& v : parts) shape.cols += v.shape.cols;
+    check_shape("concat_cols", shape, y);
+    return {std::move(y), describe_ ? tree(0, parts.size()).first : -1, shape};
+  }
+  Value sum_cols(const Value& a) { return op("sum_cols", {&a}, {1, a.shape.cols}, {}, "", remat::sum_cols(a.var)); }
+  Value mean_cols(const Value& a) { return op("mean_cols", {&a}, {1, a.shape.cols}, {}, "", remat::mean_cols(a.var)); }
+  Value max_rows(const Value& a) { return op("max_rows", {&a}, {a.shape.rows, 1}, {}, "", remat::max_rows(a.var)); }
+  Value detach(const Value& a) {
+    if (frozen && frozen->replay) return constant(frozen->values.at(frozen->next++));
+    Value y = op("detach", {&a}, a.shape, {}, "", remat::detach(a.var));
+    if (frozen) frozen->values.emplace_back(y.var.value());
+    return y;
+  }
+  // Attention (q, k, v: [B·S, H], heads dividing H, S the sequence length dividing the rows).
+  Value attention_scores(const Value& q, const Value& k, remat::Index heads, remat::Index seq_len, bool causal) {
+    return op("attention_scores", {&q, &k}, {q.shape.rows * heads, seq_len}, {}, "",
+              remat::attention_scores(q.var, k.var, heads, seq_len, causal));
+  }
+  Value attention_values(const Value& p, const Value& v, remat::Index heads, remat::Index seq_len) {
+    return op("attention_values", {&p, &v}, v.shape, {}, "", remat::attention_values(p.var, v.var, heads, seq_len));
+  }
+  /// Fused attention; its extra is the per-row log-sum-exp of the scores, [B·heads·S, 1].
+  Value attention(const Value& q, const Value& k, const Value& v, remat::Index heads, remat::Index seq_len,
+                  bool causal) {
+    return op("scaled_dot_product_attention", {&q, &k, &v}, q.shape, {q.shape.rows * heads, 1}, "",
+              remat::scaled_dot_product_attention(q.var, k.var, v.var, heads, seq_len, causal));
   }
 
   /// A checkpoint region (or, without checkpoint, the body inline). `body` gets the argument Values (the
@@ -397,26 +487,47 @@ class Recorder {
     return {std::move(v), static_cast<int>(graph.nodes.size()) - 1, Shape{n.rows, n.cols}};
   }
 
-  Value op(const char* name, std::initializer_list<const Value*> in, Shape shape, Shape extra, const std::string& tag,
-           Var<T> v) {
+  static void check_shape(const char* name, Shape shape, const Var<T>& v) {
     if (v.shape() != shape)
       ADD_FAILURE() << name << ": the test expected " << remat::to_string(shape) << ", the tape recorded "
                     << remat::to_string(v.shape());
+  }
+
+  Value op(const char* name, std::initializer_list<const Value*> in, Shape shape, Shape extra, const std::string& tag,
+           Var<T> v) {
+    check_shape(name, shape, v);
     if (!describe_) return {std::move(v), -1, shape};
+    std::vector<int> inputs;
+    for (const Value* x : in) inputs.push_back(x->id);
+    return {std::move(v), describe_op(name, std::move(inputs), shape, extra, tag), shape};
+  }
+
+  /// Describes an op node for the oracle (after the tape recorded it); returns its id.
+  int describe_op(const char* name, std::vector<int> inputs, Shape shape, Shape extra, const std::string& tag) {
     remat_oracle::Node n;
     n.op = name;
     n.tag = tag;
-    for (const Value* x : in) n.inputs.push_back(x->id);
+    n.inputs = std::move(inputs);
     n.rows = static_cast<long>(shape.rows);
     n.cols = static_cast<long>(shape.cols);
     n.extra_rows = static_cast<long>(extra.rows);
     n.extra_cols = static_cast<long>(extra.cols);
     n.region = open_.empty() ? -1 : open_.back().region;
     // Spec §2.2: every enclosing region's policy is asked for the op (outermost first).
-    const OpView view{name, kind_of(name), tag, n.rows, n.cols, static_cast<std::size_t>(shape.size()) * sizeof(T)};
-    for (auto& o : open_) n.saved_by.push_back(spec_policy_saves<T>(o.policy, view, o.calls));
+    const OpView view{name,
+                      kind_of(name),
+                      batch_dims_of(name),
+                      tag,
+                      n.rows,
+                      n.cols,
+                      static_cast<std::size_t>(shape.size()) * sizeof(T)};
+    for (auto& o : open_) {
+      n.saved_by.push_back(spec_policy_saves<T>(o.policy, view, o.calls));
+      if (view.kind == Kind::dot && view.batch_dims && o.policy.kind == PolicyKind::dots_no_batch_dims)
+        ++batch_dot_decisions;
+    }
     graph.nodes.push_back(std::move(n));
-    return {std::move(v), static_cast<int>(graph.nodes.size()) - 1, shape};
+    return static_cast<int>(graph.nodes.size()) - 1;
   }
 
   struct Open {
@@ -449,6 +560,16 @@ enum class StepKind {
   name,
   cross_entropy,
   mse_loss,
+  transpose,
+  reshape,  // to [cols, rows] or [1, size]
+  slice_cols,
+  concat,  // concat_cols of 2 or 3 parts (a, b and c) with the same rows
+  embedding,
+  reduce_cols,  // sum_cols or mean_cols
+  max_rows,
+  detach,
+  attention,  // op 0: attention_values(softmax(attention_scores)); 1: the same with dropout on the
+              // probabilities; 2: scaled_dot_product_attention (a = q, b = k, c = v)
   constant,
   region
 };
@@ -457,14 +578,19 @@ constexpr int binary_count = 4;
 
 struct Step {
   StepKind kind = StepKind::unary;
-  int op = 0;                  // which unary / binary / reduction / tag / activation
-  int a = -1, b = -1, c = -1;  // operands (scope indices)
-  Matrix<double> data;         // constant
-  std::vector<int> args;       // region: scope indices passed as arguments (1 or 2)
-  std::vector<Step> body;      // region: its steps
-  std::vector<int> returns;    // region: body-scope indices returned (1 or 2)
-  PolicySpec policy;           // region
-  bool stack = false;          // region: its body is a stack of layers
+  int op = 0;                           // which unary / binary / reduction / tag / activation
+  int a = -1, b = -1, c = -1;           // operands (scope indices)
+  Matrix<double> data;                  // constant
+  Shape to;                             // reshape: the new shape
+  remat::Index begin = 0, count = 0;    // slice_cols: the columns
+  std::vector<int> ids;                 // embedding: the row ids
+  remat::Index heads = 1, seq_len = 1;  // attention
+  bool causal = false;                  // attention
+  std::vector<int> args;                // region: scope indices passed as arguments (1 or 2)
+  std::vector<Step> body;               // region: its steps
+  std::vector<int> returns;             // region: body-scope indices returned (1 or 2)
+  PolicySpec policy;                    // region
+  bool stack = false;                   // region: its body is a stack of layers
   int depth = 0;
 };
 
@@ -631,13 +757,83 @@ class Generator {
     return true;
   }
 
+  /// Divisors of n, one drawn uniformly.
+  remat::Index divisor(remat::Index n) {
+    std::vector<remat::Index> ds;
+    for (remat::Index k = 1; k <= n; ++k)
+      if (n % k == 0) ds.push_back(k);
+    return ds[static_cast<std::size_t>(random_.integer(static_cast<int>(ds.size())))];
+  }
+
+  /// A transformer op on scope value s.a (a, of shape `a`): its output shape, or false when `a` does not
+  /// fit the op drawn (the caller draws again). About a fifth of the ops; attention, which records 3 or 4
+  /// ops, is the most frequent, as it carries the batch-dims decision.
+  bool transformer_op(const std::vector<Shape>& scope, const Shape& a, Step& s, Shape& out) {
+    const double r = random_.uniform();
+    if (r < 0.10) {
+      s.kind = StepKind::transpose;
+      out = {a.cols, a.rows};
+    } else if (r < 0.18) {
+      s.kind = StepKind::reshape;
+      s.to = random_.uniform() < 0.5 ? Shape{a.cols, a.rows} : Shape{1, a.size()};
+      out = s.to;
+    } else if (r < 0.28) {
+      if (a.cols < 2) return false;
+      s.kind = StepKind::slice_cols;
+      s.count = 1 + random_.integer(static_cast<int>(a.cols) - 1);  // a proper part of the columns
+      s.begin = random_.integer(static_cast<int>(a.cols - s.count) + 1);
+      out = {a.rows, s.count};
+    } else if (r < 0.39) {
+      s.kind = StepKind::concat;
+      auto fits = [&](const Shape& b) { return b.rows == a.rows && a.cols + b.cols <= 8; };
+      s.b = find(scope, fits);
+      if (s.b < 0) return false;
+      out = {a.rows, a.cols + scope[static_cast<std::size_t>(s.b)].cols};
+      if (random_.uniform() < 0.5) {
+        s.c = find(scope, [&](const Shape& c) { return c.rows == a.rows && out.cols + c.cols <= 8; });
+        if (s.c >= 0) out.cols += scope[static_cast<std::size_t>(s.c)].cols;
+      }
+    } else if (r < 0.49) {
+      s.kind = StepKind::embedding;  // a is the [V,H] table; ids repeat (the scatter-add accumulates)
+      const int n = 1 + random_.integer(4);
+      for (int i = 0; i < n; ++i) s.ids.push_back(random_.integer(static_cast<int>(a.rows)));
+      out = {n, a.cols};
+    } else if (r < 0.57) {
+      s.kind = StepKind::reduce_cols;
+      s.op = random_.integer(2);
+      out = {1, a.cols};
+    } else if (r < 0.64) {
+      s.kind = StepKind::max_rows;
+      out = {a.rows, 1};
+    } else if (r < 0.72) {
+      // Not in control graphs: what follows a detach requires no gradient, against their premise.
+      if (control_) return false;
+      s.kind = StepKind::detach;
+    } else {
+      // q = a, k and v of a's shape (a itself among them); heads divide the columns, S the rows.
+      s.kind = StepKind::attention;
+      s.op = random_.integer(3);
+      s.b = find(scope, [&](const Shape& b) { return b == a; });
+      s.c = find(scope, [&](const Shape& c) { return c == a; });
+      s.heads = divisor(a.cols);
+      s.seq_len = divisor(a.rows);
+      s.causal = random_.uniform() < 0.5;
+    }
+    return true;
+  }
+
   Step op(std::vector<Shape>& scope) {
     for (;;) {
       Step s;
       s.a = pick(scope);
       const Shape a = scope[static_cast<std::size_t>(s.a)];
-      const double r = random_.uniform();
       Shape out = a;
+      if (random_.uniform() < 0.2) {
+        if (!transformer_op(scope, a, s, out)) continue;
+        scope.push_back(out);
+        return s;
+      }
+      const double r = random_.uniform();
       if (r < 0.30) {
         s.kind = StepKind::unary;
         s.op = random_.integer(unary_count);
@@ -848,6 +1044,29 @@ class Executor {
         return r.cross_entropy(a);
       case StepKind::mse_loss:
         return r.mse_loss(a, at(s.b));
+      case StepKind::transpose:
+        return r.transpose(a);
+      case StepKind::reshape:
+        return r.reshape(a, s.to);
+      case StepKind::slice_cols:
+        return r.slice_cols(a, s.begin, s.count);
+      case StepKind::concat:
+        return s.c >= 0 ? r.concat_cols({a, at(s.b), at(s.c)}) : r.concat_cols({a, at(s.b)});
+      case StepKind::embedding:
+        return r.embedding(a, s.ids);
+      case StepKind::reduce_cols:
+        return s.op == 0 ? r.sum_cols(a) : r.mean_cols(a);
+      case StepKind::max_rows:
+        return r.max_rows(a);
+      case StepKind::detach:
+        return r.detach(a);
+      case StepKind::attention: {
+        if (s.op == 2) return r.attention(a, at(s.b), at(s.c), s.heads, s.seq_len, s.causal);
+        // One step, so the causal scores (−∞ above the diagonal) reach no op but the softmax.
+        Value p = r.softmax(r.attention_scores(a, at(s.b), s.heads, s.seq_len, s.causal));
+        if (s.op == 1) p = r.dropout(p, 0.3);
+        return r.attention_values(p, at(s.c), s.heads, s.seq_len);
+      }
       default:
         break;
     }
@@ -895,12 +1114,50 @@ inline const char* step_name(const Step& s) {
       return "cross_entropy";
     case StepKind::mse_loss:
       return "mse_loss";
+    case StepKind::transpose:
+      return "transpose";
+    case StepKind::reshape:
+      return "reshape";
+    case StepKind::slice_cols:
+      return "slice_cols";
+    case StepKind::concat:
+      return "concat_cols";
+    case StepKind::embedding:
+      return "embedding";
+    case StepKind::reduce_cols:
+      return s.op == 0 ? "sum_cols" : "mean_cols";
+    case StepKind::max_rows:
+      return "max_rows";
+    case StepKind::detach:
+      return "detach";
+    case StepKind::attention:
+      return s.op == 0   ? "attention_values∘softmax∘attention_scores"
+             : s.op == 1 ? "attention_values∘dropout∘softmax∘attention_scores"
+                         : "scaled_dot_product_attention";
     case StepKind::constant:
       return "constant";
     case StepKind::region:
       return "region";
   }
   return "?";
+}
+/// A step's attributes, for the program's text.
+inline std::string step_attributes(const Step& s) {
+  switch (s.kind) {
+    case StepKind::reshape:
+      return " to " + remat::to_string(s.to);
+    case StepKind::slice_cols:
+      return " columns " + std::to_string(s.begin) + "+" + std::to_string(s.count);
+    case StepKind::embedding: {
+      std::string out = " ids";
+      for (int i : s.ids) out += " " + std::to_string(i);
+      return out;
+    }
+    case StepKind::attention:
+      return " heads " + std::to_string(s.heads) + " S " + std::to_string(s.seq_len) + (s.causal ? " causal" : "");
+    default:
+      return "";
+  }
 }
 inline void describe(const std::vector<Step>& steps, int& next, int indent, std::string& out) {
   const std::string pad(static_cast<std::size_t>(indent) * 2 + 2, ' ');
@@ -921,7 +1178,8 @@ inline void describe(const std::vector<Step>& steps, int& next, int indent, std:
     out += "(";
     for (int o : {s.a, s.b, s.c})
       if (o >= 0) out += " v" + std::to_string(o);
-    out += s.kind == StepKind::layer ? " ))\n" : " )\n";
+    out += s.kind == StepKind::layer ? " ))" : " )";
+    out += step_attributes(s) + "\n";
   }
 }
 inline std::string describe(const Program& p) {

@@ -159,6 +159,28 @@ TEST(Attention, CausalTiledGradientsPassTheFiniteDifferenceGradcheck) {
   }
 }
 
+TEST(ScaledDotProductAttention, GradientWhenQKAndVAreOneValue) {
+  // Self-attention on x itself: two or three inputs are one value, whose gradient buffer each of dq, dk, dv
+  // adds into; the first target taken assigns it, so each block must be written in that order (found by
+  // tests/checkpoint/random_graph_test.cpp, whose attention steps draw k and v among values of q's shape).
+  const Matrix<double> x = remat_test::random_matrix<double>(6, 4, 1), y = remat_test::random_matrix<double>(6, 4, 2);
+  for (int c = 0; c < 4; ++c) {
+    const char* const cases[] = {"q = k = v", "q = v", "k = v", "q = k"};
+    SCOPED_TRACE(cases[c]);
+    const auto result = remat_test::gradcheck(
+        [c](Tape<double>&, const std::vector<Var<double>>& in) {
+          const Var<double>&a = in[0], &b = in[1];
+          const Var<double> out = c == 0   ? remat::scaled_dot_product_attention(a, a, a, 2, 3, true)
+                                  : c == 1 ? remat::scaled_dot_product_attention(a, b, a, 2, 3, false)
+                                  : c == 2 ? remat::scaled_dot_product_attention(b, a, a, 2, 3, true)
+                                           : remat::scaled_dot_product_attention(a, a, b, 2, 3, false);
+          return remat::sum(remat::square(out));
+        },
+        {x, y});
+    EXPECT_TRUE(remat_test::passes(result));
+  }
+}
+
 TEST(ScaledDotProductAttention, SavesItsStatisticsNotTheProbabilitiesAndCountsItsTemporaryInThePeak) {
   // B = 2, S = 8, H = 6, 3 heads: q, k, v, y [16,6], statistics [B·heads·S, 1] = [48,1], temporary [16,8].
   Tape<float> tape;

@@ -162,6 +162,7 @@ class Recorder {
       n.drop_mask &= ~bit;  // a region does not drop what it returns
       n.level = static_cast<std::int8_t>(level_of(n.drop_mask));
     }
+    hold_returned_inputs(r);
     finish(r);
     plan_replay(graph_, r, PresentBelowLevel{r.depth}, members_, uses_);
     r.replays = !members_.empty();
@@ -233,9 +234,26 @@ class Recorder {
     const std::size_t outermost = next - static_cast<std::size_t>(graph_.region(graph_.open.front()).begin);
     reserve_at_least(members_, outermost);
     reserve_at_least(uses_, outermost);
+    // Pending holds: commit() adds at most max_inputs; hold_returned_inputs() at most one per node of the
+    // outermost region (a returned value, held once until that region closes).
+    reserve_at_least(graph_.pending, graph_.pending.size() + max_inputs + outermost);
     std::size_t open_nodes = 0;
     for (std::int32_t rid : graph_.open) open_nodes += next - static_cast<std::size_t>(graph_.region(rid).begin);
     reserve_at_least(graph_.region_sources, graph_.region_sources.size() + max_inputs * open_nodes);
+  }
+
+  /// When r (not the outermost region) closes: returning a value lowered its level, to 0 if no enclosing
+  /// region drops it. An op of r that an enclosing region drops read it while it still had r's level, so
+  /// commit() did not hold it, yet that region's replay will read it as a source: hold it now as commit()
+  /// would have (capacity: reserve_for_close). Never throws.
+  void hold_returned_inputs(const Region& r) noexcept {
+    if (r.depth == 1) return;  // no enclosing region
+    for (std::int32_t i = r.begin; i < graph_.size(); ++i) {
+      const Node<T>& n = graph_[i];
+      if (n.is_leaf() || n.level == 0 || n.level >= r.depth) continue;  // replayed by no enclosing region
+      for (int k = 0; k < n.arity; ++k)
+        if (graph_[n.inputs[k]].level == 0) lifetime_.hold_pending(n.inputs[k]);
+    }
   }
 
   /// After a successful forward: what the op's backward will read, and the pending holds. Never throws.

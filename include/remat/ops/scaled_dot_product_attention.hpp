@@ -109,6 +109,37 @@ struct ScaledDotProductAttentionOp : OpBase {
         // P = exp(scores − lse): the forward's probabilities, recomputed.
         auto lse_bh = lse.middleRows(l.block_row(b, h), S);
         probabilities<false>(q_bh, k_bh, l, p.causal, lse_bh, prob);
+        // Each block is written in the order the targets were taken (dq, dk, dv): when inputs are one value
+        // (self-attention on x itself), the first target assigns their common buffer and the others add.
+        if (qk) {
+          // dS = P ⊙ (dP − D) with dP = dy·vᵀ and D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP); zero where P is.
+          const auto v_bh = c.in(2).block(b * S, h * d, S, d);
+          for_each_tile(S, p.causal, [&](Index r0, Index rows) {
+            const Index visible = p.causal ? r0 + rows : S;
+            dscore.block(r0, 0, rows, visible).noalias() =
+                g_bh.middleRows(r0, rows) * v_bh.topRows(visible).transpose();
+          });
+          const auto y_bh = c.out().block(b * S, h * d, S, d);
+          for (Index i = 0; i < S; ++i) {
+            const Index visible = p.causal ? i + 1 : S;
+            const T D = g_bh.row(i).dot(y_bh.row(i));
+            dscore.row(i).head(visible).array() =
+                scale * prob.row(i).head(visible).array() * (dscore.row(i).head(visible).array() - D);
+            dscore.row(i).tail(S - visible).setZero();
+          }
+          // dq = dS·k/√d (scale folded into dS above), dk = dSᵀ·q/√d, by tiles as for dv.
+          for_each_tile(S, p.causal, [&](Index r0, Index rows) {
+            const Index visible = p.causal ? r0 + rows : S;
+            const Index from = p.causal ? r0 : 0;
+            if (c.wants_grad(0))
+              assign_or_add_product(dq.map.block(b * S + r0, h * d, rows, d),
+                                    dscore.block(r0, 0, rows, visible) * k_bh.topRows(visible), dq.accumulate);
+            if (c.wants_grad(1))
+              assign_or_add_product(dk.map.block(b * S + r0, h * d, rows, d),
+                                    dscore.block(from, r0, S - from, rows).transpose() * q_bh.bottomRows(S - from),
+                                    dk.accumulate);
+          });
+        }
         // dv = Pᵀ·dy: rows [c0, c0 + cols) of dv are read by rows [c0, S) of P only (causal).
         if (c.wants_grad(2))
           for_each_tile(S, p.causal, [&](Index c0, Index cols) {
@@ -117,33 +148,6 @@ struct ScaledDotProductAttentionOp : OpBase {
                                   prob.block(from, c0, S - from, cols).transpose() * g_bh.bottomRows(S - from),
                                   dv.accumulate);
           });
-        if (!qk) continue;
-        // dS = P ⊙ (dP − D) with dP = dy·vᵀ and D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP); zero where P is.
-        const auto v_bh = c.in(2).block(b * S, h * d, S, d);
-        for_each_tile(S, p.causal, [&](Index r0, Index rows) {
-          const Index visible = p.causal ? r0 + rows : S;
-          dscore.block(r0, 0, rows, visible).noalias() = g_bh.middleRows(r0, rows) * v_bh.topRows(visible).transpose();
-        });
-        const auto y_bh = c.out().block(b * S, h * d, S, d);
-        for (Index i = 0; i < S; ++i) {
-          const Index visible = p.causal ? i + 1 : S;
-          const T D = g_bh.row(i).dot(y_bh.row(i));
-          dscore.row(i).head(visible).array() =
-              scale * prob.row(i).head(visible).array() * (dscore.row(i).head(visible).array() - D);
-          dscore.row(i).tail(S - visible).setZero();
-        }
-        // dq = dS·k/√d (scale folded into dS above), dk = dSᵀ·q/√d, by tiles as for dv.
-        for_each_tile(S, p.causal, [&](Index r0, Index rows) {
-          const Index visible = p.causal ? r0 + rows : S;
-          const Index from = p.causal ? r0 : 0;
-          if (c.wants_grad(0))
-            assign_or_add_product(dq.map.block(b * S + r0, h * d, rows, d),
-                                  dscore.block(r0, 0, rows, visible) * k_bh.topRows(visible), dq.accumulate);
-          if (c.wants_grad(1))
-            assign_or_add_product(dk.map.block(b * S + r0, h * d, rows, d),
-                                  dscore.block(from, r0, S - from, rows).transpose() * q_bh.bottomRows(S - from),
-                                  dk.accumulate);
-        });
       }
   }
   /// 4·(B·S)·S·H for the two products (scores and values) + 5 per score (mask, exp, normalisation).
