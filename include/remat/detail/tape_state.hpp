@@ -163,7 +163,10 @@ class TapeState {
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
       bool w = sweep_.keep[static_cast<std::size_t>(i)] != 0;
-      for (int k = 0; k < n.arity && !w; ++k) w = sweep_.wanted[static_cast<std::size_t>(n.inputs[k])] != 0;
+      // Only along ops whose output requires a gradient: not into a detach (a stops_gradient op), whose
+      // backward writes nothing, nor past it (the ops there kept no residuals for a backward).
+      for (int k = 0; k < n.arity && !w && n.requires_grad; ++k)
+        w = sweep_.wanted[static_cast<std::size_t>(n.inputs[k])] != 0;
       sweep_.wanted[static_cast<std::size_t>(i)] = w;
     }
     sweep_.run(loss, SweepMode{retain_graph, false});
