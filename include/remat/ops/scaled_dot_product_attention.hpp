@@ -85,9 +85,12 @@ struct ScaledDotProductAttentionOp : OpBase {
     auto dprob = scratch.bottomRows(l.seq_len);
     const Index S = l.seq_len, d = l.head_width;
     const bool qk = c.wants_grad(0) || c.wants_grad(1);
+    // The targets are taken in the order each block writes them (dv, dq, dk): when inputs are one Var
+    // (self-attention sdpa(x, x, x), or k = v), the first target taken assigns and the later ones add, so
+    // in every block the assigning write must come first.
+    GradTarget<T> dv = c.wants_grad(2) ? c.grad_target(2) : GradTarget<T>{c.grad(2), false};
     GradTarget<T> dq = c.wants_grad(0) ? c.grad_target(0) : GradTarget<T>{c.grad(0), false};
     GradTarget<T> dk = c.wants_grad(1) ? c.grad_target(1) : GradTarget<T>{c.grad(1), false};
-    GradTarget<T> dv = c.wants_grad(2) ? c.grad_target(2) : GradTarget<T>{c.grad(2), false};
     const T scale = T(l.scale());
     for (Index b = 0; b < l.batch; ++b)
       for (Index h = 0; h < l.heads; ++h) {
