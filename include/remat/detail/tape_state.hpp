@@ -62,6 +62,8 @@ class TapeState {
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
   }
+  /// Throws what record() would throw for input `id` of `op` (an escaped value, a modified Parameter).
+  void check_input(const char* op, std::int32_t id) const { recorder_.check_input(op, id); }
   /// Index of a name tag (OpInfo::tag) in the tape's store, adding it the first time.
   std::int32_t intern_tag(std::string_view name) { return graph_.intern_tag(name); }
   std::uint64_t random_seed() const { return seed_; }
