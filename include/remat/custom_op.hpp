@@ -22,7 +22,9 @@
 // and is recorded with remat::apply_op<Op>(inputs...), apply_op<Op>(params, inputs...) or
 // apply_op<Op>(OpCall<Op>{params, indices, count, tag}, inputs...) (at most remat::max_inputs inputs,
 // all on one tape). The forward must be deterministic (a replay must reproduce it bitwise) and should
-// not throw; if it does, the op is not recorded. Verify the backward with remat::gradcheck
+// not throw; if it does while it is recorded, the op is not recorded. The backward, and the forward when
+// a checkpoint replay re-runs it, must not throw: the sweep cannot stop halfway, so an exception from them
+// ends the program (std::terminate). Verify the backward with remat::gradcheck
 // (remat/gradcheck.hpp). docs/design.md §4 has a complete example (swiglu).
 #pragma once
 
