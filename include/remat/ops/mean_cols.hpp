@@ -15,10 +15,15 @@ struct MeanColsOp : OpBase {
   static void forward(const ForwardContext<T>& c) {
     c.out().noalias() = c.in(0).colwise().mean();
   }
+  /// Row by row: replicate() of the expression dy / m would evaluate it into a heap temporary first (a
+  /// malloc in the sweep, which must not allocate: a std::bad_alloc there would end the program).
   template <class T>
   static void backward(const BackwardContext<T>& c) {
+    if (!c.wants_grad(0)) return;
     const Index m = c.in_shape(0).rows;
-    if (c.wants_grad(0)) c.add_grad(0, (c.grad_out() / T(m)).replicate(m, 1));
+    const auto g = c.grad_out();
+    GradTarget<T> d = c.grad_target(0);
+    for (Index i = 0; i < m; ++i) assign_or_add(d.map.row(i), g / T(m), d.accumulate);
   }
   static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size() + in[0].cols); }
 };
