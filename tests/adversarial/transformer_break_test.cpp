@@ -1409,6 +1409,56 @@ TEST(TransformerBreakOptimizers, GroupsEmptyDuplicatedOrWithWrongShapedStateChan
   EXPECT_TRUE(same_bits(b.value(), b1));
 }
 
+// Found defect: a Parameter's gradient keeps the size of the value a backward (or mutable_grad) wrote it for;
+// after the value was resized (mutable_value() = a larger matrix), Parameter::grad(), mutable_grad() and so
+// nn::clip_grad_norm mapped the old buffer with the new shape and read (and scaled) past its end (an ASan
+// heap-buffer-overflow), and an optimizer made after the resize read the old buffer as the new value's
+// gradient in step(). backward already refused it ("call zero_grad() after resizing a parameter"). Fixed in
+// include/remat/parameter.hpp (ParameterStorage::check_grad_size in grad_matrix() and copies) and
+// include/remat/nn/optimizer.hpp (step()): shape_error, changing nothing.
+TEST(TransformerBreakOptimizers, AParameterResizedAfterItsGradientWasWrittenThrowsInsteadOfReadingPastIt) {
+  remat::Parameter<float> p(MF::Ones(2, 2)), q(rnd(1, 3, 116));
+  {
+    Tape<float> tape;
+    tape.backward(remat::sum(tape.variable(p)) + remat::sum(tape.variable(q)));
+  }
+  ASSERT_TRUE(p.has_grad());
+  p.mutable_value() = MF::Ones(30, 30);  // resized after its gradient (4 elements) was written
+  const MF q_grad = q.grad();
+  expect_error_naming<remat::shape_error>([&] { p.grad(); }, {"4 elements", "[30,30]", "zero_grad"});
+  expect_error_naming<remat::shape_error>([&] { p.mutable_grad(); }, {"4 elements", "[30,30]"});
+  expect_error_naming<remat::shape_error>(
+      [&] {
+        remat::nn::clip_grad_norm<float>({&q, &p}, 1e-3);
+      },
+      {"4 elements", "[30,30]"});
+  EXPECT_TRUE(same_bits(q.grad(), q_grad));  // nothing scaled
+  expect_error_naming<remat::shape_error>([&] { remat::Parameter<float> copy(p); }, {"4 elements"});
+  remat::nn::AdamW<float> opt({&q, &p});  // made after the resize: the shapes agree, the gradient does not
+  const MF q_value = q.value();
+  expect_error_naming<remat::shape_error>([&] { opt.step(); }, {"nn::AdamW::step", "4 elements", "[30,30]"});
+  EXPECT_TRUE(same_bits(q.value(), q_value));
+  EXPECT_EQ(opt.step_count(), 0u);
+  {  // the tape's variable refuses it too
+    Tape<float> tape;
+    const VF v = tape.variable(p);
+    EXPECT_THROW(v.grad(), remat::shape_error);
+    EXPECT_THROW(tape.backward(remat::sum(v)), remat::shape_error);
+  }
+  // After zero_grad() everything works at the new shape.
+  p.zero_grad();
+  EXPECT_TRUE(p.grad().isZero(0));
+  EXPECT_EQ(p.grad().rows(), 30);
+  opt.step();
+  EXPECT_EQ(opt.step_count(), 1u);
+  {
+    Tape<float> tape;
+    tape.backward(remat::sum(tape.variable(p)));
+  }
+  EXPECT_TRUE(same_bits(p.grad(), MF::Ones(30, 30)));
+  EXPECT_DOUBLE_EQ(remat::nn::clip_grad_norm<float>({&p}, 1e9), 30.0);
+}
+
 TEST(TransformerBreakOptimizers, WarmupCosineScheduleAtItsEdges) {
   const remat::nn::WarmupCosineSchedule one(1e-3, 0, 1, 1e-5);
   EXPECT_DOUBLE_EQ(one.at(0), 1e-3);
