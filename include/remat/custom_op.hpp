@@ -11,6 +11,8 @@
 //                                                 reads_input0..2, reads_output, reads_extra (residuals by need)
 //   static remat::Shape output_shape(const remat::Shape* in, const Params&);    throws remat::shape_error
 //   static remat::Shape extra_shape(const remat::Shape* in, const Params&);     optional extra residual
+//       (apply_op throws shape_error naming the op for an output without a row or column, or an extra or
+//       scratch shape that is neither [0,0], none, nor at least [1,1])
 //   template <class T> static void forward(const remat::ForwardContext<T>& c);  writes c.out() (and c.extra())
 //   template <class T> static void backward(const remat::BackwardContext<T>& c);
 //       for each k with c.wants_grad(k): c.add_grad(k, expression) or writes every element of
@@ -20,7 +22,9 @@
 // and is recorded with remat::apply_op<Op>(inputs...), apply_op<Op>(params, inputs...) or
 // apply_op<Op>(OpCall<Op>{params, indices, count, tag}, inputs...) (at most remat::max_inputs inputs,
 // all on one tape). The forward must be deterministic (a replay must reproduce it bitwise) and should
-// not throw; if it does, the op is not recorded. Verify the backward with remat::gradcheck
+// not throw; if it does while it is recorded, the op is not recorded. The backward, and the forward when
+// a checkpoint replay re-runs it, must not throw: the sweep cannot stop halfway, so an exception from them
+// ends the program (std::terminate). Verify the backward with remat::gradcheck
 // (remat/gradcheck.hpp). docs/design.md §4 has a complete example (swiglu).
 #pragma once
 

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 
+#include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 
 namespace remat {
@@ -40,8 +42,19 @@ struct ParameterStorage {
     grad_size = value.size();
     grad_defined = false;
   }
+  /// Throws shape_error naming `op` if the gradient is defined but not of the value's size: the value was
+  /// resized (mutable_value()) after a backward or mutable_grad() wrote the gradient, which then holds too
+  /// few or too many elements to be read as the value's shape.
+  void check_grad_size(const char* op) const {
+    if (grad_defined && grad_size != value.size())
+      throw shape_error(std::string(op) + ": the Parameter's gradient has " + std::to_string(grad_size) +
+                        " elements but its value is " + to_string(Shape{value.rows(), value.cols()}) +
+                        " (resized after the gradient was written); call zero_grad() after resizing a parameter");
+  }
   /// The gradient as a matrix of the value's shape; zero-filled (still "undefined") if nothing was added.
+  /// Throws shape_error if the value was resized since the gradient was written (check_grad_size).
   Eigen::Map<Matrix<T>> grad_matrix() {
+    check_grad_size("Parameter::grad");
     if (!grad_defined) {
       reserve_grad();
       std::fill(grad, grad + grad_size, T(0));
@@ -49,6 +62,7 @@ struct ParameterStorage {
     return Eigen::Map<Matrix<T>>(grad, value.rows(), value.cols());
   }
   void copy_grad_from(const ParameterStorage& other) {
+    other.check_grad_size("Parameter: copy");
     grad_defined = false;
     if (!other.grad_defined) return;
     reserve_grad();
@@ -147,13 +161,15 @@ class Parameter {
   Index cols() const { return value().cols(); }
 
   /// d loss / d parameter summed over the backward passes since the last zero_grad(), of the value's
-  /// shape (zeros if none). Throws std::bad_alloc.
+  /// shape (zeros if none). Throws std::bad_alloc, and shape_error if the value was resized after the
+  /// gradient was written (call zero_grad() after resizing).
   MatrixView<T> grad() const {
     if (!storage_ || value().size() == 0) return MatrixView<T>(nullptr, rows(), cols());
     auto g = storage_->grad_matrix();
     return MatrixView<T>(g.data(), g.rows(), g.cols());
   }
-  /// Write access to the gradient (e.g. for clipping or to set it by hand); marks it defined.
+  /// Write access to the gradient (e.g. for clipping or to set it by hand); marks it defined. Throws as
+  /// grad().
   Eigen::Map<Matrix<T>> mutable_grad() {
     auto& s = storage();
     auto g = s.grad_matrix();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -70,6 +71,25 @@ inline const OpTable<T> op_table = {Op::name,
                                     &Op::template backward<T>,
                                     &flops_of<Op>};
 
+/// Throws shape_error naming `op` unless its output shape has at least one row and one column (as every
+/// tensor of remat), its extra and temporary shapes too or are [0,0] (none), and no shape has more elements
+/// than an Index holds: a user op's output_shape, extra_shape or scratch_shape must not make the tape
+/// allocate or map a buffer of an empty, negative or overflowing shape.
+inline void check_op_shapes(const char* op, const OpShapes& s) {
+  auto check = [op](const Shape& shape, const char* what, bool may_be_none) {
+    if (may_be_none && shape.rows == 0 && shape.cols == 0) return;
+    if (shape.rows < 1 || shape.cols < 1)
+      throw shape_error(std::string(op) + ": its " + what + " is " + to_string(shape) +
+                        (may_be_none ? "; it needs at least one row and one column, or [0,0] for none"
+                                     : "; every tensor needs at least one row and one column"));
+    if (shape.rows > std::numeric_limits<Index>::max() / shape.cols)
+      throw shape_error(std::string(op) + ": its " + what + " " + to_string(shape) + " has too many elements");
+  };
+  check(s.output, "output_shape", false);
+  check(s.extra, "extra_shape", true);
+  check(s.scratch, "scratch_shape", true);
+}
+
 /// The tape shared by `vars`; throws tape_error naming `op` if a Var is empty, stale, or from another tape.
 template <class T, std::size_t N>
 TapeState<T>* common_tape(const char* op, const Var<T>* const (&vars)[N]) {
@@ -87,7 +107,9 @@ TapeState<T>* common_tape(const char* op, const Var<T>* const (&vars)[N]) {
 }  // namespace detail
 
 /// Checks the inputs, infers the shape (Op::output_shape throws shape_error), records Op and runs its
-/// forward. Throws tape_error for an empty, stale or foreign input, what output_shape throws, and
+/// forward. Throws tape_error for an empty, stale or foreign input, what output_shape throws, shape_error
+/// naming the op for an output shape without a row or a column, an extra or temporary shape that is
+/// neither [0,0] (none) nor at least [1,1], or a shape of more elements than an Index holds, and
 /// std::bad_alloc; the tape is unchanged then.
 template <class Op, class T, class... Rest>
 Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest) {
@@ -101,14 +123,14 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
     shapes[k] = vars[k]->shape();
     ids[k] = vars[k]->id();
   }
-  const Shape out = Op::output_shape(shapes, call.params);
-  const Shape extra = Op::extra_shape(shapes, call.params);
-  const Shape scratch = Op::scratch_shape(shapes, call.params);
+  const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
+                                   Op::scratch_shape(shapes, call.params)};
+  detail::check_op_shapes(Op::name, op_shapes);
   detail::Attributes attributes;
   attributes.set_params(call.params);
   if (!call.tag.empty()) attributes.tag = state->intern_tag(call.tag);
-  const std::int32_t id = state->record(&detail::op_table<Op, T>, ids, static_cast<int>(arity), attributes,
-                                        detail::OpShapes{out, extra, scratch}, call.indices, call.index_count);
+  const std::int32_t id = state->record(&detail::op_table<Op, T>, ids, static_cast<int>(arity), attributes, op_shapes,
+                                        call.indices, call.index_count);
   return Var<T>::adopt(state, id);
 }
 

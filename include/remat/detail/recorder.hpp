@@ -72,10 +72,7 @@ class Recorder {
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     const Shape& shape = shapes.output;
-    for (int k = 0; k < arity; ++k) {
-      check_not_escaped(table->name, inputs[k]);
-      check_parameter_current(graph_, inputs[k], table->name);
-    }
+    for (int k = 0; k < arity; ++k) check_input(table->name, inputs[k]);
     const bool in_region = !graph_.open.empty();
     const std::uint64_t drop_mask = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : 0;
     if (in_region) {
@@ -125,6 +122,15 @@ class Recorder {
     }
     commit(id);
     return id;
+  }
+
+  /// Throws what record() throws for input `id` of an op named `op`, before changing anything: tape_error
+  /// for a value computed inside a checkpointed function that did not return it, stale_value_error for a
+  /// Parameter modified since it was recorded. (For an op of several nodes, such as concat_cols, to check
+  /// every input before recording the first.)
+  void check_input(const char* op, std::int32_t id) const {
+    check_not_escaped(op, id);
+    check_parameter_current(graph_, id, op);
   }
 
   // ---- checkpoint regions ----

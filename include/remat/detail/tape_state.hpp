@@ -62,6 +62,8 @@ class TapeState {
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
   }
+  /// Throws what record() would throw for input `id` of `op` (an escaped value, a modified Parameter).
+  void check_input(const char* op, std::int32_t id) const { recorder_.check_input(op, id); }
   /// Index of a name tag (OpInfo::tag) in the tape's store, adding it the first time.
   std::int32_t intern_tag(std::string_view name) { return graph_.intern_tag(name); }
   std::uint64_t random_seed() const { return seed_; }
@@ -163,7 +165,10 @@ class TapeState {
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
       bool w = sweep_.keep[static_cast<std::size_t>(i)] != 0;
-      for (int k = 0; k < n.arity && !w; ++k) w = sweep_.wanted[static_cast<std::size_t>(n.inputs[k])] != 0;
+      // Only along ops whose output requires a gradient: not into a detach (a stops_gradient op), whose
+      // backward writes nothing, nor past it (the ops there kept no residuals for a backward).
+      for (int k = 0; k < n.arity && !w && n.requires_grad; ++k)
+        w = sweep_.wanted[static_cast<std::size_t>(n.inputs[k])] != 0;
       sweep_.wanted[static_cast<std::size_t>(i)] = w;
     }
     sweep_.run(loss, SweepMode{retain_graph, false});

@@ -26,7 +26,8 @@ namespace remat::nn {
 /// changing nothing; without, returns N and leaves the gradients unchanged, so the caller can skip the step
 /// (torch 1.13 instead multiplies them by the NaN or zero factor, which makes every gradient NaN or zero).
 ///
-/// Throws domain_error, changing nothing, for a null pointer or unless max_norm ≥ 0 (max_norm = +inf
+/// Throws domain_error, changing nothing, for a null pointer, for a parameter listed twice (it would count
+/// twice in N and be scaled twice; the optimizers refuse it too) or unless max_norm ≥ 0 (max_norm = +inf
 /// measures without clipping). Use it between backward and the optimizer's step():
 ///   tape.backward(loss); nn::clip_grad_norm(parameters, 1.0); optimizer.step();
 template <class T>
@@ -35,6 +36,12 @@ double clip_grad_norm(const std::vector<Parameter<T>*>& parameters, double max_n
     throw domain_error("nn::clip_grad_norm: max_norm must be >= 0, got " + detail::number_text(max_norm));
   for (std::size_t k = 0; k < parameters.size(); ++k)
     if (!parameters[k]) throw domain_error("nn::clip_grad_norm: parameter " + std::to_string(k) + " is a null pointer");
+  // A parameter listed twice would count twice in the norm and be scaled twice (as the optimizers, refuse it).
+  for (std::size_t i = 0; i < parameters.size(); ++i)
+    for (std::size_t j = i + 1; j < parameters.size(); ++j)
+      if (parameters[i] == parameters[j])
+        throw domain_error("nn::clip_grad_norm: parameters " + std::to_string(i) + " and " + std::to_string(j) +
+                           " are the same parameter");
   double sum = 0;
   for (Parameter<T>* p : parameters)
     if (p->has_grad()) sum += p->grad().template cast<double>().squaredNorm();

@@ -44,9 +44,13 @@ class Optimizer {
   /// One update from the parameters' own gradients (Parameter::grad(), filled by backward). A parameter
   /// without a gradient since its last zero_grad() is left unchanged (its state too), as in torch.optim;
   /// the step still counts in step_count(). Throws shape_error, before changing anything, if a parameter's
-  /// shape changed since construction or a state matrix (set through the accessors) has another shape.
+  /// shape changed since construction, a state matrix (set through the accessors) has another shape, or a
+  /// parameter's gradient was written before its value was resized (Parameter::zero_grad() clears it).
   void step() {
     check();
+    for (const auto& p : parameters_)  // a gradient of the value before a resize: as many elements as that one
+      if (p->grad_defined && p->grad_size != p->value.size())
+        p->check_grad_size((std::string(Derived::name) + "::step").c_str());
     ++t_;
     for (std::size_t k = 0; k < parameters_.size(); ++k) {
       ParameterStorage<T>& p = *parameters_[k];

@@ -58,6 +58,8 @@ struct AttentionScoresOp : OpBase {
     const T scale = T(l.scale());
     const Index S = l.seq_len, d = l.head_width;
     const bool want_q = c.wants_grad(0), want_k = c.wants_grad(1);
+    // Taken in the order each block writes them (dq, then dk): for attention_scores(x, x) the first
+    // assigns and the second adds, block by block.
     GradTarget<T> dq = want_q ? c.grad_target(0) : GradTarget<T>{c.grad(0), false};
     GradTarget<T> dk = want_k ? c.grad_target(1) : GradTarget<T>{c.grad(1), false};
     for (Index b = 0; b < l.batch; ++b)

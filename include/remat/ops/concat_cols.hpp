@@ -48,10 +48,23 @@ Var<T> concat_range(const std::vector<Var<T>>& parts, std::size_t begin, std::si
 /// [a | b | …]: the parts side by side, in order. Each part: [m, nᵢ] → [m, Σ nᵢ]; each part's gradient is
 /// its columns of dy. Records ⌈log₂ k⌉ levels of two-part concatenations for k parts (intermediates no
 /// backward reads are freed at once); one part is returned as it is. Throws shape_error for no parts or
-/// parts with different numbers of rows, tape_error for parts of different tapes.
+/// parts with different numbers of rows, tape_error for an empty or stale part, parts of different tapes
+/// or a part computed inside a checkpointed function that did not return it, stale_value_error for a
+/// modified Parameter: all before recording anything, so the tape is unchanged then.
 template <class T>
 Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   if (parts.empty()) throw shape_error("concat_cols: no parts; pass at least one");
+  // Every check the two-part records would make, made first: a bad part must not leave the partial
+  // concatenations recorded before it on the tape.
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const detail::Node<T>& n = parts[i].node("concat_cols");
+    if (parts[i].state() != parts[0].state())
+      throw tape_error("concat_cols: part " + std::to_string(i) + " belongs to another tape than part 0");
+    if (n.shape.rows != parts[0].rows())
+      throw shape_error("concat_cols: part " + std::to_string(i) + " is " + to_string(n.shape) + " but part 0 is " +
+                        to_string(parts[0].shape()) + "; every part needs the same number of rows");
+    parts[i].state()->check_input("concat_cols", parts[i].id());
+  }
   return detail::concat_range(parts, 0, parts.size());
 }
 

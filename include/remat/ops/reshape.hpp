@@ -16,7 +16,8 @@ struct ReshapeOp : OpBase {
   };
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) {
-    if (p.rows <= 0 || p.cols <= 0 || p.rows * p.cols != in[0].size())
+    // By division: rows · cols may overflow (and wrap to m·n).
+    if (p.rows <= 0 || p.cols <= 0 || in[0].size() % p.rows != 0 || in[0].size() / p.rows != p.cols)
       throw shape_error("reshape: x " + to_string(in[0]) + " has " + std::to_string(in[0].size()) +
                         " elements; it cannot be read as " + to_string(Shape{p.rows, p.cols}));
     return {p.rows, p.cols};

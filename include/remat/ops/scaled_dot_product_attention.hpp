@@ -98,6 +98,9 @@ struct ScaledDotProductAttentionOp : OpBase {
     auto dscore = scratch.bottomRows(l.seq_len);
     const Index S = l.seq_len, d = l.head_width;
     const bool qk = c.wants_grad(0) || c.wants_grad(1);
+    // The targets are taken in the order each block writes them (dq, dk, dv): when inputs are one Var
+    // (self-attention sdpa(x, x, x), or k = v), the first target taken assigns and the later ones add, so
+    // in every block the assigning write must come first.
     GradTarget<T> dq = c.wants_grad(0) ? c.grad_target(0) : GradTarget<T>{c.grad(0), false};
     GradTarget<T> dk = c.wants_grad(1) ? c.grad_target(1) : GradTarget<T>{c.grad(1), false};
     GradTarget<T> dv = c.wants_grad(2) ? c.grad_target(2) : GradTarget<T>{c.grad(2), false};
@@ -109,8 +112,6 @@ struct ScaledDotProductAttentionOp : OpBase {
         // P = exp(scores − lse): the forward's probabilities, recomputed.
         auto lse_bh = lse.middleRows(l.block_row(b, h), S);
         probabilities<false>(q_bh, k_bh, l, p.causal, lse_bh, prob);
-        // Each block is written in the order the targets were taken (dq, dk, dv): when inputs are one value
-        // (self-attention on x itself), the first target assigns their common buffer and the others add.
         if (qk) {
           // dS = P ⊙ (dP − D) with dP = dy·vᵀ and D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP); zero where P is.
           const auto v_bh = c.in(2).block(b * S, h * d, S, d);

@@ -16,10 +16,16 @@ struct SliceColsOp : OpBase {
   };
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) {
-    if (p.begin < 0 || p.count <= 0 || p.begin + p.count > in[0].cols)
-      throw shape_error("slice_cols: columns [" + std::to_string(p.begin) + ", " + std::to_string(p.begin + p.count) +
-                        ") of x " + to_string(in[0]) +
+    // begin > cols − count, not begin + count > cols: the sum may overflow (count ≥ 1 here, so the
+    // difference cannot).
+    if (p.begin < 0 || p.count <= 0 || p.begin > in[0].cols - p.count) {
+      Index end = 0;
+      const std::string last = __builtin_add_overflow(p.begin, p.count, &end)
+                                   ? std::to_string(p.begin) + " + " + std::to_string(p.count)
+                                   : std::to_string(end);
+      throw shape_error("slice_cols: columns [" + std::to_string(p.begin) + ", " + last + ") of x " + to_string(in[0]) +
                         "; need 0 <= begin, count >= 1 and begin + count <= " + std::to_string(in[0].cols));
+    }
     return {in[0].rows, p.count};
   }
   template <class T>
