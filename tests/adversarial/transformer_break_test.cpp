@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "gpt/gpt.hpp"
 #include "random.hpp"
 #include "remat/nn/adamw.hpp"
@@ -68,18 +69,7 @@ std::string describe(const remat::MemoryStats& m) {
   return s.str();
 }
 
-template <class E, class F>
-void expect_error_naming(F f, const std::vector<std::string>& words) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const E& e) {
-    for (const auto& w : words)
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << "'" << e.what() << "' lacks '" << w << "'";
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
+using remat_test::expect_error_naming;
 
 ::testing::AssertionResult passes(const remat::GradcheckResult& r, double tolerance = 1e-6) {
   if (r.checked > 0 && r.max_error <= tolerance) return ::testing::AssertionSuccess();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "gradcheck.hpp"
 #include "op_list.hpp"
 #include "random.hpp"
@@ -19,16 +20,7 @@ using remat::Shape;
 using remat::Tape;
 using remat::Var;
 
-template <class E, class F>
-void expect_error_naming(F f, const std::vector<std::string>& words) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const E& e) {
-    for (const auto& w : words)
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what() << " lacks " << w;
-  }
-}
+using remat_test::expect_error_naming;
 
 Matrix<float> random(Shape s, std::uint64_t seed) {
   return remat_test::random_matrix<float>(s, seed, remat_test::Domain{-1, 1, 0});
