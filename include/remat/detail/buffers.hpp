@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <new>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "remat/matrix.hpp"
@@ -225,6 +226,33 @@ class Buffers {
       throw;
     }
     return r;
+  }
+
+  /// Makes the free lists hold a buffer for every one of `outputs[0 … n)` at once (the values of an op
+  /// recorded as several nodes, such as concat_cols of k parts), so that none of those records can miss.
+  /// All or nothing: throws std::bad_alloc with the pool as it was. The buffers stay cached once used.
+  void make_room(const Shape* outputs, std::size_t n) {
+    std::vector<std::pair<std::size_t, std::size_t>> wanted;  // (elements, buffers)
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto count = static_cast<std::size_t>(outputs[i].size());
+      auto it = std::find_if(wanted.begin(), wanted.end(), [count](const auto& w) { return w.first == count; });
+      if (it == wanted.end())
+        wanted.emplace_back(count, 1);
+      else
+        ++it->second;
+    }
+    std::size_t done = 0;
+    std::vector<std::size_t> added(wanted.size(), 0);
+    try {
+      for (; done < wanted.size(); ++done) {
+        const std::size_t have = pool_.available(wanted[done].first);
+        added[done] = wanted[done].second > have ? wanted[done].second - have : 0;
+        pool_.reserve(wanted[done].first, added[done]);  // all or nothing
+      }
+    } catch (...) {
+      for (std::size_t i = 0; i < done; ++i) pool_.discard(wanted[i].first, added[i]);
+      throw;
+    }
   }
 
   /// Undoes make_room() once the buffers allocated since have been freed again: the pool, and so

@@ -124,6 +124,19 @@ class Recorder {
     return id;
   }
 
+  /// Before an op recorded as `n` nodes (concat_cols of k parts, a tree of two-input records) whose outputs
+  /// have the shapes `outputs[0 … n)` and no extra or temporary: room for all of them (nodes, buffers, and
+  /// inside regions what closing them needs), so that those records fail only if a policy or a forward
+  /// throws. Throws std::bad_alloc with the tape's figures as they were (vector capacities may have grown).
+  void reserve_records(const Shape* outputs, std::size_t n) {
+    reserve_at_least(graph_.nodes, graph_.nodes.size() + n);
+    if (!graph_.open.empty()) {
+      reserve_for_close(n);
+      reserve_at_least(graph_.pending, graph_.pending.size() + (max_inputs + 1) * n);
+    }
+    buffers_.make_room(outputs, n);
+  }
+
   /// Throws what record() throws for input `id` of an op named `op`, before changing anything: tape_error
   /// for a value computed inside a checkpointed function that did not return it, stale_value_error for a
   /// Parameter modified since it was recorded. (For an op of several nodes, such as concat_cols, to check
@@ -232,17 +245,17 @@ class Recorder {
     if (n > v.capacity()) v.reserve(std::max(n, 2 * v.capacity()));
   }
 
-  /// Inside open regions, before a node is added: room for everything closing them will need once it is
-  /// recorded (close_region's scratch and each region's replay sources, at most max_inputs per node), so
+  /// Inside open regions, before `added` nodes are added: room for everything closing them will need once
+  /// they are recorded (close_region's scratch and each region's replay sources, at most max_inputs per node), so
   /// that close_region cannot throw. Throws std::bad_alloc before changing anything.
-  void reserve_for_close() {
-    const auto next = static_cast<std::size_t>(graph_.size()) + 1;
+  void reserve_for_close(std::size_t added = 1) {
+    const auto next = static_cast<std::size_t>(graph_.size()) + added;
     const std::size_t outermost = next - static_cast<std::size_t>(graph_.region(graph_.open.front()).begin);
     reserve_at_least(members_, outermost);
     reserve_at_least(uses_, outermost);
     // Pending holds: commit() adds at most max_inputs; hold_returned_inputs() at most one per node of the
     // outermost region (a returned value, held once until that region closes).
-    reserve_at_least(graph_.pending, graph_.pending.size() + max_inputs + outermost);
+    reserve_at_least(graph_.pending, graph_.pending.size() + max_inputs * added + outermost);
     std::size_t open_nodes = 0;
     for (std::int32_t rid : graph_.open) open_nodes += next - static_cast<std::size_t>(graph_.region(rid).begin);
     reserve_at_least(graph_.region_sources, graph_.region_sources.size() + max_inputs * open_nodes);

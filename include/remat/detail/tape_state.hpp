@@ -62,6 +62,9 @@ class TapeState {
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
   }
+  /// Room for an op recorded as `n` nodes with these output shapes (Recorder::reserve_records). Throws
+  /// std::bad_alloc with the tape's figures unchanged.
+  void reserve_records(const Shape* outputs, std::size_t n) { recorder_.reserve_records(outputs, n); }
   /// Throws what record() would throw for input `id` of `op` (an escaped value, a modified Parameter).
   void check_input(const char* op, std::int32_t id) const { recorder_.check_input(op, id); }
   /// Index of a name tag (OpInfo::tag) in the tape's store, adding it the first time.

@@ -36,6 +36,17 @@ struct ConcatColsOp : OpBase {
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
 };
 
+/// The output shapes of the two-part records concat_range(parts, begin, end) makes, appended to `out`;
+/// returns the shape of the whole range.
+template <class T>
+Shape concat_shapes(const std::vector<Var<T>>& parts, std::size_t begin, std::size_t end, std::vector<Shape>& out) {
+  if (end - begin == 1) return parts[begin].shape();
+  const std::size_t middle = begin + (end - begin) / 2;
+  const Shape left = concat_shapes(parts, begin, middle, out), right = concat_shapes(parts, middle, end, out);
+  out.push_back(Shape{left.rows, left.cols + right.cols});
+  return out.back();
+}
+
 template <class T>
 Var<T> concat_range(const std::vector<Var<T>>& parts, std::size_t begin, std::size_t end) {
   if (end - begin == 1) return parts[begin];
@@ -50,7 +61,9 @@ Var<T> concat_range(const std::vector<Var<T>>& parts, std::size_t begin, std::si
 /// backward reads are freed at once); one part is returned as it is. Throws shape_error for no parts or
 /// parts with different numbers of rows, tape_error for an empty or stale part, parts of different tapes
 /// or a part computed inside a checkpointed function that did not return it, stale_value_error for a
-/// modified Parameter: all before recording anything, so the tape is unchanged then.
+/// modified Parameter, std::bad_alloc: all before recording anything, so the tape is unchanged then (the
+/// tree's records reserve their buffers and nodes together first). A policy that throws on one of the
+/// records leaves the records before it on the tape.
 template <class T>
 Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   if (parts.empty()) throw shape_error("concat_cols: no parts; pass at least one");
@@ -65,6 +78,11 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
                         to_string(parts[0].shape()) + "; every part needs the same number of rows");
     parts[i].state()->check_input("concat_cols", parts[i].id());
   }
+  // Room for every record of the tree first: a std::bad_alloc must not leave the pairs recorded before it.
+  std::vector<Shape> shapes;
+  shapes.reserve(parts.size());
+  detail::concat_shapes(parts, 0, parts.size(), shapes);
+  parts[0].state()->reserve_records(shapes.data(), shapes.size());
   return detail::concat_range(parts, 0, parts.size());
 }
 
