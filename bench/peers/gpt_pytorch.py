@@ -57,7 +57,6 @@ model against tests/gpt/reference.txt in float64):
   /usr/bin/python3 bench/peers/gpt_pytorch.py --small
 """
 import argparse
-import ctypes
 import json
 import math
 import os
@@ -65,6 +64,8 @@ import random
 import statistics
 import sys
 import time
+
+from torch_threads import loaded_blas, set_threads
 
 torch = F = checkpoint = None  # imported in main() after OPENBLAS_NUM_THREADS / OMP_NUM_THREADS are set
 
@@ -74,28 +75,6 @@ VARIANTS = ["plain", "block", "selective", "sdpa"]
 BLOCK_PARAMETERS = ["ln1_gain", "ln1_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias",
                     "ln2_gain", "ln2_bias", "fc_weight", "fc_bias", "fc_proj_weight", "fc_proj_bias"]
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "gpt", "reference.txt")
-
-
-def loaded_blas():
-    """Paths of the BLAS libraries mapped into this process."""
-    paths = set()
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if ("blas" in path or "mkl" in path) and ".so" in path:
-                paths.add(path)
-    return sorted(paths)
-
-
-def set_threads(n):
-    torch.set_num_threads(n)
-    for path in loaded_blas():
-        try:
-            lib = ctypes.CDLL(path)
-            if hasattr(lib, "openblas_set_num_threads"):
-                lib.openblas_set_num_threads(n)
-        except OSError:
-            pass
 
 
 def forward_flops(V, H, S, B, L, **_):

@@ -15,7 +15,6 @@ Run with Debian's interpreter and the same BLAS/thread settings as the C++ bench
       /usr/bin/python3 bench/peers/pytorch_checkpoint.py --threads 1 --repeats 10
 """
 import argparse
-import ctypes
 import json
 import math
 import statistics
@@ -26,34 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from torch_threads import loaded_blas, set_threads
+
 WORKLOADS = {
     "W0": dict(kind="mlp", input=32, hidden=32, layers=64, output=10, batch=16),
     "W1": dict(kind="mlp", input=784, hidden=1024, layers=16, output=10, batch=512),
     "W1-small": dict(kind="mlp", input=784, hidden=256, layers=4, output=10, batch=64),
     "W2": dict(kind="blocks", model=256, inner=1024, blocks=8, classes=10, batch=2048),
 }
-
-
-def loaded_blas():
-    """Paths of the BLAS libraries mapped into this process."""
-    paths = set()
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if ("blas" in path or "mkl" in path) and ".so" in path:
-                paths.add(path)
-    return sorted(paths)
-
-
-def set_threads(n):
-    torch.set_num_threads(n)
-    for path in loaded_blas():
-        try:
-            lib = ctypes.CDLL(path)
-            if hasattr(lib, "openblas_set_num_threads"):
-                lib.openblas_set_num_threads(n)
-        except OSError:
-            pass
 
 
 def affine(fan_in, fan_out, g):

@@ -20,6 +20,7 @@
 #include <remat/nn/linear.hpp>
 #include <remat/remat.hpp>
 
+#include "../common/report.hpp"
 #include "idx.hpp"
 #include "state_file.hpp"
 #include "training_step.hpp"
@@ -29,6 +30,11 @@ extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS's own AP
 #endif
 
 namespace {
+
+using examples::cpu_seconds;
+using examples::dropout_seed;
+using examples::megabytes;
+using examples::number;
 
 using remat::Matrix;
 using remat::Var;
@@ -63,14 +69,6 @@ struct Model {
   remat::nn::Generator shuffle;  // the shuffling stream; its state is saved
   std::vector<EpochRecord> history;
 };
-
-/// The dropout stream of training step `step`: a pure function of the seed and the step, so a resumed
-/// run (and every checkpoint mode) draws the same masks.
-std::uint64_t dropout_seed(std::uint64_t seed, std::uint64_t step) {
-  remat::nn::Generator g(seed ^ 0xd1b54a32d192ed03ULL);
-  g.set_state(g.state() + step * 0x9e3779b97f4a7c15ULL);
-  return g.next();
-}
 
 /// Test accuracy, in batches, on a tape of constants: nothing requires a gradient, so no op holds a
 /// residual and each batch's values are freed as soon as its handles go.
@@ -217,20 +215,6 @@ void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& m
 }
 
 // ---- output ----
-
-/// CPU time of this process (all threads). On a shared machine the wall time of an epoch depends on the
-/// other processes; the CPU time of a 1-thread run is what it costs.
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
-std::string megabytes(std::size_t bytes) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f MB", static_cast<double>(bytes) / 1e6);
-  return s;
-}
 
 void progress_bar(int epoch, int epochs, std::size_t done, std::size_t total, double loss) {
   const int width = 30;
@@ -391,12 +375,6 @@ int run(Options& o, const CLI::App& app) {
       model.history.empty() ? 0.0 : train_seconds / static_cast<double>(model.history.size()), samples_per_second,
       megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
   if (o.json) {
-    // %.17g: doubles round-trip exactly, so equal strings mean bitwise equal results.
-    auto number = [](double v) {
-      char buffer[40];
-      std::snprintf(buffer, sizeof buffer, "%.17g", v);
-      return std::string(buffer);
-    };
     auto list = [&](double EpochRecord::*field) {
       std::string out = "[";
       for (std::size_t i = 0; i < model.history.size(); ++i) out += (i ? "," : "") + number(model.history[i].*field);

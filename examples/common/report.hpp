@@ -1,0 +1,85 @@
+// What the examples print and how they seed dropout: CPU time, byte counts, exact numbers in JSON, and the
+// per-step dropout stream (examples/mlp and examples/gpt share these).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <string>
+
+#include <remat/nn/linear.hpp>  // remat::nn::Generator
+
+namespace examples {
+
+/// CPU time of this process (all threads), seconds. On a shared machine the wall time depends on the other
+/// processes; the CPU time of a 1-thread run is what the training costs.
+inline double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+/// "12.35 MB" (10⁶ bytes).
+inline std::string megabytes(std::size_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f MB", static_cast<double>(bytes) / 1e6);
+  return s;
+}
+
+/// %.17g: doubles round-trip exactly, so equal text means bitwise equal values.
+inline std::string number(double v) {
+  char buffer[40];
+  std::snprintf(buffer, sizeof buffer, "%.17g", v);
+  return buffer;
+}
+
+/// A JSON string: valid UTF-8 sequences as they are, any other byte as U+FFFD, controls escaped.
+inline std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += static_cast<char>(c);
+      } else if (c < 0x20 || c == 0x7f) {
+        char e[8];
+        std::snprintf(e, sizeof e, "\\u%04x", c);
+        out += e;
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    const std::size_t n = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    bool valid = n > 0 && i + n <= s.size();
+    for (std::size_t k = 1; valid && k < n; ++k) valid = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+    if (valid && n == 3) {  // no overlong forms, no surrogates
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      valid = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0);
+    }
+    if (valid && n == 4) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      valid = !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);
+    }
+    if (valid) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out + "\"";
+}
+
+/// The dropout stream of training step `step`: a pure function of the seed and the step, so a resumed run
+/// (and every checkpoint mode, whose replays redraw the same masks) sees the same masks.
+inline std::uint64_t dropout_seed(std::uint64_t seed, std::uint64_t step) {
+  remat::nn::Generator g(seed ^ 0xd1b54a32d192ed03ULL);
+  g.set_state(g.state() + step * 0x9e3779b97f4a7c15ULL);
+  return g.next();
+}
+
+}  // namespace examples
