@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "remat/detail/contexts.hpp"
+#include "remat/detail/op_kernels.hpp"
 #include "remat/detail/tape_state.hpp"
 #include "remat/var.hpp"
 
@@ -60,16 +61,22 @@ double flops_of(const Shape* inputs, int arity, const Shape& output, const Attri
     return Op::flops(inputs, arity, output);
 }
 
-/// The static table describing Op for scalar type T.
+/// The static table describing Op for scalar type T (constant-initialised: no guard at run time). A
+/// function template, not an inline variable, so that an explicit instantiation declaration
+/// (REMAT_OP_KERNELS, remat/detail/op_kernels.hpp) keeps a translation unit from instantiating the op's
+/// kernels, which are its only users.
 template <class Op, class T>
-inline const OpTable<T> op_table = {Op::name,
-                                    Op::kind,
-                                    Op::batch_dims,
-                                    Op::stops_gradient,
-                                    &Op::reads,
-                                    &Op::template forward<T>,
-                                    &Op::template backward<T>,
-                                    &flops_of<Op>};
+const OpTable<T>* op_table_of() {
+  static constexpr OpTable<T> table = {Op::name,
+                                       Op::kind,
+                                       Op::batch_dims,
+                                       Op::stops_gradient,
+                                       &Op::reads,
+                                       &Op::template forward<T>,
+                                       &Op::template backward<T>,
+                                       &flops_of<Op>};
+  return &table;
+}
 
 /// Throws shape_error naming `op` unless its output shape has at least one row and one column (as every
 /// tensor of remat), its extra and temporary shapes too or are [0,0] (none), and no shape has more elements
@@ -129,8 +136,8 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   detail::Attributes attributes;
   attributes.set_params(call.params);
   if (!call.tag.empty()) attributes.tag = state->intern_tag(call.tag);
-  const std::int32_t id = state->record(&detail::op_table<Op, T>, ids, static_cast<int>(arity), attributes, op_shapes,
-                                        call.indices, call.index_count);
+  const std::int32_t id = state->record(detail::op_table_of<Op, T>(), ids, static_cast<int>(arity), attributes,
+                                        op_shapes, call.indices, call.index_count);
   return Var<T>::adopt(state, id);
 }
 

@@ -30,3 +30,5 @@ Var<T> abs(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::AbsOp)

@@ -76,3 +76,5 @@ Var<T> operator/(const Var<T>& x, S c) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::AffineOp)

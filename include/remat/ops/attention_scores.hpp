@@ -113,3 +113,5 @@ Var<T> attention_scores(const Var<T>& q, const Var<T>& k, Index heads, Index seq
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::AttentionScoresOp)

@@ -80,3 +80,5 @@ Var<T> attention_values(const Var<T>& p, const Var<T>& v, Index heads, Index seq
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::AttentionValuesOp)

@@ -40,3 +40,5 @@ Var<T> checkpoint_name(const Var<T>& x, std::string_view name) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::CheckpointNameOp)

@@ -93,3 +93,5 @@ Var<T> concat_cols(std::initializer_list<Var<T>> parts) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::ConcatColsOp)

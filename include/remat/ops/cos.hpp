@@ -30,3 +30,5 @@ Var<T> cos(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::CosOp)

@@ -68,3 +68,5 @@ Var<T> cross_entropy(const Var<T>& logits, const std::vector<int>& labels) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::CrossEntropyOp)

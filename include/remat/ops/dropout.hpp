@@ -77,3 +77,5 @@ Var<T> dropout(const Var<T>& x, double p) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::DropoutOp)

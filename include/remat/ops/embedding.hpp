@@ -61,3 +61,5 @@ Var<T> embedding(const Var<T>& table, const std::vector<int>& ids) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::EmbeddingOp)

@@ -30,3 +30,5 @@ Var<T> exp(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::ExpOp)

@@ -36,3 +36,5 @@ Var<T> gelu(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::GeluOp)

@@ -88,3 +88,5 @@ Var<T> layer_norm(const Var<T>& x, const Var<T>& gain, const Var<T>& bias, doubl
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::LayerNormOp)

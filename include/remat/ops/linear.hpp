@@ -49,3 +49,5 @@ Var<T> linear(const Var<T>& x, const Var<T>& w, const Var<T>& b) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::LinearOp)

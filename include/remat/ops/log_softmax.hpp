@@ -46,3 +46,5 @@ Var<T> log_softmax(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::LogSoftmaxOp)

@@ -41,3 +41,5 @@ Var<T> matmul(const Var<T>& a, const Var<T>& b) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::MatmulOp)

@@ -43,3 +43,5 @@ Var<T> max_rows(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::MaxRowsOp)

@@ -33,3 +33,5 @@ Var<T> mean(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::MeanOp)

@@ -35,3 +35,5 @@ Var<T> mean_cols(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::MeanColsOp)

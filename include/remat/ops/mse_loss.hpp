@@ -39,3 +39,5 @@ Var<T> mse_loss(const Var<T>& prediction, const Var<T>& target) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::MseLossOp)

@@ -46,3 +46,5 @@ Var<T> pow(const Var<T>& x, double p) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::PowOp)

@@ -32,3 +32,5 @@ Var<T> relu(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::ReluOp)

@@ -47,3 +47,5 @@ Var<T> reshape(const Var<T>& x, Index rows, Index cols) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::ReshapeOp)

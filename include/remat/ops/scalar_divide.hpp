@@ -39,3 +39,5 @@ Var<T> operator/(S c, const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::ScalarDivideOp)

@@ -176,3 +176,5 @@ Var<T> scaled_dot_product_attention(const Var<T>& q, const Var<T>& k, const Var<
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::ScaledDotProductAttentionOp)

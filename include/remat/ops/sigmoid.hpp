@@ -32,3 +32,5 @@ Var<T> sigmoid(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::SigmoidOp)

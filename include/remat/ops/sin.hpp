@@ -30,3 +30,5 @@ Var<T> sin(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::SinOp)

@@ -59,3 +59,5 @@ Var<T> slice_cols(const Var<T>& x, Index begin, Index count) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::SliceColsOp)

@@ -44,3 +44,5 @@ Var<T> softmax(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::SoftmaxOp)

@@ -32,3 +32,5 @@ Var<T> softplus(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::SoftplusOp)

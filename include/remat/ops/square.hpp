@@ -31,3 +31,5 @@ Var<T> square(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::SquareOp)

@@ -39,3 +39,5 @@ Var<T> operator-(const Var<T>& a, const Var<T>& b) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::SubtractOp)

@@ -31,3 +31,5 @@ Var<T> sum_cols(const Var<T>& x) {
 }
 
 }  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::SumColsOp)
