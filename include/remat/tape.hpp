@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iomanip>
 #include <ostream>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "remat/detail/tape_state.hpp"
+#include "remat/diagnostics.hpp"
 #include "remat/var.hpp"
 
 namespace remat {
@@ -64,6 +66,7 @@ class Tape {
   /// std::bad_alloc. When it throws, the tape and every gradient are exactly as they were.
   void backward(const Var<T>& loss, bool retain_graph = false) {
     const std::int32_t id = check_loss("backward", loss, /*to_parameters=*/true);
+    state_->report_diagnostics(id);
     state_->backward(id, retain_graph);
   }
 
@@ -111,6 +114,31 @@ class Tape {
   /// in evaluation mode dropout records nothing and returns its input. Kept across clear().
   void set_training(bool training) { state_->set_training(training); }
   bool training() const { return state_->training(); }
+
+  /// Checkpoint regions that save no memory (CheckpointDiagnostic, docs/checkpointing.md §Diagnostics):
+  /// regions in which nothing requires a gradient, regions whose policy drops nothing their backward
+  /// reads, and the region the backward sweep would replay first when it frees less than it replays (the
+  /// region that contains the loss, or the last one before it). `loss` is the value backward() would
+  /// start from; without it, the last value recorded. Changes nothing. Throws tape_error for a `loss` of
+  /// another tape or an empty Var.
+  std::vector<CheckpointDiagnostic> diagnostics() const { return state_->diagnostics(state_->size() - 1); }
+  std::vector<CheckpointDiagnostic> diagnostics(const Var<T>& loss) const {
+    loss.node("diagnostics");
+    if (loss.state() != state_) throw tape_error("diagnostics: the loss belongs to another tape");
+    return state_->diagnostics(loss.id());
+  }
+  /// Writes diagnostics(), one message per line (nothing when there is none).
+  void diagnose(std::ostream& os) const {
+    for (const CheckpointDiagnostic& d : diagnostics()) os << d.message << '\n';
+  }
+  /// `handler` receives each finding of diagnostics(loss) at the start of backward(loss), once per region
+  /// per recording (again after clear()), before anything else happens: what it throws propagates from
+  /// backward() with the tape unchanged (those regions are reported again at the next backward). Route it
+  /// to a logger, or to std::cerr: `tape.set_diagnostics_handler([](const auto& d) { std::cerr << d.message
+  /// << '\n'; })`. An empty function removes it. gradient() does not report.
+  void set_diagnostics_handler(std::function<void(const CheckpointDiagnostic&)> handler) {
+    state_->set_diagnostics_handler(std::move(handler));
+  }
 
   /// Exact byte counts of tape-owned buffers; see MemoryStats.
   MemoryStats memory() const { return state_->memory(); }

@@ -148,7 +148,9 @@ struct Region {
   std::int32_t parent = -1;
   int depth = 1;
   bool open = true;
-  bool replays = false;  // its backward needs values it dropped (set when it closes)
+  bool replays = false;          // its backward needs values it dropped (set when it closes)
+  std::size_t replay_bytes = 0;  // what its replay regenerates, as planned when it closed (diagnostics)
+  bool diagnosed = false;        // its findings went to the diagnostics handler (once per recording)
   // Sources of its replay: [sources_begin, sources_end) in Graph::region_sources.
   std::int32_t sources_begin = 0, sources_end = 0;
   bool (*policy)(const void*, const OpInfo&) = nullptr;

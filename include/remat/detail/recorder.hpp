@@ -185,6 +185,9 @@ class Recorder {
     finish(r);
     plan_replay(graph_, r, PresentBelowLevel{r.depth}, members_, uses_);
     r.replays = !members_.empty();
+    r.replay_bytes = 0;
+    for (std::int32_t m : members_)
+      r.replay_bytes += Buffers<T>::bytes(graph_[m].shape) + Buffers<T>::bytes(graph_[m].extra_shape);
     hold_sources(r);
     if (graph_.open.empty()) lifetime_.release_pending();
   }
@@ -305,6 +308,7 @@ class Recorder {
     r.policy = nullptr;
     r.policy_object = nullptr;
     r.replays = false;
+    r.replay_bytes = 0;
     r.sources_begin = r.sources_end = static_cast<std::int32_t>(graph_.region_sources.size());
   }
 

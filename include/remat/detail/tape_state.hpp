@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -15,6 +16,7 @@
 #include "remat/detail/parameter_check.hpp"
 #include "remat/detail/recorder.hpp"
 #include "remat/detail/sweep.hpp"
+#include "remat/diagnostics.hpp"
 #include "remat/errors.hpp"
 #include "remat/memory.hpp"
 
@@ -238,6 +240,71 @@ class TapeState {
     return rows;
   }
 
+  /// Findings about the closed regions, with node `loss` as the loss (CheckpointDiagnostic). Does not
+  /// change the tape.
+  std::vector<CheckpointDiagnostic> diagnostics(std::int32_t loss) const {
+    std::vector<CheckpointDiagnostic> out;
+    // The last top-level region before the loss: the first one the sweep replays.
+    std::int32_t last = -1;
+    for (std::int32_t r = 0; r < static_cast<std::int32_t>(graph_.regions.size()); ++r) {
+      const Region& g = graph_.region(r);
+      if (!g.open && g.depth == 1 && g.begin <= loss && g.replays) last = r;
+    }
+    for (std::int32_t r = 0; r < static_cast<std::int32_t>(graph_.regions.size()); ++r) {
+      const Region& g = graph_.region(r);
+      if (g.open || g.end == g.begin) continue;
+      CheckpointDiagnostic d = diagnostic_base(r);
+      if (!region_needs_gradient(g)) {
+        d.kind = CheckpointDiagnostic::Kind::needs_no_gradient;
+        d.message = region_label(d) +
+                    ": nothing in it requires a gradient (its inputs and captured values are constants or "
+                    "detached), so its backward never runs and checkpointing it saves nothing";
+        out.push_back(d);
+      } else if (!g.replays) {
+        d.kind = CheckpointDiagnostic::Kind::drops_nothing;
+        for (std::int32_t i = g.begin; i < g.end; ++i) d.kept_bytes += saved_bytes_of(graph_[i]);
+        d.message = region_label(d) + ": its policy keeps every value its backward reads, so it drops nothing " +
+                    "and replays nothing; it keeps " + std::to_string(d.kept_bytes) + " bytes for the backward";
+        out.push_back(d);
+      } else if (r == last) {
+        for (std::int32_t i = g.end; i <= loss && i < graph_.size(); ++i)
+          if (!graph_[i].is_leaf()) d.freed_before_replay += saved_bytes_of(graph_[i]);
+        if (2 * d.freed_before_replay >= d.replay_bytes) continue;  // it saves at least half of what it drops
+        d.kind = CheckpointDiagnostic::Kind::replays_at_once;
+        d.loss = loss;
+        d.message = region_label(d) +
+                    (loss < g.end ? " contains the loss (node #" + std::to_string(loss) + ")"
+                                  : " is the last region before the loss (node #" + std::to_string(loss) + ")") +
+                    ": the backward sweep replays it first, after freeing " + std::to_string(d.freed_before_replay) +
+                    " bytes, so the " + std::to_string(d.replay_bytes) +
+                    " bytes its replay regenerates come back while everything else is still saved: checkpointing "
+                    "it lowers the peak by at most " +
+                    std::to_string(d.freed_before_replay) +
+                    " bytes, less than half of that. Leave it unchecked (checkpoint_sequential leaves the last "
+                    "segment unchecked)";
+        out.push_back(d);
+      }
+    }
+    return out;
+  }
+
+  /// Sends the findings about regions not reported yet to the diagnostics handler, if there is one;
+  /// each region is reported once per recording. Before a backward (changes nothing else); what the
+  /// handler throws propagates, and its regions are reported again next time.
+  void report_diagnostics(std::int32_t loss) {
+    if (!diagnostics_handler_) return;
+    bool any = false;
+    for (const Region& g : graph_.regions) any = any || (!g.open && !g.diagnosed);
+    if (!any) return;
+    for (const CheckpointDiagnostic& d : diagnostics(loss))
+      if (!graph_.region(d.region).diagnosed) diagnostics_handler_(d);
+    for (Region& g : graph_.regions)
+      if (!g.open) g.diagnosed = true;
+  }
+  void set_diagnostics_handler(std::function<void(const CheckpointDiagnostic&)> handler) {
+    diagnostics_handler_ = std::move(handler);
+  }
+
   /// For schedules: the cost of node `id` as checkpoint_sequential_auto's planner models it.
   NodeCost cost(std::int32_t id) const {
     const Node<T>& n = graph_[id];
@@ -262,6 +329,30 @@ class TapeState {
       buffers_.free(n.extra, n.extra_shape);
       if (!n.parameter) buffers_.free(n.grad, n.shape);
     }
+  }
+
+  bool region_needs_gradient(const Region& g) const {
+    for (std::int32_t i = g.begin; i < g.end; ++i)
+      if (!graph_[i].is_leaf() && graph_[i].requires_grad) return true;
+    return false;
+  }
+  std::size_t saved_bytes_of(const Node<T>& n) const {
+    return (lifetime_.saved_value(n) ? Buffers<T>::bytes(n.shape) : 0) +
+           (lifetime_.saved_extra(n) ? Buffers<T>::bytes(n.extra_shape) : 0);
+  }
+  CheckpointDiagnostic diagnostic_base(std::int32_t r) const {
+    const Region& g = graph_.region(r);
+    CheckpointDiagnostic d;
+    d.region = r;
+    d.first_node = g.begin;
+    d.end_node = g.end;
+    d.depth = g.depth;
+    d.replay_bytes = g.replay_bytes;
+    return d;
+  }
+  static std::string region_label(const CheckpointDiagnostic& d) {
+    return "checkpoint region #" + std::to_string(d.region) + " (nodes #" + std::to_string(d.first_node) + "–#" +
+           std::to_string(d.end_node - 1) + (d.depth > 1 ? ", nested at depth " + std::to_string(d.depth) : "") + ")";
   }
 
   std::string reason(std::int32_t id) const {
@@ -298,6 +389,7 @@ class TapeState {
   bool residuals_freed_ = false;
   std::uint64_t seed_;
   std::uint64_t random_offset_ = 0;
+  std::function<void(const CheckpointDiagnostic&)> diagnostics_handler_;
   bool training_ = true;
   long refs_ = 1;
 };
