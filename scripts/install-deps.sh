@@ -2,6 +2,7 @@
 # Installs the Debian packages remat's build, tests and examples need, if any is missing.
 set -euo pipefail
 packages=(cmake g++ make python3 libeigen3-dev libopenblas-dev libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev
+          libopenmpi-dev openmpi-bin
           dataset-fashion-mnist fortunes)
 missing=()
 for p in "${packages[@]}"; do

@@ -20,6 +20,10 @@
 #include <remat/nn/linear.hpp>
 #include <remat/remat.hpp>
 
+#ifdef REMAT_MLP_MPI
+#include <remat/distributed/distributed.hpp>
+#endif
+
 #include "../common/report.hpp"
 #include "idx.hpp"
 #include "state_file.hpp"
@@ -55,6 +59,18 @@ struct Options : mlp::NetworkOptions {
   int eval_batch = 1000;
   std::string schedule = "cosine";
   int stop_after = 0;
+  bool distributed = false;
+};
+
+/// This process's place in a --distributed run (rank 0 of 1 otherwise).
+struct Ranks {
+  int rank = 0, size = 1;
+  /// Rows [begin, end) of a global batch of m rows that this rank trains on: contiguous shards whose sizes
+  /// differ by at most one.
+  std::size_t begin(std::size_t m) const { return m * static_cast<std::size_t>(rank) / static_cast<std::size_t>(size); }
+  std::size_t end(std::size_t m) const {
+    return m * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(size);
+  }
 };
 
 /// One training epoch's results; kept in the state file so a resumed run reports the whole history.
@@ -236,6 +252,16 @@ std::uint32_t parameters_crc32(const Model& model) {
 }
 
 int run(Options& o, const CLI::App& app) {
+  Ranks ranks;
+#ifdef REMAT_MLP_MPI
+  if (o.distributed) {
+    ranks.rank = remat::distributed::rank();
+    ranks.size = remat::distributed::size();
+    if (o.batch < ranks.size)
+      throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is smaller than the " +
+                                  std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
+  }
+#endif
 #ifdef EIGEN_USE_BLAS
   openblas_set_num_threads(o.threads);
 #endif
@@ -252,6 +278,11 @@ int run(Options& o, const CLI::App& app) {
   }
   const auto n = static_cast<std::size_t>(train.images.rows());
   const auto inputs = train.images.cols();
+  if (n % static_cast<std::size_t>(o.batch) != 0 &&
+      n % static_cast<std::size_t>(o.batch) < static_cast<std::size_t>(ranks.size))
+    throw std::invalid_argument("the epoch's last batch has " + std::to_string(n % static_cast<std::size_t>(o.batch)) +
+                                " rows, fewer than the " + std::to_string(ranks.size) +
+                                " ranks; choose --batch or --limit so that every rank gets a row of it");
 
   Model model;
   {
@@ -278,6 +309,10 @@ int run(Options& o, const CLI::App& app) {
     model.adam = std::make_unique<remat::nn::Adam<float>>(parameters, a);
     model.shuffle.set_state(o.seed ^ 0x5851f42d4c957f2dULL);
   }
+#ifdef REMAT_MLP_MPI
+  // Every rank starts from rank 0's weights; ranks given different model flags stop here with a message.
+  if (o.distributed) remat::distributed::broadcast_parameters(parameters, 0);
+#endif
 
   std::string shape = std::to_string(inputs);
   for (int h : o.hidden) shape += "→" + std::to_string(h);
@@ -286,12 +321,22 @@ int run(Options& o, const CLI::App& app) {
       "MLP %s %s, dropout %g, Adam lr %g (%s), batch %d, %zu training / %ld test images, checkpoint %s, %d thread%s\n",
       shape.c_str(), o.activation.c_str(), o.dropout, o.lr, o.schedule.c_str(), o.batch, n,
       static_cast<long>(test.images.rows()), o.checkpoint.c_str(), o.threads, o.threads == 1 ? "" : "s");
+  if (o.distributed)
+    std::printf("data parallel: %d ranks, each trains on its shard of every global batch of %d\n", ranks.size, o.batch);
   if (!o.resume.empty())
     std::printf("resumed from %s after epoch %zu (step %llu)\n", o.resume.c_str(), model.history.size(),
                 static_cast<unsigned long long>(model.adam->step_count()));
 
   const bool terminal = isatty(STDOUT_FILENO) == 1 && !o.json;
   remat::Tape<float> tape, eval_tape;
+#ifdef REMAT_MLP_MPI
+  // Averages the gradients over the ranks, in buckets all-reduced while backward runs.
+  std::unique_ptr<remat::distributed::GradientReducer<float>> reducer;
+  if (o.distributed) {
+    reducer = std::make_unique<remat::distributed::GradientReducer<float>>(parameters);
+    reducer->attach(tape);
+  }
+#endif
   Matrix<float> x_batch(o.batch, inputs);
   std::vector<int> labels;
   mlp::TrainingStep step;
@@ -318,12 +363,16 @@ int run(Options& o, const CLI::App& app) {
     for (std::size_t i = n - 1; i > 0; --i) std::swap(order[i], order[model.shuffle.below(i + 1)]);  // Fisher–Yates
     double loss_sum = 0;
     long correct = 0;
+    std::size_t local_rows = 0;  // the rows this rank trained on so far in the epoch
     for (std::size_t first = 0; first < n; first += static_cast<std::size_t>(o.batch)) {
-      const std::size_t m = std::min(static_cast<std::size_t>(o.batch), n - first);
+      const std::size_t global = std::min(static_cast<std::size_t>(o.batch), n - first);
+      // This rank's shard of the global batch (all of it without --distributed).
+      const std::size_t shard = ranks.begin(global), m = ranks.end(global) - shard;
       labels.resize(m);
       for (std::size_t i = 0; i < m; ++i) {
-        x_batch.row(static_cast<remat::Index>(i)) = train.images.row(static_cast<remat::Index>(order[first + i]));
-        labels[i] = train.labels[order[first + i]];
+        x_batch.row(static_cast<remat::Index>(i)) =
+            train.images.row(static_cast<remat::Index>(order[first + shard + i]));
+        labels[i] = train.labels[order[first + shard + i]];
       }
       std::optional<double> learning_rate;
       if (o.schedule == "cosine")  // α_t = α·(1 + cos(π t / T)) / 2 over all T steps (Loshchilov & Hutter 2017)
@@ -332,17 +381,38 @@ int run(Options& o, const CLI::App& app) {
                 (1 + std::cos(M_PI * static_cast<double>(model.adam->step_count()) / static_cast<double>(total_steps))),
             1e-12);
       // The first m rows of x_batch (the last batch may be smaller; resizing would reallocate every epoch).
+      std::uint64_t seed = dropout_seed(o.seed, model.adam->step_count());
+#ifdef REMAT_MLP_MPI
+      // Each shard's mean loss weighs by its share of the global batch: the sum over the ranks is the
+      // gradient of the global batch's mean loss (shards may differ by a row). Dropout masks per rank.
+      if (reducer) reducer->set_local_weight(static_cast<double>(m) / static_cast<double>(global));
+      seed ^= static_cast<std::uint64_t>(ranks.rank) * 0x9e3779b97f4a7c15ULL;
+      auto sync = [&reducer] {
+        if (reducer) reducer->finish();
+      };
+#else
+      auto sync = mlp::TrainingStep::NoSync{};
+#endif
       const mlp::TrainingStep::Result r =
-          step.run(tape, o, model.layers, *model.adam, x_batch.topRows(static_cast<remat::Index>(m)), labels,
-                   dropout_seed(o.seed, model.adam->step_count()), learning_rate);
+          step.run(tape, o, model.layers, *model.adam, x_batch.topRows(static_cast<remat::Index>(m)), labels, seed,
+                   learning_rate, sync);
       saved_bytes = std::max(saved_bytes, r.saved_bytes);
       peak_bytes = std::max(peak_bytes, r.peak_bytes);
       loss_sum += static_cast<double>(r.loss) * static_cast<double>(m);
+      local_rows += m;
       correct += r.correct;
-      if (terminal && ((first / static_cast<std::size_t>(o.batch)) % 20 == 0 || first + m == n))
-        progress_bar(epoch, o.epochs, first + m, n, loss_sum / static_cast<double>(first + m));
+      if (terminal && ((first / static_cast<std::size_t>(o.batch)) % 20 == 0 || first + global == n))
+        progress_bar(epoch, o.epochs, first + global, n, loss_sum / static_cast<double>(local_rows));
     }
     tape.clear();
+#ifdef REMAT_MLP_MPI
+    if (o.distributed) {  // the epoch's loss and accuracy over every rank's rows
+      double sums[2] = {loss_sum, static_cast<double>(correct)};
+      MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      loss_sum = sums[0];
+      correct = static_cast<long>(sums[1]);
+    }
+#endif
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double cpu = cpu_seconds() - cpu_start;
     run_cpu_seconds += cpu;
@@ -350,7 +420,7 @@ int run(Options& o, const CLI::App& app) {
     record.loss = loss_sum / static_cast<double>(n);
     record.train_accuracy = static_cast<double>(correct) / static_cast<double>(n);
     record.seconds = seconds;
-    record.test_accuracy = evaluate(o, model, test, eval_tape);
+    record.test_accuracy = ranks.rank == 0 ? evaluate(o, model, test, eval_tape) : 0.0;  // printed by rank 0
     model.history.push_back(record);
     train_seconds += seconds;
     run_seconds += seconds;
@@ -362,11 +432,12 @@ int run(Options& o, const CLI::App& app) {
         epoch, o.epochs, record.loss, 100 * record.train_accuracy, 100 * record.test_accuracy, seconds, cpu,
         static_cast<double>(n) / seconds, megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
     std::fflush(stdout);
-    if (!o.save.empty()) mlp::write_state_file(o.save, encode_state(o, model, n));
+    if (!o.save.empty() && ranks.rank == 0) mlp::write_state_file(o.save, encode_state(o, model, n));
   }
 
-  const double test_accuracy =
-      model.history.empty() ? evaluate(o, model, test, eval_tape) : model.history.back().test_accuracy;
+  const double test_accuracy = model.history.empty() && ranks.rank == 0 ? evaluate(o, model, test, eval_tape)
+                               : model.history.empty()                  ? 0.0
+                                                                        : model.history.back().test_accuracy;
   const double samples_per_second = run_seconds > 0 ? static_cast<double>(trained_samples) / run_seconds : 0.0;
   std::printf(
       "done: %zu epochs, test accuracy %.2f%%, %.1f s training (%.2f s/epoch), %.0f samples/s, saved %s per step, peak "
@@ -453,6 +524,10 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
   app.add_option("--save", o.save, "Write parameters and optimizer state to this file after each epoch (atomically)");
   app.add_option("--resume", o.resume, "Continue training from a file written by --save");
+  app.add_flag("--distributed", o.distributed,
+               "Data-parallel training over MPI ranks (mpirun -np N mlp --distributed): each rank trains on its "
+               "shard of every global batch of --batch rows, gradients are averaged (docs/distributed.md); "
+               "only rank 0 prints");
   app.add_option("--eval-batch", o.eval_batch, "Batch size of the test-set evaluation")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -462,16 +537,32 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+#ifdef REMAT_MLP_MPI
+  std::optional<remat::distributed::Environment> mpi;
+  if (o.distributed) {
+    mpi.emplace(argc, argv);
+    if (remat::distributed::rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // progress only on rank 0
+      std::fprintf(stderr, "mlp: warning: cannot silence stdout on rank %d\n", remat::distributed::rank());
+  }
+  // In a distributed run a rank that fails ends every rank (MPI_Abort) with its message instead of leaving
+  // the others waiting in an all-reduce it will never join.
+  auto fail = [&](const std::string& message) {
+    if (o.distributed) remat::distributed::abort_all("mlp", message, 2);
+    std::fprintf(stderr, "mlp: error: %s\n", message.c_str());
+  };
+#else
+  auto fail = [](const std::string& message) { std::fprintf(stderr, "mlp: error: %s\n", message.c_str()); };
+  if (o.distributed) {
+    fail("--distributed: this mlp was built without MPI (install libopenmpi-dev and openmpi-bin, then reconfigure)");
+    return 2;
+  }
+#endif
   try {
     return run(o, app);
-  } catch (const mlp::data_error& e) {
-    std::fprintf(stderr, "mlp: error: %s\n", e.what());
-  } catch (const mlp::state_error& e) {
-    std::fprintf(stderr, "mlp: error: %s\n", e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "mlp: error: out of memory\n");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "mlp: error: %s\n", e.what());
+    fail("out of memory");
+  } catch (const std::exception& e) {  // mlp::data_error, mlp::state_error, remat's errors, …
+    fail(e.what());
   }
   std::fflush(stdout);
   return 2;

@@ -107,12 +107,18 @@ class TrainingStep {
     std::size_t peak_bytes = 0;   ///< tape.memory().peak_bytes after backward
   };
 
+  /// What run() calls between backward and the Adam step by default: nothing.
+  struct NoSync {
+    void operator()() const {}
+  };
+
   /// Clears `tape`, seeds its dropout stream with `dropout_seed`, records the network on the batch
-  /// (x: [m, inputs], labels: m class ids), backward, then sets Adam's learning rate (if given) and steps.
-  template <class Derived>
+  /// (x: [m, inputs], labels: m class ids), backward, calls `before_update()` (the data-parallel run
+  /// waits there for the averaged gradients), then sets Adam's learning rate (if given) and steps.
+  template <class Derived, class BeforeUpdate = NoSync>
   Result run(remat::Tape<float>& tape, const NetworkOptions& o, std::vector<remat::nn::Linear<float>>& layers,
              remat::nn::Adam<float>& adam, const Eigen::MatrixBase<Derived>& x, const std::vector<int>& labels,
-             std::uint64_t dropout_seed, std::optional<double> learning_rate) {
+             std::uint64_t dropout_seed, std::optional<double> learning_rate, BeforeUpdate before_update = {}) {
     tape.clear();
     tape.seed(dropout_seed);
     parameters_.resize(2 * layers.size());
@@ -127,6 +133,7 @@ class TrainingStep {
     adam.zero_grad();
     tape.backward(loss);  // adds into the parameters' gradients
     r.peak_bytes = tape.memory().peak_bytes;
+    before_update();
     if (learning_rate) adam.set_learning_rate(*learning_rate);
     adam.step();
     r.loss = loss.item();

@@ -185,6 +185,8 @@ class Parameter {
 
  private:
   friend struct detail::ParameterAccess;
+  /// Another handle on `storage` (detail::ParameterAccess::share).
+  explicit Parameter(std::shared_ptr<detail::ParameterStorage<T>> storage) noexcept : storage_(std::move(storage)) {}
   static const Matrix<T>& empty() {
     static const Matrix<T> e;
     return e;
@@ -204,6 +206,17 @@ struct ParameterAccess {
   static std::shared_ptr<ParameterStorage<T>> storage(Parameter<T>& p) {
     p.storage();
     return p.storage_;
+  }
+  /// A Parameter object sharing `storage` with the Parameter it belongs to (value, version, gradient): what
+  /// a gradient-ready callback receives, since a tape holds the storage, not the user's object.
+  template <class T>
+  static Parameter<T> share(std::shared_ptr<ParameterStorage<T>> storage) noexcept {
+    return Parameter<T>(std::move(storage));
+  }
+  /// The identity of `p`'s storage (stable across moves of `p`); null for an empty moved-from Parameter.
+  template <class T>
+  static const ParameterStorage<T>* identity(const Parameter<T>& p) noexcept {
+    return p.storage_.get();
   }
 };
 }  // namespace detail

@@ -70,6 +70,42 @@ class Tape {
     state_->backward(id, retain_graph);
   }
 
+  /// Registers `callback`, called by every later backward() of this tape once for each Parameter whose
+  /// gradient that backward added to, at the moment the Parameter's gradient is final: after every
+  /// contribution of this backward (from every op that read it, however many times it was recorded with
+  /// variable(): a parameter shared by several layers; from checkpointed and nested regions, whose replays
+  /// run during the sweep). Parameter::grad() then holds the sum over the backward passes since its last
+  /// zero_grad(), this one complete. The reverse sweep reaches a Parameter's earliest recorded leaf after
+  /// every op that read it, so the calls come while the sweep still runs, in reverse order of each
+  /// Parameter's first recording (the order PyTorch's DistributedDataParallel relies on to start
+  /// all-reducing gradients while backward goes on; Li et al., "PyTorch Distributed: Experiences on
+  /// Accelerating Data Parallel Training", VLDB 2020).
+  ///
+  /// `callback` receives a Parameter object that shares value, version and gradient with the recorded one
+  /// (the tape holds the storage, not your object): compare it with yours by the address of the value
+  /// (`&p.value() == &mine.value()`, stable across moves of either). Not called:
+  /// for a Parameter no gradient reached in this backward (recorded but used by no op leading to the loss:
+  /// its gradient is unchanged), by gradient() (which writes no Parameter gradient), in the backward's dry
+  /// run. Callbacks run in registration order, on the thread that called backward.
+  ///
+  /// A callback may read and write the gradient (grad(), mutable_grad()) and do work of its own (start a
+  /// non-blocking all-reduce); it must not modify or assign to the Parameter's value, nor run a backward
+  /// that adds into it; it must not use this tape: recording, backward, gradient(), clear(), Var::grad() of
+  /// a tape variable and remove_gradient_ready() throw tape_error while it runs.
+  /// Exceptions: the strong guarantee of backward() covers everything the tape checks before the sweep; a
+  /// callback is called during the sweep, which cannot stop half-way. If a callback throws, the sweep
+  /// completes (every gradient is written, the residuals are freed as without the callback), no further
+  /// callback is called in this backward, and backward() then rethrows the first exception.
+  /// Returns a key for remove_gradient_ready(). Throws std::invalid_argument for an empty callback.
+  std::size_t on_gradient_ready(std::function<void(Parameter<T>&)> callback) {
+    if (!callback) throw std::invalid_argument("on_gradient_ready: the callback is empty");
+    state_->check_not_in_callback("on_gradient_ready");
+    return state_->add_gradient_ready_callback(std::move(callback));
+  }
+  /// Unregisters the callback on_gradient_ready() returned `key` for; false if there is none (already
+  /// removed). Kept across clear().
+  bool remove_gradient_ready(std::size_t key) { return state_->remove_gradient_ready_callback(key); }
+
   /// d loss / d v for each v in `wrt` (any Vars on this tape, variables or interior values), computed by
   /// one sweep that skips work not leading to them; returns matrices of the shapes of `wrt`. Accumulated
   /// gradients (Var::grad(), Parameter::grad()) are left as they were. Frees residuals unless

@@ -11,6 +11,9 @@
 #include <atomic>
 #include <cassert>
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
@@ -28,6 +31,10 @@ struct SweepMode {
   bool accumulate = true;     ///< add into variables' gradients (backward); false for gradient()
 };
 
+/// The gradient-ready callbacks of a tape (Tape::on_gradient_ready), by key, in registration order.
+template <class T>
+using GradientReadyCallbacks = std::vector<std::pair<std::size_t, std::function<void(Parameter<T>&)>>>;
+
 template <class T>
 class Sweep {
  public:
@@ -38,14 +45,26 @@ class Sweep {
   /// into it); keep = its gradient outlives the sweep (gradient() targets; tape variables in backward()).
   std::vector<std::uint8_t> wanted, keep;
 
+  /// Called, in a backward (mode.accumulate), once for each Parameter whose gradient this sweep added to,
+  /// when the sweep has passed the Parameter's earliest leaf node (every contribution is in). Null or
+  /// empty: none. Set by the tape.
+  const GradientReadyCallbacks<T>* ready_callbacks = nullptr;
+
   /// Sweeps from `loss`. Throws std::bad_alloc (or shape_error for a Parameter gradient of the wrong size)
-  /// before changing anything; cannot fail once it starts changing the tape.
+  /// before changing anything; cannot fail once it starts changing the tape. A gradient-ready callback that
+  /// throws does not stop the sweep: the first such exception is kept (later callbacks are not called) and
+  /// callback_error() returns it once the sweep has completed.
   void run(std::int32_t loss, SweepMode mode) {
-    prepare();
+    prepare(mode);
     simulate(loss, mode);
     buffers_.reserve_simulated();
     pass(loss, mode);
   }
+
+  /// The exception the first throwing gradient-ready callback of the last run threw (null if none); clears it.
+  std::exception_ptr take_callback_error() noexcept { return std::exchange(callback_error_, nullptr); }
+  /// True while the real pass runs (a gradient-ready callback is being called from inside it).
+  bool running() const { return running_; }
 
   /// After a run with mode.accumulate == false: frees the kept gradients and puts back the variables'
   /// accumulated gradients set aside for it. Never throws.
@@ -78,7 +97,7 @@ class Sweep {
   };
 
   /// Everything that may allocate or throw, before the tape changes.
-  void prepare() {
+  void prepare(SweepMode mode) {
     const auto count = static_cast<std::size_t>(graph_.size());
     entering_.clear();
     leaving_.clear();
@@ -115,6 +134,30 @@ class Sweep {
                           "; call zero_grad() after resizing a parameter");
     }
     stash_.reserve(variables);
+    prepare_ready_callbacks(mode);
+  }
+
+  bool ready_callbacks_active(SweepMode mode) const {
+    return mode.accumulate && ready_callbacks != nullptr && !ready_callbacks->empty();
+  }
+
+  /// first_leaf_[i]: for a leaf referencing a Parameter, the id of the earliest leaf referencing the same
+  /// Parameter (the last one the reverse sweep reaches); -1 otherwise. Allocates only the first time.
+  void prepare_ready_callbacks(SweepMode mode) {
+    callback_error_ = nullptr;
+    if (!ready_callbacks_active(mode)) return;
+    const auto count = static_cast<std::size_t>(graph_.size());
+    first_leaf_.assign(count, -1);
+    contributed_.assign(count, 0);
+    by_storage_.clear();
+    for (std::int32_t i = 0; i < graph_.size(); ++i)
+      if (graph_[i].is_leaf() && graph_[i].parameter) by_storage_.push_back({graph_[i].parameter.get(), i});
+    std::sort(by_storage_.begin(), by_storage_.end());  // by storage, then by id: each group's first is earliest
+    for (std::size_t k = 0; k < by_storage_.size(); ++k) {
+      const bool starts = k == 0 || by_storage_[k].first != by_storage_[k - 1].first;
+      const std::int32_t first = starts ? by_storage_[k].second : first_leaf_[by_storage_[k - 1].second];
+      first_leaf_[static_cast<std::size_t>(by_storage_[k].second)] = first;
+    }
   }
 
   /// The dry run: the same pass with kernels skipped and buffers counted, then everything put back.
@@ -155,6 +198,7 @@ class Sweep {
   bool simulating() const { return simulation_ != 0; }
 
   void pass(std::int32_t loss, SweepMode mode) noexcept {
+    running_ = !simulating();
     replayed_bytes_ = 0;
     replayed_ops_ = 0;
     if (!mode.accumulate) set_aside_accumulated_gradients();
@@ -175,6 +219,7 @@ class Sweep {
       for (; leave != leaving_.end() && graph_.region(*leave).begin == i; ++leave) leave_region(*leave, mode);
     }
     lifetime_.set_level(0);
+    running_ = false;
   }
 
   void set_aside_accumulated_gradients() noexcept {
@@ -253,11 +298,32 @@ class Sweep {
 
   void finish_leaf(std::int32_t i, SweepMode mode) noexcept {
     Node<T>& n = graph_[i];
-    if (!n.grad) return;
-    if (n.parameter && mode.accumulate)
-      add_to_parameter(n);
-    else if (!keep[static_cast<std::size_t>(i)])
-      free_grad(n);  // e.g. a constant used as the loss got the seed gradient
+    const bool callbacks = ready_callbacks_active(mode) && n.parameter;
+    if (n.grad) {
+      if (n.parameter && mode.accumulate) {
+        add_to_parameter(n);
+        if (callbacks) contributed_[static_cast<std::size_t>(first_leaf_[static_cast<std::size_t>(i)])] = 1;
+      } else if (!keep[static_cast<std::size_t>(i)]) {
+        free_grad(n);  // e.g. a constant used as the loss got the seed gradient
+      }
+    }
+    // The reverse sweep reaches a Parameter's earliest leaf after every op that read any of its leaves: its
+    // gradient of this backward is complete here.
+    if (callbacks && first_leaf_[static_cast<std::size_t>(i)] == i && contributed_[static_cast<std::size_t>(i)] &&
+        !simulating())
+      call_ready_callbacks(n);
+  }
+
+  /// Calls every gradient-ready callback with the Parameter of leaf n. An exception is kept for run()'s
+  /// caller (the sweep goes on: it cannot stop half-way); after one, no further callback is called.
+  void call_ready_callbacks(Node<T>& n) noexcept {
+    if (callback_error_) return;
+    Parameter<T> p = ParameterAccess::share(n.parameter);
+    try {
+      for (const auto& entry : *ready_callbacks) entry.second(p);
+    } catch (...) {
+      callback_error_ = std::current_exception();
+    }
   }
 
   /// The Parameter's gradient += this node's. The first contribution since zero_grad() hands the tape's
@@ -310,6 +376,11 @@ class Sweep {
   std::vector<std::int32_t> members_, uses_;      // replay scratch
   std::vector<Snapshot> snapshot_;
   std::vector<Stashed> stash_;
+  std::vector<std::int32_t> first_leaf_;   // per node, see prepare_ready_callbacks
+  std::vector<std::uint8_t> contributed_;  // per earliest leaf: got a gradient
+  std::vector<std::pair<const ParameterStorage<T>*, std::int32_t>> by_storage_;  // scratch
+  std::exception_ptr callback_error_;
+  bool running_ = false;
   std::uint64_t simulation_ = 0;  // serial of the running dry run, 0 outside one
   std::size_t replayed_bytes_ = 0, replayed_ops_ = 0;
   std::size_t predicted_peak_ = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -55,13 +56,20 @@ class TapeState {
   std::uint32_t generation() const { return generation_; }
 
   // ---- recording ----
-  std::int32_t add_leaf(const Shape& shape, bool variable) { return recorder_.add_leaf(shape, variable); }
+  std::int32_t add_leaf(const Shape& shape, bool variable) {
+    check_not_in_callback(variable ? "variable" : "constant");
+    return recorder_.add_leaf(shape, variable);
+  }
   /// Undoes the last add_leaf() (filling its value threw). Never throws.
   void remove_last_leaf(std::int32_t id) noexcept { recorder_.remove_last_leaf(id); }
   T* leaf_value(std::int32_t id) { return graph_[id].value; }
-  std::int32_t add_parameter(Parameter<T>& p) { return recorder_.add_parameter(ParameterAccess::storage(p)); }
+  std::int32_t add_parameter(Parameter<T>& p) {
+    check_not_in_callback("variable");
+    return recorder_.add_parameter(ParameterAccess::storage(p));
+  }
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
+    check_not_in_callback(table->name);
     return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
   }
   /// Room for an op recorded as `n` nodes with these output shapes (Recorder::reserve_records). Throws
@@ -84,6 +92,7 @@ class TapeState {
 
   // ---- checkpoint regions ----
   std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object) {
+    check_not_in_callback("checkpoint");
     return recorder_.open_region(policy, policy_object);
   }
   /// True while `region` is the innermost open region (false once the tape was cleared or destroyed).
@@ -114,6 +123,7 @@ class TapeState {
       auto g = n.parameter->grad_matrix();
       return MatrixView<T>(g.data(), g.rows(), g.cols());
     }
+    check_not_in_callback("Var::grad");
     if (!n.grad) {
       n.grad = buffers_.allocate(n.shape);
       std::fill(n.grad, n.grad + n.shape.size(), T(0));
@@ -124,6 +134,7 @@ class TapeState {
   /// Clears a variable's accumulated gradient (a Parameter's too).
   void zero_variable_grad(std::int32_t id) {
     Node<T>& n = graph_[id];
+    check_not_in_callback("Var::zero_grad");
     if (n.parameter)
       n.parameter->grad_defined = false;
     else
@@ -136,6 +147,7 @@ class TapeState {
   /// gradient()), none of them was assigned to or moved from. Throws freed_value_error, stale_value_error
   /// naming `op`.
   void check_sweepable(const char* op, bool to_parameters) const {
+    check_not_in_callback(op);
     if (residuals_freed_)
       throw freed_value_error(std::string(op) +
                               ": the residuals were freed by the previous backward; pass retain_graph = true to the "
@@ -144,6 +156,30 @@ class TapeState {
       if (graph_[i].holds() > 0) check_parameter_current(graph_, i, op);
       if (to_parameters) check_parameter_not_reassigned(graph_, i, op);
     }
+  }
+
+  // ---- gradient-ready callbacks (Tape::on_gradient_ready) ----
+  std::size_t add_gradient_ready_callback(std::function<void(Parameter<T>&)> callback) {
+    ready_callbacks_.emplace_back(next_callback_key_, std::move(callback));
+    sweep_.ready_callbacks = &ready_callbacks_;
+    return next_callback_key_++;
+  }
+  bool remove_gradient_ready_callback(std::size_t key) {
+    check_not_in_callback("remove_gradient_ready");
+    for (auto it = ready_callbacks_.begin(); it != ready_callbacks_.end(); ++it)
+      if (it->first == key) {
+        ready_callbacks_.erase(it);
+        return true;
+      }
+    return false;
+  }
+  /// Throws tape_error naming `op` while a gradient-ready callback runs inside this tape's backward: the
+  /// sweep is half-way through the tape's nodes, which nothing may change then.
+  void check_not_in_callback(const char* op) const {
+    if (sweep_.running())
+      throw tape_error(std::string(op) +
+                       ": called on the tape from one of its gradient-ready callbacks while its backward sweep runs; "
+                       "a callback may read and write the Parameter's gradient, not record on or change the tape");
   }
 
   /// backward(): gradients flow into everything that requires grad; variables accumulate them.
@@ -157,6 +193,9 @@ class TapeState {
     }
     sweep_.run(loss, SweepMode{retain_graph, true});
     if (!retain_graph) residuals_freed_ = true;
+    // A gradient-ready callback threw: the sweep completed (every gradient is written), and the backward
+    // reports the callback's exception.
+    if (std::exception_ptr e = sweep_.take_callback_error()) std::rethrow_exception(e);
   }
 
   /// gradient(): d loss / d target for each of `targets`, copied into `out` (matrices of their shapes,
@@ -190,6 +229,7 @@ class TapeState {
 
   // ---- whole tape ----
   void clear() {
+    check_not_in_callback("clear");
     if (!graph_.open.empty())
       throw tape_error("clear: a checkpoint region is still open (clear() called inside a checkpointed function)");
     release_all();
@@ -385,6 +425,8 @@ class TapeState {
   Recorder<T> recorder_{graph_, buffers_, lifetime_};
   Sweep<T> sweep_{graph_, buffers_, lifetime_};
   std::vector<std::int32_t> outputs_;
+  GradientReadyCallbacks<T> ready_callbacks_;
+  std::size_t next_callback_key_ = 1;
   std::uint32_t generation_ = 0;
   bool residuals_freed_ = false;
   std::uint64_t seed_;

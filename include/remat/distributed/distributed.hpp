@@ -1,0 +1,7 @@
+// remat's data parallelism on MPI (docs/distributed.md): link the CMake target remat::mpi. The core headers
+// (remat/remat.hpp) never include MPI.
+#pragma once
+
+#include "remat/distributed/environment.hpp"
+#include "remat/distributed/gradient_reducer.hpp"
+#include "remat/distributed/parameters.hpp"

@@ -1,0 +1,281 @@
+// GradientReducer: data-parallel training's gradient averaging, in buckets all-reduced while the backward
+// sweep still runs (the design of PyTorch's DistributedDataParallel: Li et al., "PyTorch Distributed:
+// Experiences on Accelerating Data Parallel Training", VLDB 2020, §3.2).
+#pragma once
+
+#include <mpi.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "remat/distributed/environment.hpp"
+#include "remat/distributed/parameters.hpp"
+#include "remat/errors.hpp"
+#include "remat/matrix.hpp"
+#include "remat/parameter.hpp"
+#include "remat/tape.hpp"
+
+namespace remat::distributed {
+
+/// Averages the gradients of a list of Parameters across the ranks of a communicator, so that every rank
+/// applies the same update (data parallelism: each rank runs the model on its shard of the global batch).
+///
+/// Buckets: the parameters are grouped, in reverse order of the list (the order a backward pass finishes
+/// their gradients when the list follows the forward pass), into buckets of about `bucket_bytes` bytes of
+/// gradient (default 25 MiB, DistributedDataParallel's bucket_cap_mb; a parameter larger than that gets a
+/// bucket of its own). attach(tape) registers a gradient-ready callback (Tape::on_gradient_ready): when the
+/// tape reports a parameter's gradient final, the reducer copies it, times local_weight(), into its bucket;
+/// when a bucket is full it starts a non-blocking MPI_Iallreduce (sum) of it, so communication overlaps the
+/// rest of the backward sweep. Buckets are started in the same order on every rank (bucket b only after
+/// bucket b − 1), as MPI requires of collectives. Open MPI progresses a non-blocking collective only inside
+/// MPI calls: the reducer tests its requests at every gradient-ready event.
+///
+/// finish(), before the optimizer step, starts the buckets not started yet (with the parameters that
+/// reported no gradient in this step: their current gradient, zeros if none), waits for all of them and
+/// writes the sums back: every parameter's gradient becomes Σ_ranks local_weight · gradient, the same bits
+/// on every rank. With the default weight 1/size() that is the average; when every rank's loss is the mean
+/// over its shard of n_r rows of a global batch of B rows, set_local_weight(n_r / B) makes it the gradient of
+/// the mean over the global batch even for unequal shards. A parameter no rank has a gradient for keeps no
+/// gradient (Parameter::has_grad() false; optimizers skip it).
+///
+/// Each parameter's gradient is reduced exactly once per finish(): gradient accumulation over micro-batches
+/// runs every backward but the last inside no_sync() (DDP's no_sync): the gradients accumulate locally and
+/// the last backward reduces the sum. A gradient reported final a second time before finish() (two
+/// synchronised backward passes in one step) throws tape_error from that backward.
+///
+/// Every rank must construct it with the same parameter shapes (checked: shape_error), attach it to the
+/// tapes of the same backward passes and call finish() equally often. The reducer must outlive the tapes
+/// it is attached to (or be detached: Tape::remove_gradient_ready(key)). Not thread-safe.
+template <class T>
+class GradientReducer {
+ public:
+  /// 25 MiB, the default bucket size of PyTorch's DistributedDataParallel.
+  static constexpr std::size_t default_bucket_bytes = std::size_t{25} << 20;
+
+  /// Collective over `comm`. Throws shape_error if the ranks' parameter lists differ (count or shapes; on
+  /// every rank), domain_error for a null or repeated parameter, a zero bucket size or a parameter of more
+  /// than INT_MAX − 1 elements, mpi_error.
+  explicit GradientReducer(const std::vector<Parameter<T>*>& parameters, MPI_Comm comm = MPI_COMM_WORLD,
+                           std::size_t bucket_bytes = default_bucket_bytes)
+      : comm_(comm) {
+    if (bucket_bytes == 0) throw domain_error("GradientReducer: bucket_bytes is 0");
+    check_same_parameters(parameters, comm, "GradientReducer");
+    weight_ = 1.0 / static_cast<double>(size(comm));
+    for (Parameter<T>* p : parameters) {
+      storages_.push_back(remat::detail::ParameterAccess::storage(*p));
+      shapes_.push_back(Shape{p->rows(), p->cols()});
+    }
+    for (std::size_t k = 0; k < storages_.size(); ++k) lookup_.push_back({storages_[k].get(), k});
+    std::sort(lookup_.begin(), lookup_.end());
+    for (std::size_t k = 1; k < lookup_.size(); ++k)
+      if (lookup_[k].first == lookup_[k - 1].first)
+        throw domain_error(
+            "GradientReducer: parameters " + std::to_string(std::min(lookup_[k].second, lookup_[k - 1].second)) +
+            " and " + std::to_string(std::max(lookup_[k].second, lookup_[k - 1].second)) + " are the same parameter");
+    slots_.resize(storages_.size());
+    copied_.assign(storages_.size(), 0);
+    std::size_t bytes = 0;
+    for (std::size_t k = storages_.size(); k-- > 0;) {
+      const auto elements = static_cast<std::size_t>(shapes_[k].size());
+      if (elements >= static_cast<std::size_t>(INT_MAX))
+        throw domain_error("GradientReducer: parameter " + std::to_string(k) + " " + to_string(shapes_[k]) +
+                           " has more elements than one MPI message may carry (INT_MAX)");
+      const std::size_t b = elements * sizeof(T);
+      if (buckets_.empty() || (bytes > 0 && bytes + b > bucket_bytes) ||
+          buckets_.back().values + elements + buckets_.back().members.size() + 1 >= static_cast<std::size_t>(INT_MAX)) {
+        buckets_.emplace_back();
+        bytes = 0;
+      }
+      Bucket& bucket = buckets_.back();
+      slots_[k] = {buckets_.size() - 1, bucket.values, bucket.members.size()};
+      bucket.members.push_back(k);
+      bucket.values += elements;
+      bytes += b;
+    }
+    for (Bucket& bucket : buckets_) {
+      // The sums of the gradients, then one flag per member: the number of ranks that had a gradient for it.
+      bucket.data.assign(bucket.values + bucket.members.size(), T(0));
+      bucket.pending = bucket.members.size();
+    }
+  }
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+  /// Waits for all-reduces still in flight (a step abandoned without finish()).
+  ~GradientReducer() {
+    int finalised = 1;
+    MPI_Finalized(&finalised);
+    if (finalised) return;
+    for (Bucket& bucket : buckets_)
+      if (bucket.request != MPI_REQUEST_NULL) MPI_Wait(&bucket.request, MPI_STATUS_IGNORE);
+  }
+
+  /// Registers this reducer's gradient-ready callback on `tape`; returns its key (Tape::remove_gradient_ready).
+  std::size_t attach(Tape<T>& tape) {
+    return tape.on_gradient_ready([this](Parameter<T>& p) { gradient_ready(p); });
+  }
+
+  /// The callback: parameter `p`'s gradient of this backward is final. Ignored for a parameter not in the
+  /// list and inside no_sync(). Throws tape_error if p's gradient was already reported in this step, shape_error
+  /// if p was resized, mpi_error.
+  void gradient_ready(const Parameter<T>& p) {
+    if (!sync_) return;
+    const std::size_t k = index_of(remat::detail::ParameterAccess::identity(p));
+    if (k == npos) return;
+    if (copied_[k])
+      throw tape_error("GradientReducer: the gradient of parameter " + std::to_string(k) + " " + to_string(shapes_[k]) +
+                       " was reported final twice before finish() (two synchronised backward passes in one step); "
+                       "run the backward of every micro-batch but the last inside no_sync()");
+    pack(k);
+    ++reported_;
+    start_full_buckets();
+    progress();
+  }
+
+  /// While the returned guard lives, gradient-ready reports are ignored (gradients accumulate locally), as
+  /// DistributedDataParallel.no_sync(); the backward after it reduces the accumulated gradients.
+  class NoSync {
+   public:
+    explicit NoSync(GradientReducer& r) : reducer_(&r), previous_(r.sync_) { r.sync_ = false; }
+    NoSync(NoSync&& other) noexcept : reducer_(std::exchange(other.reducer_, nullptr)), previous_(other.previous_) {}
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+    ~NoSync() {
+      if (reducer_) reducer_->sync_ = previous_;
+    }
+
+   private:
+    GradientReducer* reducer_;
+    bool previous_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  /// This rank's gradients are multiplied by `w` before the sum over ranks (default 1/size(): the average).
+  /// Throws domain_error for a weight that is not finite.
+  void set_local_weight(double w) {
+    if (!std::isfinite(w)) throw domain_error("GradientReducer::set_local_weight: the weight is not finite");
+    weight_ = w;
+  }
+  double local_weight() const { return weight_; }
+
+  /// Collective: starts the buckets not started yet, waits for every bucket and writes the reduced gradients
+  /// into the parameters (see the class comment); then the next step begins. Call it on every rank before
+  /// the optimizer step. Throws shape_error (a parameter resized since construction), mpi_error; a rank that
+  /// throws here leaves the others waiting: end the program (abort_all / run_or_abort).
+  void finish() {
+    for (std::size_t b = next_start_; b < buckets_.size(); ++b)
+      for (std::size_t k : buckets_[b].members)
+        if (!copied_[k]) pack(k);
+    start_full_buckets();
+    for (Bucket& bucket : buckets_)
+      detail::check(MPI_Wait(&bucket.request, MPI_STATUS_IGNORE), "GradientReducer::finish: MPI_Wait");
+    for (std::size_t k = 0; k < storages_.size(); ++k) {
+      const Slot& s = slots_[k];
+      const Bucket& bucket = buckets_[s.bucket];
+      if (bucket.data[bucket.values + s.member] == T(0)) continue;  // no rank had a gradient
+      remat::detail::ParameterStorage<T>& p = *storages_[k];
+      p.reserve_grad();
+      std::copy_n(bucket.data.data() + s.offset, static_cast<std::size_t>(shapes_[k].size()), p.grad);
+      p.grad_defined = true;
+    }
+    for (Bucket& bucket : buckets_) bucket.pending = bucket.members.size();
+    std::fill(copied_.begin(), copied_.end(), std::uint8_t{0});
+    next_start_ = 0;
+    reported_ = 0;
+    ++steps_;
+  }
+
+  /// The number of ranks, and this one's.
+  int ranks() const { return size(comm_); }
+  int this_rank() const { return rank(comm_); }
+  std::size_t bucket_count() const { return buckets_.size(); }
+  /// The bucket parameter k belongs to (buckets are started in increasing order).
+  std::size_t bucket_of(std::size_t k) const { return slots_.at(k).bucket; }
+  /// Buckets whose all-reduce has started in this step (before finish(): the overlap with backward).
+  std::size_t started_buckets() const { return next_start_; }
+  /// Parameters whose gradient was reported final in this step (by the tape, outside no_sync()).
+  std::size_t reported_parameters() const { return reported_; }
+  /// The number of finish() calls so far.
+  std::uint64_t steps() const { return steps_; }
+
+ private:
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  struct Slot {
+    std::size_t bucket, offset, member;
+  };
+  struct Bucket {
+    std::vector<std::size_t> members;  // parameter indices, in the order the reducer expects them ready
+    std::size_t values = 0;            // gradient elements; data holds them, then one flag per member
+    std::vector<T> data;
+    std::size_t pending = 0;  // members not packed yet in this step
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  std::size_t index_of(const remat::detail::ParameterStorage<T>* storage) const {
+    auto it = std::lower_bound(lookup_.begin(), lookup_.end(), std::make_pair(storage, std::size_t{0}));
+    return it != lookup_.end() && it->first == storage ? it->second : npos;
+  }
+
+  /// Copies parameter k's gradient × weight (zeros if it has none) into its bucket slot.
+  void pack(std::size_t k) {
+    remat::detail::ParameterStorage<T>& p = *storages_[k];
+    if (p.value.rows() != shapes_[k].rows || p.value.cols() != shapes_[k].cols)
+      throw shape_error("GradientReducer: parameter " + std::to_string(k) + " is " +
+                        to_string(Shape{p.value.rows(), p.value.cols()}) + " but was " + to_string(shapes_[k]) +
+                        " when the reducer was made");
+    p.check_grad_size("GradientReducer");
+    const Slot& s = slots_[k];
+    Bucket& bucket = buckets_[s.bucket];
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> slot(bucket.data.data() + s.offset, shapes_[k].size());
+    if (p.grad_defined) {
+      slot = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(p.grad, shapes_[k].size()) * static_cast<T>(weight_);
+      bucket.data[bucket.values + s.member] = T(1);
+    } else {
+      slot.setZero();
+      bucket.data[bucket.values + s.member] = T(0);
+    }
+    copied_[k] = 1;
+    --bucket.pending;
+  }
+
+  /// Starts, in bucket order, every bucket whose members are all packed.
+  void start_full_buckets() {
+    for (; next_start_ < buckets_.size() && buckets_[next_start_].pending == 0; ++next_start_) {
+      Bucket& bucket = buckets_[next_start_];
+      detail::check(MPI_Iallreduce(MPI_IN_PLACE, bucket.data.data(), static_cast<int>(bucket.data.size()),
+                                   detail::datatype<T>(), MPI_SUM, comm_, &bucket.request),
+                    "GradientReducer: MPI_Iallreduce");
+    }
+  }
+
+  /// Lets MPI advance the all-reduces in flight.
+  void progress() {
+    for (std::size_t b = 0; b < next_start_; ++b) {
+      if (buckets_[b].request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      detail::check(MPI_Test(&buckets_[b].request, &done, MPI_STATUS_IGNORE), "GradientReducer: MPI_Test");
+    }
+  }
+
+  MPI_Comm comm_;
+  double weight_ = 1;
+  bool sync_ = true;
+  std::vector<std::shared_ptr<remat::detail::ParameterStorage<T>>> storages_;
+  std::vector<Shape> shapes_;
+  std::vector<std::pair<const remat::detail::ParameterStorage<T>*, std::size_t>> lookup_;  // sorted by storage
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::uint8_t> copied_;
+  std::size_t next_start_ = 0, reported_ = 0;
+  std::uint64_t steps_ = 0;
+};
+
+}  // namespace remat::distributed

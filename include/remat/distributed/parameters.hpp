@@ -1,0 +1,78 @@
+// check_same_parameters and broadcast_parameters: every rank of a data-parallel run must train the same
+// parameter list, starting from the same values.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "remat/distributed/environment.hpp"
+#include "remat/errors.hpp"
+#include "remat/matrix.hpp"
+#include "remat/parameter.hpp"
+
+namespace remat::distributed {
+
+/// Collective over `comm`: checks that every rank passes as many parameters, of the same shapes in the same
+/// order (ranks built with different model flags would otherwise exchange mismatched buffers, or wait in a
+/// collective forever). `who` names the caller in the message. Throws, on every rank alike, shape_error
+/// "<who>: rank 0 has 6 parameters but rank 1 has 4 …" or "<who>: parameter 2 is [64,10] on rank 0 but
+/// [32,10] on rank 1 …"; domain_error for a null pointer (on the rank that has it; call it on valid lists).
+template <class T>
+void check_same_parameters(const std::vector<Parameter<T>*>& parameters, MPI_Comm comm = MPI_COMM_WORLD,
+                           const char* who = "check_same_parameters") {
+  for (std::size_t k = 0; k < parameters.size(); ++k)
+    if (!parameters[k])
+      throw domain_error(std::string(who) + ": parameter " + std::to_string(k) + " is a null pointer");
+  const int ranks = size(comm);
+  long long count = static_cast<long long>(parameters.size());
+  std::vector<long long> counts(static_cast<std::size_t>(ranks));
+  detail::check(MPI_Allgather(&count, 1, MPI_LONG_LONG, counts.data(), 1, MPI_LONG_LONG, comm),
+                "check_same_parameters: MPI_Allgather");
+  for (int r = 1; r < ranks; ++r)
+    if (counts[static_cast<std::size_t>(r)] != counts[0])
+      throw shape_error(std::string(who) + ": rank 0 has " + std::to_string(counts[0]) + " parameters but rank " +
+                        std::to_string(r) + " has " + std::to_string(counts[static_cast<std::size_t>(r)]) +
+                        "; every rank must build the same model (same model flags)");
+  std::vector<long long> shapes(2 * parameters.size()), all(2 * parameters.size() * static_cast<std::size_t>(ranks));
+  for (std::size_t k = 0; k < parameters.size(); ++k) {
+    shapes[2 * k] = parameters[k]->rows();
+    shapes[2 * k + 1] = parameters[k]->cols();
+  }
+  detail::check(MPI_Allgather(shapes.data(), static_cast<int>(shapes.size()), MPI_LONG_LONG, all.data(),
+                              static_cast<int>(shapes.size()), MPI_LONG_LONG, comm),
+                "check_same_parameters: MPI_Allgather");
+  for (int r = 1; r < ranks; ++r)
+    for (std::size_t k = 0; k < parameters.size(); ++k) {
+      const long long* mine = &all[static_cast<std::size_t>(r) * shapes.size() + 2 * k];
+      const Shape first{all[2 * k], all[2 * k + 1]}, other{mine[0], mine[1]};
+      if (first != other)
+        throw shape_error(std::string(who) + ": parameter " + std::to_string(k) + " is " + to_string(first) +
+                          " on rank 0 but " + to_string(other) + " on rank " + std::to_string(r) +
+                          "; every rank must build the same model (same model flags)");
+    }
+}
+
+/// Collective over `comm`: copies every parameter's value from rank `root` to every other rank (MPI_Bcast),
+/// so that data-parallel training starts from the same weights everywhere (as DistributedDataParallel does
+/// when it is constructed; Li et al., VLDB 2020). First checks the parameter lists (check_same_parameters).
+/// The values change on the other ranks as by Parameter::mutable_value() (their version moves on); the
+/// gradients are left as they were. Throws shape_error (mismatched lists, on every rank), domain_error (root
+/// outside [0, size)), mpi_error.
+template <class T>
+void broadcast_parameters(const std::vector<Parameter<T>*>& parameters, int root = 0, MPI_Comm comm = MPI_COMM_WORLD) {
+  const int ranks = size(comm);
+  if (root < 0 || root >= ranks)
+    throw domain_error("broadcast_parameters: root " + std::to_string(root) + " is not a rank of the " +
+                       std::to_string(ranks) + "-rank communicator");
+  check_same_parameters(parameters, comm, "broadcast_parameters");
+  const bool is_root = rank(comm) == root;
+  for (Parameter<T>* p : parameters) {
+    T* data = is_root ? const_cast<T*>(p->value().data()) : p->mutable_value().data();  // root's is only read
+    detail::check(MPI_Bcast(data, static_cast<int>(p->value().size()), detail::datatype<T>(), root, comm),
+                  "broadcast_parameters: MPI_Bcast");
+  }
+}
+
+}  // namespace remat::distributed
