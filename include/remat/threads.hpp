@@ -53,7 +53,7 @@ inline int num_threads() {
 /// n threads compute at any moment. Results are bitwise identical for every n in remat's kernels
 /// (docs/design.md §6); OpenBLAS's multi-threaded products may round differently from its one-thread
 /// products. Without set_num_threads, remat's team has omp_get_max_threads() threads and OpenBLAS its own
-/// default (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else the cores): OMP_NUM_THREADS=n pins both.
+/// default (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, at most the cores): OMP_NUM_THREADS=n pins both.
 /// Does not change the user's own OpenMP setting (omp_set_num_threads). Throws remat::domain_error for n < 1.
 inline void set_num_threads(int n) {
   if (n < 1) throw domain_error("set_num_threads: n must be at least 1, got " + std::to_string(n));
