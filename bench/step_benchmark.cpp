@@ -26,7 +26,6 @@
 #endif
 
 #ifdef EIGEN_USE_BLAS
-extern "C" void openblas_set_num_threads(int);
 extern "C" char* openblas_get_config();
 extern "C" char* openblas_get_corename();
 #endif
@@ -34,9 +33,7 @@ extern "C" char* openblas_get_corename();
 namespace bench {
 
 void set_threads(int threads) {
-#ifdef EIGEN_USE_BLAS
-  openblas_set_num_threads(threads);
-#endif
+  remat::set_num_threads(threads);  // remat's kernels and OpenBLAS's products
 #ifdef REMAT_BENCH_LIBTORCH
   torch_set_threads(threads);
 #endif

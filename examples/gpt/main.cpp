@@ -26,10 +26,6 @@
 #include "gpt.hpp"
 #include "training_step.hpp"
 
-#ifdef EIGEN_USE_BLAS
-extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS's own API (cblas.h is not on the path)
-#endif
-
 namespace {
 
 using examples::cpu_seconds;
@@ -283,9 +279,7 @@ std::uint32_t parameters_crc32(gpt::Model<float>& model) {
 }
 
 int run(Options& o, const CLI::App& app) {
-#ifdef EIGEN_USE_BLAS
-  openblas_set_num_threads(o.threads);
-#endif
+  remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   // The state file's settings come first: they decide the model's shape and the split.
   std::unique_ptr<examples::StateReader> resume;
   if (!o.state.empty() && std::filesystem::exists(o.state)) {
@@ -486,7 +480,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.99));
   app.add_option("--seed", o.seed, "Seed of the initialisation, the batches, dropout and sampling")
       ->capture_default_str();
-  app.add_option("--threads", o.threads, "OpenBLAS threads for the matrix products")
+  app.add_option("--threads", o.threads,
+                 "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_option("--checkpoint", o.checkpoint,

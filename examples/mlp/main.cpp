@@ -29,10 +29,6 @@
 #include "state_file.hpp"
 #include "training_step.hpp"
 
-#ifdef EIGEN_USE_BLAS
-extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS's own API (cblas.h is not on the path)
-#endif
-
 namespace {
 
 using examples::cpu_seconds;
@@ -262,9 +258,7 @@ int run(Options& o, const CLI::App& app) {
                                   std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
   }
 #endif
-#ifdef EIGEN_USE_BLAS
-  openblas_set_num_threads(o.threads);
-#endif
+  remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
   mlp::Dataset test = mlp::read_idx_dataset(o.data, "t10k", classes);
   if (test.image_rows != train.image_rows || test.image_cols != train.image_cols)
@@ -501,7 +495,8 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", o.dropout, "Dropout probability after each hidden activation (0 = off)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
-  app.add_option("--threads", o.threads, "OpenBLAS threads for the matrix products")
+  app.add_option("--threads", o.threads,
+                 "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_option("--limit", o.limit, "Train on the first N training images only (0 = all 60000)")

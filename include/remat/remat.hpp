@@ -12,6 +12,7 @@
 #include "remat/parameter.hpp"
 #include "remat/policies.hpp"
 #include "remat/tape.hpp"
+#include "remat/threads.hpp"
 #include "remat/var.hpp"
 
 #include "remat/ops/abs.hpp"

@@ -93,6 +93,9 @@ inline AttentionConfig attention_config(const Shape& q) {
   if (q == Shape{6, 4}) return {2, 3};  // B = 2, S = 3, two heads of width 2
   if (q == Shape{4, 3}) return {1, 4};  // B = 1, S = 4, one head of width 3
   if (q == Shape{3, 2}) return {2, 1};  // B = 3, S = 1, two heads of width 1
+  // Large enough for the attention kernels' row tiles (tests/ops/threads_test.cpp): B = 2, S = 150 (tiles
+  // of 64, 64 and 22 rows), three heads of width 16.
+  if (q == Shape{300, 48}) return {3, 150};
   throw std::invalid_argument("attention_config: no layout for q " + remat::to_string(q));
 }
 /// [B·heads·S, S] for token rows of shape q.

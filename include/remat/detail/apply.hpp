@@ -11,6 +11,7 @@
 
 #include "remat/detail/contexts.hpp"
 #include "remat/detail/op_kernels.hpp"
+#include "remat/detail/parallel.hpp"
 #include "remat/detail/tape_state.hpp"
 #include "remat/var.hpp"
 
@@ -157,8 +158,8 @@ Var<T> apply_op(const Var<T>& first, const Rest&... rest) {
 
 namespace detail {
 
-/// Base of one-input elementwise ops: Derived supplies name, residuals (reads_input0 or reads_output:
-/// what its derivative reads), flops_per_element, value(x, params) and derivative(x, y, g, params)
+/// Base of one-input elementwise ops: Derived supplies name, residuals (reads_input0, reads_output or
+/// reads_nothing: what its derivative reads), flops_per_element, value(x, params) and derivative(x, y, g, params)
 /// on Eigen arrays (y = output, g = dL/dy).
 template <class Derived>
 struct UnaryElementwise : OpBase {
@@ -170,12 +171,27 @@ struct UnaryElementwise : OpBase {
   static unsigned reads(GradInputs g) { return wants(g, 0) ? Derived::residuals : reads_nothing; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().array() = Derived::value(c.in(0).array(), params_of<typename Derived::Params>(c));
+    const auto x = c.in(0);
+    auto y = c.out();
+    const auto p = params_of<typename Derived::Params>(c);
+    for_row_blocks(y.rows(), y.cols(), Derived::flops_per_element, [&](Index r0, Index n) {
+      y.middleRows(r0, n).array() = Derived::value(x.middleRows(r0, n).array(), p);
+    });
   }
+  /// Row blocks of the one residual the derivative reads (it is passed as both x and y: the other one may
+  /// have been freed), of dL/dy itself when it reads none.
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    c.add_grad(0, Derived::derivative(c.in(0).array(), c.out().array(), c.grad_out().array(),
-                                      params_of<typename Derived::Params>(c)));
+    static_assert(
+        Derived::residuals == reads_output || Derived::residuals == reads_input0 || Derived::residuals == reads_nothing,
+        "a UnaryElementwise derivative reads its input, its output or neither");
+    const auto p = params_of<typename Derived::Params>(c);
+    const auto g = c.grad_out();
+    const auto r = Derived::residuals == reads_output ? c.out() : Derived::residuals == reads_input0 ? c.in(0) : g;
+    add_grad_rows(c, 0, Derived::flops_per_element, [&](Index r0, Index n) {
+      return Derived::derivative(r.middleRows(r0, n).array(), r.middleRows(r0, n).array(), g.middleRows(r0, n).array(),
+                                 p);
+    });
   }
   static double flops(const Shape*, int, const Shape& out) {
     return Derived::flops_per_element * static_cast<double>(out.size());

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include "remat/detail/parallel.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 
@@ -40,6 +41,28 @@ template <class F>
 void for_each_tile(Index S, bool causal, F f) {
   const Index step = causal ? causal_tile : S;
   for (Index begin = 0; begin < S; begin += step) f(begin, std::min(step, S - begin));
+}
+
+/// How an attention kernel cuts its work for remat's team (detail/parallel.hpp): the rows of each (sequence,
+/// head) block in tiles — of causal_tile rows when causal (the mask's tiles) or when the op's 2·blocks·S²·d
+/// FLOPs reach parallel_grain, of S rows otherwise — and, above the grain, the tiles as the team's items
+/// (`team`), with OpenBLAS on one thread for their products (BlasOnOneThread). Fixed by the shape alone.
+struct AttentionTiles {
+  Blocks rows;
+  bool team;
+  /// Item i of a kernel that hands out every tile of every block: block i / rows.count, tile i % rows.count.
+  struct Item {
+    Index b, h, r0, rows;
+  };
+  Index items(const AttentionLayout& l) const { return l.blocks() * rows.count; }
+  Item item(const AttentionLayout& l, Index i) const {
+    const Index bh = i / rows.count, t = i % rows.count;
+    return Item{bh / l.heads, bh % l.heads, rows.begin(t), rows.length(t)};
+  }
+};
+inline AttentionTiles attention_tiles(const AttentionLayout& l, bool causal) {
+  const bool team = above_grain(l.blocks() * l.seq_len * l.seq_len, 2.0 * static_cast<double>(l.head_width));
+  return AttentionTiles{make_blocks(l.seq_len, causal_tile, team || causal), team};
 }
 
 /// The layout of token rows of shape `x` named `what` in `op`; throws shape_error unless heads ≥ 1,

@@ -20,11 +20,17 @@ struct AffineOp : OpBase {
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const auto a = params_of<Params>(c);
-    c.out().array() = T(a.scale) * c.in(0).array() + T(a.shift);
+    const auto x = c.in(0);
+    auto y = c.out();
+    for_row_blocks(y.rows(), y.cols(), 2, [&](Index r0, Index n) {
+      y.middleRows(r0, n).array() = T(a.scale) * x.middleRows(r0, n).array() + T(a.shift);
+    });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    if (c.wants_grad(0)) c.add_grad(0, T(params_of<Params>(c).scale) * c.grad_out().array());
+    const T scale = T(params_of<Params>(c).scale);
+    const auto g = c.grad_out();
+    add_grad_rows(c, 0, 1, [&](Index r0, Index n) { return scale * g.middleRows(r0, n).array(); });
   }
   static double flops(const Shape*, int, const Shape& out) { return 2.0 * static_cast<double>(out.size()); }
 };

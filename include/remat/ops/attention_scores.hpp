@@ -21,75 +21,90 @@ struct AttentionScoresOp : OpBase {
     const AttentionLayout l = attention_layout(name, "q", in[0], p);
     return {l.blocks() * l.seq_len, l.seq_len};
   }
+  /// Item (block b·heads + h, row tile [r0, r0 + rows)): those rows of S_bh, then their mask.
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const auto p = params_of<Params>(c);
     const AttentionLayout l = attention_layout(name, "q", c.in_shape(0), p);
+    const AttentionTiles tiles = attention_tiles(l, p.causal);
     const auto q = c.in(0);
     const auto k = c.in(1);
     auto s = c.out();
     const T scale = T(l.scale());
     const Index S = l.seq_len, d = l.head_width;
-    for (Index b = 0; b < l.batch; ++b)
-      for (Index h = 0; h < l.heads; ++h) {
-        auto block = s.middleRows(l.block_row(b, h), S);
-        const auto q_bh = q.block(b * S, h * d, S, d);
-        const auto k_bh = k.block(b * S, h * d, S, d);
-        for_each_tile(S, p.causal, [&](Index r0, Index rows) {
-          const Index visible = p.causal ? r0 + rows : S;
-          block.block(r0, 0, rows, visible).noalias() =
-              scale * (q_bh.middleRows(r0, rows) * k_bh.topRows(visible).transpose());
-        });
-        if (p.causal)
-          for (Index i = 0; i + 1 < S; ++i)
-            block.row(i).tail(S - 1 - i).setConstant(-std::numeric_limits<T>::infinity());
-      }
+    const BlasOnOneThread blas(tiles.team);
+    for_items(tiles.team, tiles.items(l), [&](Index i) {
+      const auto [b, h, r0, rows] = tiles.item(l, i);
+      auto block = s.middleRows(l.block_row(b, h), S);
+      const Index visible = p.causal ? r0 + rows : S;
+      block.block(r0, 0, rows, visible).noalias() =
+          scale * (q.block(b * S + r0, h * d, rows, d) * k.block(b * S, h * d, visible, d).transpose());
+      if (p.causal)
+        for (Index r = r0; r < r0 + rows && r + 1 < S; ++r)
+          block.row(r).tail(S - 1 - r).setConstant(-std::numeric_limits<T>::infinity());
+    });
   }
   /// Causal backward: one block's gradient, scaled and with the masked entries zeroed, [S,S].
   static Shape scratch_shape(const Shape*, const Params& p) {
     if (!p.causal) return {};
     return {p.seq_len, p.seq_len};
   }
+  /// Row tile [r0, r0 + rows) of a block writes rows [r0, r0 + rows) of dq_bh and of dk_bh (dk's from columns
+  /// [r0, r0 + rows) of dS_bh): without a mask one item per tile of every block; with one, block by block,
+  /// first the masked gradient's rows by tiles, then dq's and dk's tiles.
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     const auto p = params_of<Params>(c);
     const AttentionLayout l = attention_layout(name, "q", c.in_shape(0), p);
+    const AttentionTiles tiles = attention_tiles(l, p.causal);
     const auto g = c.grad_out();
     const T scale = T(l.scale());
     const Index S = l.seq_len, d = l.head_width;
     const bool want_q = c.wants_grad(0), want_k = c.wants_grad(1);
-    // Taken in the order each block writes them (dq, then dk): for attention_scores(x, x) the first
-    // assigns and the second adds, block by block.
+    // Taken in the order each tile writes them (dq, then dk): for attention_scores(x, x) the first
+    // assigns and the second adds, tile by tile.
     GradTarget<T> dq = want_q ? c.grad_target(0) : GradTarget<T>{c.grad(0), false};
     GradTarget<T> dk = want_k ? c.grad_target(1) : GradTarget<T>{c.grad(1), false};
+    const BlasOnOneThread blas(tiles.team);
+    if (!p.causal) {
+      for_items(tiles.team, tiles.items(l), [&](Index i) {
+        const auto [b, h, r0, rows] = tiles.item(l, i);
+        const auto g_bh = g.middleRows(l.block_row(b, h), S);
+        if (want_q)
+          assign_or_add_product(dq.map.block(b * S + r0, h * d, rows, d),
+                                scale * (g_bh.middleRows(r0, rows) * c.in(1).block(b * S, h * d, S, d)), dq.accumulate);
+        if (want_k)
+          assign_or_add_product(dk.map.block(b * S + r0, h * d, rows, d),
+                                scale * (g_bh.middleCols(r0, rows).transpose() * c.in(0).block(b * S, h * d, S, d)),
+                                dk.accumulate);
+      });
+      return;
+    }
+    // The masked entries are constants: their gradient reaches neither q nor k.
+    auto masked = c.scratch();
     for (Index b = 0; b < l.batch; ++b)
       for (Index h = 0; h < l.heads; ++h) {
         const auto q_bh = c.in(0).block(b * S, h * d, S, d);
         const auto k_bh = c.in(1).block(b * S, h * d, S, d);
         const auto g_bh = g.middleRows(l.block_row(b, h), S);
-        if (p.causal) {
-          // The masked entries are constants: their gradient reaches neither q nor k.
-          auto masked = c.scratch();
-          for (Index i = 0; i < S; ++i) {  // row by row: contiguous, vectorised
-            masked.row(i).head(i + 1) = scale * g_bh.row(i).head(i + 1);
-            masked.row(i).tail(S - 1 - i).setZero();
+        for_items(tiles.team, tiles.rows.count, [&](Index t) {
+          for (Index r = tiles.rows.begin(t); r < tiles.rows.begin(t) + tiles.rows.length(t); ++r) {
+            masked.row(r).head(r + 1) = scale * g_bh.row(r).head(r + 1);  // row by row: contiguous, vectorised
+            masked.row(r).tail(S - 1 - r).setZero();
           }
-          // dq rows [r0, r0 + rows) read columns [0, r0 + rows); dk rows [c0, c0 + cols) are read by rows
-          // [c0, S) only.
-          for_each_tile(S, true, [&](Index r0, Index rows) {
-            if (want_q)
-              assign_or_add_product(dq.map.block(b * S + r0, h * d, rows, d),
-                                    masked.block(r0, 0, rows, r0 + rows) * k_bh.topRows(r0 + rows), dq.accumulate);
-            if (want_k)
-              assign_or_add_product(dk.map.block(b * S + r0, h * d, rows, d),
-                                    masked.block(r0, r0, S - r0, rows).transpose() * q_bh.bottomRows(S - r0),
-                                    dk.accumulate);
-          });
-        } else {
-          if (want_q) assign_or_add_product(dq.map.block(b * S, h * d, S, d), scale * (g_bh * k_bh), dq.accumulate);
+        });
+        // dq rows [r0, r0 + rows) read columns [0, r0 + rows); dk rows [r0, r0 + rows) are read by rows
+        // [r0, S) only.
+        for_items(tiles.team, tiles.rows.count, [&](Index t) {
+          const Index r0 = tiles.rows.begin(t), rows = tiles.rows.length(t);
+          if (want_q)
+            assign_or_add_product(dq.map.block(b * S + r0, h * d, rows, d),
+                                  masked.block(r0, 0, rows, r0 + rows) * k_bh.topRows(r0 + rows), dq.accumulate);
           if (want_k)
-            assign_or_add_product(dk.map.block(b * S, h * d, S, d), scale * (g_bh.transpose() * q_bh), dk.accumulate);
-        }
+            assign_or_add_product(dk.map.block(b * S + r0, h * d, rows, d),
+                                  masked.block(r0, r0, S - r0, rows).transpose() * q_bh.bottomRows(S - r0),
+                                  dk.accumulate);
+        });
       }
   }
   /// 2·(B·S)·H·S: per block 2·S·S·d, over B·heads blocks (the dense count; causal tiles skip about

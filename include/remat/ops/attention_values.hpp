@@ -27,38 +27,50 @@ struct AttentionValuesOp : OpBase {
                         " needs p of " + to_string(Shape{l.blocks() * l.seq_len, l.seq_len}));
     return in[1];
   }
+  /// Item (block b·heads + h, row tile [r0, r0 + rows)): those rows of y_bh.
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const AttentionLayout l = layout(c.in_shape(1), params_of<Params>(c));
+    const AttentionTiles tiles = attention_tiles(l, false);
     const auto p = c.in(0);
     const auto v = c.in(1);
     auto y = c.out();
     const Index S = l.seq_len, d = l.head_width;
-    for (Index b = 0; b < l.batch; ++b)
-      for (Index h = 0; h < l.heads; ++h)
-        y.block(b * S, h * d, S, d).noalias() = p.middleRows(l.block_row(b, h), S) * v.block(b * S, h * d, S, d);
+    const BlasOnOneThread blas(tiles.team);
+    for_items(tiles.team, tiles.items(l), [&](Index i) {
+      const auto [b, h, r0, rows] = tiles.item(l, i);
+      y.block(b * S + r0, h * d, rows, d).noalias() =
+          p.middleRows(l.block_row(b, h) + r0, rows) * v.block(b * S, h * d, S, d);
+    });
   }
+  /// Item (block, row tile [r0, r0 + rows)): those rows of dp_bh, then (after every dp item) of dv_bh.
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     const AttentionLayout l = layout(c.in_shape(1), params_of<Params>(c));
+    const AttentionTiles tiles = attention_tiles(l, false);
     const auto g = c.grad_out();
     const Index S = l.seq_len, d = l.head_width;
+    const BlasOnOneThread blas(tiles.team);
     if (c.wants_grad(0)) {  // dp_bh = dy_bh · v_bhᵀ
       const auto v = c.in(1);
       GradTarget<T> t = c.grad_target(0);
-      for (Index b = 0; b < l.batch; ++b)
-        for (Index h = 0; h < l.heads; ++h)
-          assign_or_add_product(t.map.middleRows(l.block_row(b, h), S),
-                                g.block(b * S, h * d, S, d) * v.block(b * S, h * d, S, d).transpose(), t.accumulate);
+      for_items(tiles.team, tiles.items(l), [&](Index i) {
+        const auto [b, h, r0, rows] = tiles.item(l, i);
+        assign_or_add_product(t.map.middleRows(l.block_row(b, h) + r0, rows),
+                              g.block(b * S + r0, h * d, rows, d) * v.block(b * S, h * d, S, d).transpose(),
+                              t.accumulate);
+      });
     }
     if (c.wants_grad(1)) {  // dv_bh = p_bhᵀ · dy_bh
       const auto p = c.in(0);
       GradTarget<T> t = c.grad_target(1);
-      for (Index b = 0; b < l.batch; ++b)
-        for (Index h = 0; h < l.heads; ++h)
-          assign_or_add_product(t.map.block(b * S, h * d, S, d),
-                                p.middleRows(l.block_row(b, h), S).transpose() * g.block(b * S, h * d, S, d),
-                                t.accumulate);
+      for_items(tiles.team, tiles.items(l), [&](Index i) {
+        const auto [b, h, r0, rows] = tiles.item(l, i);
+        assign_or_add_product(
+            t.map.block(b * S + r0, h * d, rows, d),
+            p.middleRows(l.block_row(b, h), S).middleCols(r0, rows).transpose() * g.block(b * S, h * d, S, d),
+            t.accumulate);
+      });
     }
   }
   /// 2·(B·S)·S·H: per block 2·S·S·d over B·heads blocks.

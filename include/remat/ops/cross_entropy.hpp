@@ -22,14 +22,18 @@ struct CrossEntropyOp : OpBase {
     auto x = c.in(0);
     auto p = c.extra();
     const int* labels = c.indices();
-    T total = 0;
-    for (Index i = 0; i < x.rows(); ++i) {
-      const T m = x.row(i).maxCoeff();
-      p.row(i).array() = (x.row(i).array() - m).exp();
-      const T z = p.row(i).sum();
-      p.row(i) /= z;
-      total += m + std::log(z) - x(i, labels[i]);
-    }
+    // Each row block's losses are summed in row order, the blocks' sums in block order.
+    const T total = sum_row_blocks<T>(x.rows(), x.cols(), 15, [&](Index r0, Index n) {
+      T part = 0;
+      for (Index i = r0; i < r0 + n; ++i) {
+        const T m = x.row(i).maxCoeff();
+        p.row(i).array() = (x.row(i).array() - m).exp();
+        const T z = p.row(i).sum();
+        p.row(i) /= z;
+        part += m + std::log(z) - x(i, labels[i]);
+      }
+      return part;
+    });
     c.out()(0, 0) = total / static_cast<T>(x.rows());
   }
   template <class T>
@@ -38,9 +42,11 @@ struct CrossEntropyOp : OpBase {
     const auto p = c.extra();
     const int* labels = c.indices();
     const T scale = c.grad_out()(0, 0) / static_cast<T>(p.rows());
-    c.add_grad(0, scale * p);
-    auto d = c.grad(0);
-    for (Index i = 0; i < p.rows(); ++i) d(i, labels[i]) -= scale;
+    GradTarget<T> d = c.grad_target(0);
+    for_row_blocks(p.rows(), p.cols(), 2, [&](Index r0, Index n) {
+      assign_or_add(d.map.middleRows(r0, n), scale * p.middleRows(r0, n), d.accumulate);
+      for (Index i = r0; i < r0 + n; ++i) d.map(i, labels[i]) -= scale;
+    });
   }
   static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
 };

@@ -35,24 +35,27 @@ struct DropoutOp : OpBase {
     const std::uint64_t bits = splitmix64(a.seed ^ splitmix64(a.offset + k));
     return static_cast<double>(bits >> 11) * 0x1.0p-53 >= a.p;
   }
-  /// out[k] = mask_k · in[k] / (1 − p), or out[k] += that when `accumulate`.
+  /// out[k] = mask_k · in[k] / (1 − p), or out[k] += that when `accumulate`, for the [rows, cols] tensors
+  /// `in` and `out` by row blocks: element k's draw depends on k alone, not on its block or thread.
   template <class T>
-  static void apply_mask(const Params& a, const T* in, T* out, Index count, bool accumulate) {
+  static void apply_mask(const Params& a, const T* in, T* out, const Shape& s, bool accumulate) {
     const T scale = T(1) / T(1 - a.p);
-    for (Index k = 0; k < count; ++k) {
-      const T v = keeps(a, static_cast<std::uint64_t>(k)) ? in[k] * scale : T(0);
-      out[k] = accumulate ? out[k] + v : v;
-    }
+    for_row_blocks(s.rows, s.cols, 10, [&](Index r0, Index n) {
+      for (Index k = r0 * s.cols; k < (r0 + n) * s.cols; ++k) {
+        const T v = keeps(a, static_cast<std::uint64_t>(k)) ? in[k] * scale : T(0);
+        out[k] = accumulate ? out[k] + v : v;
+      }
+    });
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    apply_mask(params_of<Params>(c), c.in(0).data(), c.out().data(), c.out_shape().size(), false);
+    apply_mask(params_of<Params>(c), c.in(0).data(), c.out().data(), c.out_shape(), false);
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     if (!c.wants_grad(0)) return;
     GradTarget<T> d = c.grad_target(0);
-    apply_mask(params_of<Params>(c), c.grad_out().data(), d.map.data(), d.map.size(), d.accumulate);
+    apply_mask(params_of<Params>(c), c.grad_out().data(), d.map.data(), c.out_shape(), d.accumulate);
   }
   static double flops(const Shape*, int, const Shape& out) { return 10.0 * static_cast<double>(out.size()); }
 };

@@ -36,15 +36,19 @@ struct LayerNormOp : OpBase {
     const T eps = T(params_of<Params>(c).eps);
     const auto gain = c.in(1).row(0).array();
     const auto bias = c.in(2).row(0).array();
-    for (Index i = 0; i < x.rows(); ++i) {
-      const T mu = x.row(i).mean();
-      const T var = (x.row(i).array() - mu).square().mean();
-      const T rstd = T(1) / std::sqrt(var + eps);
-      stats(i, 0) = mu;
-      stats(i, 1) = rstd;
-      y.row(i).array() = (x.row(i).array() - mu) * rstd * gain + bias;
-    }
+    for_row_blocks(x.rows(), x.cols(), 8, [&](Index r0, Index n) {
+      for (Index i = r0; i < r0 + n; ++i) {
+        const T mu = x.row(i).mean();
+        const T var = (x.row(i).array() - mu).square().mean();
+        const T rstd = T(1) / std::sqrt(var + eps);
+        stats(i, 0) = mu;
+        stats(i, 1) = rstd;
+        y.row(i).array() = (x.row(i).array() - mu) * rstd * gain + bias;
+      }
+    });
   }
+  /// Backward: dx by row blocks; dgain and dbias, sums over rows, by column blocks (each column's sum in
+  /// row order).
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     const auto g = c.grad_out();
@@ -55,20 +59,27 @@ struct LayerNormOp : OpBase {
       if (c.wants_grad(0)) {
         const auto gain = c.in(1).row(0).array();
         GradTarget<T> dx = c.grad_target(0);
-        for (Index i = 0; i < x.rows(); ++i) {
-          const auto dxhat = g.row(i).array() * gain;
-          const T mean_d = dxhat.mean();
-          const T mean_dx = (dxhat * xhat(i)).mean();
-          assign_or_add(dx.map.row(i).array(), stats(i, 1) * (dxhat - mean_d - xhat(i) * mean_dx), dx.accumulate);
-        }
+        for_row_blocks(x.rows(), x.cols(), 12, [&](Index r0, Index n) {
+          for (Index i = r0; i < r0 + n; ++i) {
+            const auto dxhat = g.row(i).array() * gain;
+            const T mean_d = dxhat.mean();
+            const T mean_dx = (dxhat * xhat(i)).mean();
+            assign_or_add(dx.map.row(i).array(), stats(i, 1) * (dxhat - mean_d - xhat(i) * mean_dx), dx.accumulate);
+          }
+        });
       }
       if (c.wants_grad(1)) {
         GradTarget<T> dgain = c.grad_target(1);
-        for (Index i = 0; i < x.rows(); ++i)
-          assign_or_add(dgain.map.row(0).array(), g.row(i).array() * xhat(i), dgain.accumulate || i > 0);
+        for_column_blocks(x.rows(), x.cols(), 3, [&](Index c0, Index n) {
+          auto d = dgain.map.row(0).segment(c0, n).array();
+          for (Index i = 0; i < x.rows(); ++i) {
+            const auto xhat_i = (x.row(i).segment(c0, n).array() - stats(i, 0)) * stats(i, 1);
+            assign_or_add(d, g.row(i).segment(c0, n).array() * xhat_i, dgain.accumulate || i > 0);
+          }
+        });
       }
     }
-    c.add_grad(2, g.colwise().sum());
+    add_grad_column_sums(c, 2, g);
   }
   static double flops(const Shape* in, int, const Shape&) { return 8.0 * static_cast<double>(in[0].size()); }
 };

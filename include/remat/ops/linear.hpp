@@ -24,13 +24,16 @@ struct LinearOp : OpBase {
   static void forward(const ForwardContext<T>& c) {
     auto out = c.out();
     out.noalias() = c.in(0) * c.in(1);
-    out.rowwise() += c.in(2).row(0);
+    const auto b = c.in(2).row(0);
+    for_row_blocks(out.rows(), out.cols(), 1, [&](Index r0, Index n) { out.middleRows(r0, n).rowwise() += b; });
   }
+  /// The products go to the GEMM (OpenBLAS's threads); db = Σ_rows dy by column blocks on remat's team.
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    if (c.wants_grad(0)) c.add_grad(0, c.grad_out() * c.in(1).transpose());
-    if (c.wants_grad(1)) c.add_grad(1, c.in(0).transpose() * c.grad_out());
-    if (c.wants_grad(2)) c.add_grad(2, c.grad_out().colwise().sum());
+    const auto g = c.grad_out();
+    if (c.wants_grad(0)) c.add_grad(0, g * c.in(1).transpose());
+    if (c.wants_grad(1)) c.add_grad(1, c.in(0).transpose() * g);
+    add_grad_column_sums(c, 2, g);
   }
   static double flops(const Shape* in, int, const Shape& out) {
     return 2.0 * static_cast<double>(in[0].rows) * static_cast<double>(in[0].cols) * static_cast<double>(out.cols) +

@@ -15,11 +15,13 @@ struct LogSoftmaxOp : OpBase {
   static void forward(const ForwardContext<T>& c) {
     auto x = c.in(0);
     auto y = c.out();
-    for (Index i = 0; i < x.rows(); ++i) {
-      const T m = x.row(i).maxCoeff();
-      const T lse = m + std::log((x.row(i).array() - m).exp().sum());
-      y.row(i).array() = x.row(i).array() - lse;
-    }
+    for_row_blocks(x.rows(), x.cols(), 15, [&](Index r0, Index n) {
+      for (Index i = r0; i < r0 + n; ++i) {
+        const T m = x.row(i).maxCoeff();
+        const T lse = m + std::log((x.row(i).array() - m).exp().sum());
+        y.row(i).array() = x.row(i).array() - lse;
+      }
+    });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
@@ -27,10 +29,12 @@ struct LogSoftmaxOp : OpBase {
     const auto y = c.out();
     const auto g = c.grad_out();
     GradTarget<T> dx = c.grad_target(0);
-    for (Index i = 0; i < y.rows(); ++i) {
-      const T total = g.row(i).sum();
-      assign_or_add(dx.map.row(i).array(), g.row(i).array() - y.row(i).array().exp() * total, dx.accumulate);
-    }
+    for_row_blocks(y.rows(), y.cols(), 12, [&](Index r0, Index n) {
+      for (Index i = r0; i < r0 + n; ++i) {
+        const T total = g.row(i).sum();
+        assign_or_add(dx.map.row(i).array(), g.row(i).array() - y.row(i).array().exp() * total, dx.accumulate);
+      }
+    });
   }
   static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
 };

@@ -14,7 +14,11 @@ struct MaxRowsOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return {in[0].rows, 1}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().noalias() = c.in(0).rowwise().maxCoeff();
+    const auto x = c.in(0);
+    auto y = c.out();
+    for_row_blocks(x.rows(), x.cols(), 1, [&](Index r0, Index n) {
+      y.middleRows(r0, n).noalias() = x.middleRows(r0, n).rowwise().maxCoeff();
+    });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
@@ -23,12 +27,14 @@ struct MaxRowsOp : OpBase {
     const auto y = c.out();
     const auto g = c.grad_out();
     GradTarget<T> d = c.grad_target(0);
-    if (!d.accumulate) d.map.setZero();
-    for (Index i = 0; i < x.rows(); ++i) {
-      Index j = 0;
-      while (j + 1 < x.cols() && !(x(i, j) == y(i, 0))) ++j;  // the first maximum (NaN rows: column 0)
-      d.map(i, j) += g(i, 0);
-    }
+    for_row_blocks(x.rows(), x.cols(), 1, [&](Index r0, Index n) {
+      if (!d.accumulate) d.map.middleRows(r0, n).setZero();
+      for (Index i = r0; i < r0 + n; ++i) {
+        Index j = 0;
+        while (j + 1 < x.cols() && !(x(i, j) == y(i, 0))) ++j;  // the first maximum (NaN rows: column 0)
+        d.map(i, j) += g(i, 0);
+      }
+    });
   }
   static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
 };

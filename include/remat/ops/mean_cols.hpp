@@ -13,7 +13,10 @@ struct MeanColsOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return {1, in[0].cols}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().noalias() = c.in(0).colwise().mean();
+    const auto x = c.in(0);
+    auto y = c.out();
+    for_column_blocks(x.rows(), x.cols(), 1,
+                      [&](Index c0, Index n) { y.middleCols(c0, n).noalias() = x.middleCols(c0, n).colwise().mean(); });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
@@ -21,7 +24,9 @@ struct MeanColsOp : OpBase {
     GradTarget<T> d = c.grad_target(0);
     const auto g = c.grad_out().row(0).array() / T(d.map.rows());
     // Row by row: replicate() of a quotient would evaluate it into a heap temporary.
-    for (Index i = 0; i < d.map.rows(); ++i) assign_or_add(d.map.row(i).array(), g, d.accumulate);
+    for_row_blocks(d.map.rows(), d.map.cols(), 1, [&](Index r0, Index n) {
+      for (Index i = r0; i < r0 + n; ++i) assign_or_add(d.map.row(i).array(), g, d.accumulate);
+    });
   }
   static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size() + in[0].cols); }
 };

@@ -18,13 +18,19 @@ struct MseLossOp : OpBase {
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out()(0, 0) = (c.in(0) - c.in(1)).squaredNorm() / static_cast<T>(c.in_shape(0).size());
+    const auto a = c.in(0), b = c.in(1);
+    const T total = sum_row_blocks<T>(a.rows(), a.cols(), 3, [&](Index r0, Index n) {
+      return (a.middleRows(r0, n) - b.middleRows(r0, n)).squaredNorm();
+    });
+    c.out()(0, 0) = total / static_cast<T>(a.size());
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
+    if (!c.wants_grad(0) && !c.wants_grad(1)) return;
     const T scale = T(2) * c.grad_out()(0, 0) / static_cast<T>(c.in_shape(0).size());
-    if (c.wants_grad(0)) c.add_grad(0, scale * (c.in(0) - c.in(1)));
-    if (c.wants_grad(1)) c.add_grad(1, scale * (c.in(1) - c.in(0)));
+    const auto a = c.in(0), b = c.in(1);
+    add_grad_rows(c, 0, 2, [&](Index r0, Index n) { return scale * (a.middleRows(r0, n) - b.middleRows(r0, n)); });
+    add_grad_rows(c, 1, 2, [&](Index r0, Index n) { return scale * (b.middleRows(r0, n) - a.middleRows(r0, n)); });
   }
   static double flops(const Shape* in, int, const Shape&) { return 3.0 * static_cast<double>(in[0].size()); }
 };

@@ -23,8 +23,16 @@ struct MultiplyOp : OpBase {
     const auto g = c.grad_out();
     const Shape s{g.rows(), g.cols()};
     if (c.in_shape(0) == s && c.in_shape(1) == s) {
-      if (c.wants_grad(0)) c.add_grad(0, g.array() * c.in(1).array());
-      if (c.wants_grad(1)) c.add_grad(1, g.array() * c.in(0).array());
+      if (c.wants_grad(0)) {
+        const auto b = c.in(1);
+        add_grad_rows(c, 0, 1,
+                      [&](Index r0, Index n) { return g.middleRows(r0, n).array() * b.middleRows(r0, n).array(); });
+      }
+      if (c.wants_grad(1)) {
+        const auto a = c.in(0);
+        add_grad_rows(c, 1, 1,
+                      [&](Index r0, Index n) { return g.middleRows(r0, n).array() * a.middleRows(r0, n).array(); });
+      }
       return;
     }
     if (c.wants_grad(0)) add_reduced_grad<T>(c, 0, (g.array() * broadcast_view(c.in(1), s).array()).matrix());

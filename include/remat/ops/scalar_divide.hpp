@@ -19,11 +19,19 @@ struct ScalarDivideOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().array() = T(params_of<Params>(c).numerator) / c.in(0).array();
+    const T numerator = T(params_of<Params>(c).numerator);
+    const auto x = c.in(0);
+    auto y = c.out();
+    for_row_blocks(y.rows(), y.cols(), 4,
+                   [&](Index r0, Index n) { y.middleRows(r0, n).array() = numerator / x.middleRows(r0, n).array(); });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    if (c.wants_grad(0)) c.add_grad(0, -(c.grad_out().array() * c.out().array()) / c.in(0).array());
+    if (!c.wants_grad(0)) return;
+    const auto g = c.grad_out(), x = c.in(0), y = c.out();
+    add_grad_rows(c, 0, 4, [&](Index r0, Index n) {
+      return -(g.middleRows(r0, n).array() * y.middleRows(r0, n).array()) / x.middleRows(r0, n).array();
+    });
   }
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
 };

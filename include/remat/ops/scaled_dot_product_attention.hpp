@@ -40,19 +40,18 @@ struct ScaledDotProductAttentionOp : OpBase {
     return {2 * l.seq_len, l.seq_len};
   }
 
-  /// Probabilities of block (b, h) into `prob` ([S,S]; zero above the diagonal when causal), from the
-  /// scores and their per-row log-sum-exp: computed here (forward, `lse` written) or read (backward).
+  /// Rows [r0, r0 + rows) of block (b, h)'s probabilities into `prob` ([S,S]; zero above the diagonal when
+  /// causal), from the scores and their per-row log-sum-exp: computed here (forward, `lse` written) or read
+  /// (backward).
   template <bool compute_lse, class Q, class K, class L, class P>
-  static void probabilities(const Q& q_bh, const K& k_bh, const AttentionLayout& l, bool causal, L&& lse, P&& prob) {
+  static void probabilities(const Q& q_bh, const K& k_bh, const AttentionLayout& l, bool causal, Index r0, Index rows,
+                            L&& lse, P&& prob) {
     using T = typename std::decay_t<P>::Scalar;
     const Index S = l.seq_len;
     const T scale = T(l.scale());
-    for_each_tile(S, causal, [&](Index r0, Index rows) {
-      const Index visible = causal ? r0 + rows : S;
-      prob.block(r0, 0, rows, visible).noalias() =
-          scale * (q_bh.middleRows(r0, rows) * k_bh.topRows(visible).transpose());
-    });
-    for (Index i = 0; i < S; ++i) {
+    prob.block(r0, 0, rows, causal ? r0 + rows : S).noalias() =
+        scale * (q_bh.middleRows(r0, rows) * k_bh.topRows(causal ? r0 + rows : S).transpose());
+    for (Index i = r0; i < r0 + rows; ++i) {
       const Index visible = causal ? i + 1 : S;  // row i sees columns [0, i] when causal
       auto row = prob.row(i).head(visible);
       if constexpr (compute_lse) {
@@ -65,31 +64,39 @@ struct ScaledDotProductAttentionOp : OpBase {
     }
   }
 
+  /// Block by block; in a block, row tile [r0, r0 + rows) makes those rows of P and of y_bh.
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const auto p = params_of<Params>(c);
     const AttentionLayout l = attention_layout(name, "q", c.in_shape(0), p);
+    const AttentionTiles tiles = attention_tiles(l, p.causal);
     const auto q = c.in(0), k = c.in(1), v = c.in(2);
     auto y = c.out();
     auto lse = c.extra();
     auto prob = c.scratch().topRows(l.seq_len);
     const Index S = l.seq_len, d = l.head_width;
+    const BlasOnOneThread blas(tiles.team);
     for (Index b = 0; b < l.batch; ++b)
       for (Index h = 0; h < l.heads; ++h) {
+        const auto q_bh = q.block(b * S, h * d, S, d), k_bh = k.block(b * S, h * d, S, d);
         const auto v_bh = v.block(b * S, h * d, S, d);
-        probabilities<true>(q.block(b * S, h * d, S, d), k.block(b * S, h * d, S, d), l, p.causal,
-                            lse.middleRows(l.block_row(b, h), S), prob);
-        for_each_tile(S, p.causal, [&](Index r0, Index rows) {
+        auto lse_bh = lse.middleRows(l.block_row(b, h), S);
+        for_items(tiles.team, tiles.rows.count, [&](Index t) {
+          const Index r0 = tiles.rows.begin(t), rows = tiles.rows.length(t);
           const Index visible = p.causal ? r0 + rows : S;
+          probabilities<true>(q_bh, k_bh, l, p.causal, r0, rows, lse_bh, prob);
           y.block(b * S + r0, h * d, rows, d).noalias() = prob.block(r0, 0, rows, visible) * v_bh.topRows(visible);
         });
       }
   }
 
+  /// Block by block. In a block, row tile [r0, r0 + rows) first makes those rows of P, dS and dq_bh; then,
+  /// once every row of dS is there, column tile [r0, r0 + rows) makes those rows of dk_bh and dv_bh.
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     const auto p = params_of<Params>(c);
     const AttentionLayout l = attention_layout(name, "q", c.in_shape(0), p);
+    const AttentionTiles tiles = attention_tiles(l, p.causal);
     const auto q = c.in(0), k = c.in(1);
     const auto lse = c.extra();
     const auto g = c.grad_out();
@@ -98,57 +105,55 @@ struct ScaledDotProductAttentionOp : OpBase {
     auto dscore = scratch.bottomRows(l.seq_len);
     const Index S = l.seq_len, d = l.head_width;
     const bool qk = c.wants_grad(0) || c.wants_grad(1);
-    // The targets are taken in the order each block writes them (dq, dk, dv): when inputs are one Var
+    // The targets are taken in the order each element is written (dq, dk, dv): when inputs are one Var
     // (self-attention sdpa(x, x, x), or k = v), the first target taken assigns and the later ones add, so
-    // in every block the assigning write must come first.
+    // the assigning write must come first for every element.
     GradTarget<T> dq = c.wants_grad(0) ? c.grad_target(0) : GradTarget<T>{c.grad(0), false};
     GradTarget<T> dk = c.wants_grad(1) ? c.grad_target(1) : GradTarget<T>{c.grad(1), false};
     GradTarget<T> dv = c.wants_grad(2) ? c.grad_target(2) : GradTarget<T>{c.grad(2), false};
     const T scale = T(l.scale());
+    const BlasOnOneThread blas(tiles.team);
     for (Index b = 0; b < l.batch; ++b)
       for (Index h = 0; h < l.heads; ++h) {
         const auto q_bh = q.block(b * S, h * d, S, d), k_bh = k.block(b * S, h * d, S, d);
         const auto g_bh = g.block(b * S, h * d, S, d);
-        // P = exp(scores − lse): the forward's probabilities, recomputed.
-        auto lse_bh = lse.middleRows(l.block_row(b, h), S);
-        probabilities<false>(q_bh, k_bh, l, p.causal, lse_bh, prob);
-        if (qk) {
+        const auto lse_bh = lse.middleRows(l.block_row(b, h), S);
+        for_items(tiles.team, tiles.rows.count, [&](Index t) {
+          const Index r0 = tiles.rows.begin(t), rows = tiles.rows.length(t);
+          const Index visible = p.causal ? r0 + rows : S;
+          // P = exp(scores − lse): the forward's probabilities, recomputed.
+          probabilities<false>(q_bh, k_bh, l, p.causal, r0, rows, lse_bh, prob);
+          if (!qk) return;
           // dS = P ⊙ (dP − D) with dP = dy·vᵀ and D = rowsum(dy ⊙ y) = rowsum(P ⊙ dP); zero where P is.
           const auto v_bh = c.in(2).block(b * S, h * d, S, d);
-          for_each_tile(S, p.causal, [&](Index r0, Index rows) {
-            const Index visible = p.causal ? r0 + rows : S;
-            dscore.block(r0, 0, rows, visible).noalias() =
-                g_bh.middleRows(r0, rows) * v_bh.topRows(visible).transpose();
-          });
+          dscore.block(r0, 0, rows, visible).noalias() = g_bh.middleRows(r0, rows) * v_bh.topRows(visible).transpose();
           const auto y_bh = c.out().block(b * S, h * d, S, d);
-          for (Index i = 0; i < S; ++i) {
-            const Index visible = p.causal ? i + 1 : S;
+          for (Index i = r0; i < r0 + rows; ++i) {
+            const Index row_visible = p.causal ? i + 1 : S;
             const T D = g_bh.row(i).dot(y_bh.row(i));
-            dscore.row(i).head(visible).array() =
-                scale * prob.row(i).head(visible).array() * (dscore.row(i).head(visible).array() - D);
-            dscore.row(i).tail(S - visible).setZero();
+            dscore.row(i).head(row_visible).array() =
+                scale * prob.row(i).head(row_visible).array() * (dscore.row(i).head(row_visible).array() - D);
+            dscore.row(i).tail(S - row_visible).setZero();
           }
-          // dq = dS·k/√d (scale folded into dS above), dk = dSᵀ·q/√d, by tiles as for dv.
-          for_each_tile(S, p.causal, [&](Index r0, Index rows) {
-            const Index visible = p.causal ? r0 + rows : S;
-            const Index from = p.causal ? r0 : 0;
-            if (c.wants_grad(0))
-              assign_or_add_product(dq.map.block(b * S + r0, h * d, rows, d),
-                                    dscore.block(r0, 0, rows, visible) * k_bh.topRows(visible), dq.accumulate);
-            if (c.wants_grad(1))
-              assign_or_add_product(dk.map.block(b * S + r0, h * d, rows, d),
-                                    dscore.block(from, r0, S - from, rows).transpose() * q_bh.bottomRows(S - from),
-                                    dk.accumulate);
-          });
-        }
-        // dv = Pᵀ·dy: rows [c0, c0 + cols) of dv are read by rows [c0, S) of P only (causal).
-        if (c.wants_grad(2))
-          for_each_tile(S, p.causal, [&](Index c0, Index cols) {
-            const Index from = p.causal ? c0 : 0;
+          // dq = dS·k/√d (scale folded into dS above).
+          if (c.wants_grad(0))
+            assign_or_add_product(dq.map.block(b * S + r0, h * d, rows, d),
+                                  dscore.block(r0, 0, rows, visible) * k_bh.topRows(visible), dq.accumulate);
+        });
+        // dk = dSᵀ·q/√d and dv = Pᵀ·dy: rows [c0, c0 + cols) of dk and dv are read by rows [c0, S) of dS and P
+        // only (causal).
+        for_items(tiles.team, tiles.rows.count, [&](Index t) {
+          const Index c0 = tiles.rows.begin(t), cols = tiles.rows.length(t);
+          const Index from = p.causal ? c0 : 0;
+          if (c.wants_grad(1))
+            assign_or_add_product(dk.map.block(b * S + c0, h * d, cols, d),
+                                  dscore.block(from, c0, S - from, cols).transpose() * q_bh.bottomRows(S - from),
+                                  dk.accumulate);
+          if (c.wants_grad(2))
             assign_or_add_product(dv.map.block(b * S + c0, h * d, cols, d),
                                   prob.block(from, c0, S - from, cols).transpose() * g_bh.bottomRows(S - from),
                                   dv.accumulate);
-          });
+        });
       }
   }
   /// 4·(B·S)·S·H for the two products (scores and values) + 5 per score (mask, exp, normalisation).

@@ -15,10 +15,12 @@ struct SoftmaxOp : OpBase {
   static void forward(const ForwardContext<T>& c) {
     auto x = c.in(0);
     auto y = c.out();
-    for (Index i = 0; i < x.rows(); ++i) {
-      y.row(i).array() = (x.row(i).array() - x.row(i).maxCoeff()).exp();
-      y.row(i) /= y.row(i).sum();
-    }
+    for_row_blocks(x.rows(), x.cols(), 15, [&](Index r0, Index n) {
+      for (Index i = r0; i < r0 + n; ++i) {
+        y.row(i).array() = (x.row(i).array() - x.row(i).maxCoeff()).exp();
+        y.row(i) /= y.row(i).sum();
+      }
+    });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
@@ -26,10 +28,12 @@ struct SoftmaxOp : OpBase {
     const auto y = c.out();
     const auto g = c.grad_out();
     GradTarget<T> dx = c.grad_target(0);
-    for (Index i = 0; i < y.rows(); ++i) {
-      const T dot = (g.row(i).array() * y.row(i).array()).sum();
-      assign_or_add(dx.map.row(i).array(), y.row(i).array() * (g.row(i).array() - dot), dx.accumulate);
-    }
+    for_row_blocks(y.rows(), y.cols(), 4, [&](Index r0, Index n) {
+      for (Index i = r0; i < r0 + n; ++i) {
+        const T dot = (g.row(i).array() * y.row(i).array()).sum();
+        assign_or_add(dx.map.row(i).array(), y.row(i).array() * (g.row(i).array() - dot), dx.accumulate);
+      }
+    });
   }
   static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
 };

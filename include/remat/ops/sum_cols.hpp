@@ -13,11 +13,15 @@ struct SumColsOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return {1, in[0].cols}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().noalias() = c.in(0).colwise().sum();
+    const auto x = c.in(0);
+    auto y = c.out();
+    for_column_blocks(x.rows(), x.cols(), 1,
+                      [&](Index c0, Index n) { y.middleCols(c0, n).noalias() = x.middleCols(c0, n).colwise().sum(); });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    if (c.wants_grad(0)) c.add_grad(0, c.grad_out().replicate(c.in_shape(0).rows, 1));
+    const auto g = c.grad_out();
+    add_grad_rows(c, 0, 1, [&](Index, Index n) { return g.replicate(n, 1); });
   }
   static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
 };

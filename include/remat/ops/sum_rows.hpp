@@ -13,11 +13,16 @@ struct SumRowsOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return {in[0].rows, 1}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().noalias() = c.in(0).rowwise().sum();
+    const auto x = c.in(0);
+    auto y = c.out();
+    for_row_blocks(x.rows(), x.cols(), 1,
+                   [&](Index r0, Index n) { y.middleRows(r0, n).noalias() = x.middleRows(r0, n).rowwise().sum(); });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    if (c.wants_grad(0)) c.add_grad(0, c.grad_out().replicate(1, c.in_shape(0).cols));
+    const Index cols = c.in_shape(0).cols;
+    const auto g = c.grad_out();
+    add_grad_rows(c, 0, 1, [&](Index r0, Index n) { return g.middleRows(r0, n).replicate(1, cols); });
   }
   static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
 };

@@ -1,0 +1,208 @@
+// The one place where remat's op kernels go parallel (docs/design.md §6). A kernel splits its work into a
+// fixed partition — row blocks, column blocks or items — that depends on the shape and on the constants
+// below, never on the number of threads; the blocks run on an OpenMP team (remat::num_threads() threads)
+// when the work is at least parallel_grain, or one after another on the calling thread otherwise (or when
+// the program has no OpenMP, or already runs inside an OpenMP parallel region). A reduction across blocks
+// combines the blocks' partial results in block order. So a kernel's results depend on its shapes only,
+// bitwise, whatever the number of threads. Below the grain a kernel is one block: no team is woken.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <type_traits>
+
+#include "remat/detail/contexts.hpp"
+#include "remat/matrix.hpp"
+#include "remat/threads.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace remat::detail {
+
+/// Work, in elements × the op's cost per element (about one FLOP each), below which a kernel is one block
+/// and runs on the calling thread: waking a team costs about as much as a few thousand FLOPs, so tiny
+/// tensors (W0's [16,32]: 512 elements) never pay for it.
+inline constexpr double parallel_grain = 32768;
+/// Elements of a row block (rounded to whole rows, at least one row): large enough that a block's work
+/// dwarfs handing it to a thread, small enough for dozens of blocks in a layer's [2048,1024] activations.
+inline constexpr Index block_elements = 8192;
+/// Columns of a column block (for column sums: each block sums its columns over every row, in row order).
+inline constexpr Index column_block = 32;
+/// At most this many blocks in a reduction to one value (its partial results live on the stack).
+inline constexpr Index max_partial_blocks = 256;
+
+/// Parallel regions entered so far (tests check that tiny kernels enter none).
+inline std::atomic<long> parallel_regions_entered{0};
+
+/// A partition of [0, total) into `count` blocks of `size` (the last one shorter when it does not divide).
+struct Blocks {
+  Index total = 0, size = 0, count = 0;
+  Index begin(Index b) const { return b * size; }
+  Index length(Index b) const { return std::min(size, total - b * size); }
+};
+
+/// One block of everything (below the grain) or blocks of `size`.
+inline Blocks make_blocks(Index total, Index size, bool split) {
+  if (!split || total <= size) return Blocks{total, std::max<Index>(total, 1), 1};
+  return Blocks{total, size, (total + size - 1) / size};
+}
+
+/// Whether work of `elements` elements at `cost` each is split into blocks.
+inline bool above_grain(Index elements, double cost) {
+  return static_cast<double>(elements) * std::max(cost, 1.0) >= parallel_grain;
+}
+
+/// The row blocks of a [rows, cols] tensor: about block_elements elements each, and a multiple of the rows
+/// that make a block start on a 16-element boundary (so every block's vector loads are aligned).
+inline Blocks row_blocks(Index rows, Index cols, double cost) {
+  const Index unit = 16 / std::gcd<Index>(cols, 16);
+  const Index size = std::max<Index>(unit, block_elements / std::max<Index>(cols, 1) / unit * unit);
+  return make_blocks(rows, size, above_grain(rows * cols, cost));
+}
+
+/// Row blocks for a reduction to one value: at most max_partial_blocks of them.
+inline Blocks reduction_blocks(Index rows, Index cols, double cost) {
+  Blocks b = row_blocks(rows, cols, cost);
+  if (b.count <= max_partial_blocks) return b;
+  return make_blocks(rows, (rows + max_partial_blocks - 1) / max_partial_blocks, true);
+}
+
+/// The column blocks of a [rows, cols] tensor (column_block columns each).
+inline Blocks column_blocks(Index rows, Index cols, double cost) {
+  return make_blocks(cols, column_block, above_grain(rows * cols, cost));
+}
+
+/// Runs f(i) for every item i in [0, count), on remat's team when count > 1 and num_threads() > 1 (each
+/// thread takes the next unclaimed item), else in order on the calling thread. Items must be independent
+/// (no item reads what another writes) and f must not throw. Which thread runs an item never changes what
+/// it computes.
+template <class F>
+void parallel_for(Index count, F&& f) {
+#ifdef _OPENMP
+  const int threads = count > 1 ? num_threads() : 1;
+  if (threads > 1 && !omp_in_parallel()) {
+    parallel_regions_entered.fetch_add(1, std::memory_order_relaxed);
+    std::atomic<Index> next{0};
+    // Always the same team size (never min(threads, count)): libgomp then reuses its team, which makes a
+    // steady training step allocate nothing (docs/design.md §2.5).
+#pragma omp parallel num_threads(threads)
+    for (Index i = next.fetch_add(1, std::memory_order_relaxed); i < count;
+         i = next.fetch_add(1, std::memory_order_relaxed))
+      f(i);
+    return;
+  }
+#endif
+  for (Index i = 0; i < count; ++i) f(i);
+}
+
+/// f(begin, length) for every block of `blocks` (see parallel_for).
+template <class F>
+void for_blocks(const Blocks& blocks, F&& f) {
+  if (blocks.count == 1) {
+    f(Index(0), blocks.total);
+    return;
+  }
+  parallel_for(blocks.count, [&](Index b) { f(blocks.begin(b), blocks.length(b)); });
+}
+
+/// f(begin, count) over the row blocks of a [rows, cols] tensor, `cost` per element.
+template <class F>
+void for_row_blocks(Index rows, Index cols, double cost, F&& f) {
+  for_blocks(row_blocks(rows, cols, cost), f);
+}
+
+/// f(begin, count) over the column blocks of a [rows, cols] tensor, `cost` per element.
+template <class F>
+void for_column_blocks(Index rows, Index cols, double cost, F&& f) {
+  for_blocks(column_blocks(rows, cols, cost), f);
+}
+
+/// Σ over the reduction row blocks of partial(begin, count) → T, added in block order.
+template <class T, class F>
+T sum_row_blocks(Index rows, Index cols, double cost, F&& partial) {
+  const Blocks blocks = reduction_blocks(rows, cols, cost);
+  if (blocks.count == 1) return partial(Index(0), rows);
+  T partials[max_partial_blocks];
+  parallel_for(blocks.count, [&](Index b) { partials[b] = partial(blocks.begin(b), blocks.length(b)); });
+  T total = partials[0];
+  for (Index b = 1; b < blocks.count; ++b) total += partials[b];
+  return total;
+}
+
+/// f(i) for every item i in [0, count): on remat's team (parallel_for) if `team`, else in order on the calling
+/// thread. For kernels whose items are cut only above the grain (the attention ops).
+template <class F>
+void for_items(bool team, Index count, F&& f) {
+  if (team)
+    parallel_for(count, f);
+  else
+    for (Index i = 0; i < count; ++i) f(i);
+}
+
+/// dst = e or dst += e (when `accumulate`), row block by row block: make(begin, count) returns the Eigen matrix
+/// or array expression of rows [begin, begin + count) (no matrix product: a block of one would evaluate it
+/// whole), `cost` per element.
+template <class T, class Make>
+void assign_rows(AlignedMap<T> dst, bool accumulate, double cost, Make&& make) {
+  for_row_blocks(dst.rows(), dst.cols(), cost, [&](Index r0, Index n) {
+    auto d = dst.middleRows(r0, n);
+    const auto e = make(r0, n);
+    if constexpr (std::is_base_of_v<Eigen::ArrayBase<std::decay_t<decltype(e)>>, std::decay_t<decltype(e)>>)
+      assign_or_add(d.array(), e, accumulate);
+    else
+      assign_or_add(d, e, accumulate);
+  });
+}
+
+/// BackwardContext::add_grad(k, e) row block by row block (assign_rows): if input k's gradient is wanted, takes
+/// its target once and writes make(begin, count), rows [begin, begin + count) of e, into each block.
+template <class T, class Make>
+void add_grad_rows(const BackwardContext<T>& c, int k, double cost, Make&& make) {
+  if (!c.wants_grad(k)) return;
+  const GradTarget<T> t = c.grad_target(k);
+  assign_rows(t.map, t.accumulate, cost, make);
+}
+
+/// add_grad(k, g.colwise().sum()) for an Eigen matrix expression g (no matrix product) by column blocks: each
+/// block of input k's [1, cols] gradient sums its columns of g over every row.
+template <class T, class G>
+void add_grad_column_sums(const BackwardContext<T>& c, int k, const G& g) {
+  if (!c.wants_grad(k)) return;
+  GradTarget<T> t = c.grad_target(k);
+  for_column_blocks(g.rows(), g.cols(), 1, [&](Index c0, Index n) {
+    assign_or_add(t.map.middleCols(c0, n), g.middleCols(c0, n).colwise().sum(), t.accumulate);
+  });
+}
+
+/// OpenBLAS on one thread while it lives, if `active`, the program has OpenMP and OpenBLAS runs on more: for
+/// kernels whose items make matrix products on remat's team. The team's threads and OpenBLAS's then never
+/// compete for the cores, and a product rounds the same for every thread setting (OpenBLAS's multi-threaded
+/// products may round differently from its one-thread ones). Restores OpenBLAS's setting afterwards. Without
+/// OpenMP it does nothing: the items run in order, and OpenBLAS keeps its threads.
+class BlasOnOneThread {
+ public:
+  explicit BlasOnOneThread(bool active) {
+#ifdef _OPENMP
+    if (!active || !have_openblas_threads()) return;
+    const int n = openblas_get_num_threads();
+    if (n <= 1) return;
+    saved_ = n;
+    openblas_set_num_threads(1);
+#else
+    static_cast<void>(active);
+#endif
+  }
+  ~BlasOnOneThread() {
+    if (saved_ > 1) openblas_set_num_threads(saved_);
+  }
+  BlasOnOneThread(const BlasOnOneThread&) = delete;
+  BlasOnOneThread& operator=(const BlasOnOneThread&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
+}  // namespace remat::detail

@@ -1,0 +1,64 @@
+// remat::set_num_threads / remat::num_threads: the one thread setting, for remat's op kernels (an OpenMP
+// team, docs/design.md §6) and OpenBLAS's matrix products together.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "remat/errors.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// OpenBLAS's own thread setting, declared weak: remat is header-only and does not link OpenBLAS. In a program
+// linked with the shared libopenblas (remat::blas, or -lopenblas) these resolve to OpenBLAS's functions;
+// otherwise they are null and remat leaves BLAS alone. (A static libopenblas.a contributes them only if
+// something else pulls in their object file: call openblas_set_num_threads yourself then.)
+extern "C" {
+void openblas_set_num_threads(int num_threads) __attribute__((weak));
+int openblas_get_num_threads(void) __attribute__((weak));
+}
+
+namespace remat {
+namespace detail {
+
+/// The value set by set_num_threads, 0 until it is called.
+inline std::atomic<int> thread_setting{0};
+
+/// Whether the program has OpenBLAS's thread functions (linked with OpenBLAS).
+inline bool have_openblas_threads() {
+  return openblas_set_num_threads != nullptr && openblas_get_num_threads != nullptr;
+}
+
+}  // namespace detail
+
+/// The number of threads remat's op kernels use: the last set_num_threads(n), or by default
+/// omp_get_max_threads() (the machine's cores, or OMP_NUM_THREADS when it is set) in a build with OpenMP
+/// (REMAT_USE_OPENMP, compiled with -fopenmp), 1 without (every kernel then runs on the calling thread).
+inline int num_threads() {
+  const int n = detail::thread_setting.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/// Sets the threads of remat's op kernels and of OpenBLAS's matrix products to n (≥ 1) together: the
+/// kernels' OpenMP team has n threads, and openblas_set_num_threads(n) is called when the program is linked
+/// with OpenBLAS. The two never work at the same time: a kernel's team runs between products, and the
+/// products a kernel makes inside its team (the attention ops') run with OpenBLAS on one thread, so at most
+/// n threads compute at any moment. Results are bitwise identical for every n in remat's kernels
+/// (docs/design.md §6); OpenBLAS's multi-threaded products may round differently from its one-thread
+/// products. Without set_num_threads, remat's team has omp_get_max_threads() threads and OpenBLAS its own
+/// default (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, at most the cores): OMP_NUM_THREADS=n pins both.
+/// Does not change the user's own OpenMP setting (omp_set_num_threads). Throws remat::domain_error for n < 1.
+inline void set_num_threads(int n) {
+  if (n < 1) throw domain_error("set_num_threads: n must be at least 1, got " + std::to_string(n));
+  detail::thread_setting.store(n, std::memory_order_relaxed);
+  if (detail::have_openblas_threads()) openblas_set_num_threads(n);
+}
+
+}  // namespace remat

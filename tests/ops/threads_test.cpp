@@ -1,0 +1,291 @@
+// Bitwise identical results for every thread count (docs/design.md §6): every op of the op list — its
+// forward value and the gradients of all its inputs — at 1, 2 and 3 threads, on shapes that cross the
+// parallel grain with several row blocks and a ragged last one, and on the list's own tiny shapes; and a
+// whole GPT training step (examples/gpt), plain and checkpointed, with unfused and fused attention.
+// Also: remat::set_num_threads's contract, and that tiny kernels never wake the thread team.
+//
+// What is compared is what remat computes. OpenBLAS's own multi-threaded products are not bitwise equal to
+// its one-thread products (observed here with Debian's OpenBLAS 0.3.21: matmul's value and gradients differ
+// in the last bits between 1 and 2 OpenBLAS threads), so where a test's result goes through products that
+// OpenBLAS threads itself (matmul, linear, the GPT's linear layers) OpenBLAS is kept on one thread while
+// remat's team takes 1, 2 and 3 threads. The attention ops make their products on remat's team with OpenBLAS
+// on one thread anyway, so their tests let OpenBLAS follow set_num_threads.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "gpt/training_step.hpp"  // examples/gpt
+#include "op_list.hpp"
+
+namespace threads_test {
+
+using remat::Index;
+using remat::Matrix;
+using remat::Shape;
+using remat_test::OpCase;
+using remat_test::ShapeSet;
+
+/// The thread counts compared; the first is the reference.
+constexpr int thread_counts[] = {1, 2, 3};
+
+/// Puts the thread setting back after a test (set_num_threads is process-wide).
+struct RestoreThreads {
+  int saved = remat::num_threads();
+  ~RestoreThreads() { remat::set_num_threads(saved); }
+};
+
+/// A dimension of the op list's tiny shapes → a large one, consistently (1 stays 1, so broadcasting forms
+/// stay broadcasting, and inner dimensions of products still match). [800,45] has 36000 elements, 5 row
+/// blocks of 176 rows (the last of 96) and 2 column blocks (32 and 13 columns); [300,130] 6 row blocks
+/// (the last of 20); [1,40000] one row in 1250 column blocks.
+Index large(Index tiny) {
+  switch (tiny) {
+    case 1:
+      return 1;
+    case 2:
+      return 130;
+    case 3:
+      return 800;
+    case 4:
+      return 45;
+    case 5:
+      return 300;
+    case 6:
+      return 40000;
+    default:
+      throw std::invalid_argument("threads_test: no large dimension for " + std::to_string(tiny));
+  }
+}
+
+/// Token rows of the large attention layout (op_list.hpp's attention_config: B = 2, S = 150, 3 heads of 16).
+const Shape large_q{300, 48};
+
+bool starts_with(const std::string& s, const char* prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+/// The op's large shape sets: its own sets with every dimension made large, or the large attention layout.
+std::vector<ShapeSet> large_shape_sets(const OpCase& op) {
+  if (starts_with(op.name, "attention_values")) return {{remat_test::attention_matrix_shape(large_q), large_q}};
+  if (starts_with(op.name, "attention_scores") || starts_with(op.name, "scaled_dot_product_attention"))
+    return {ShapeSet(static_cast<std::size_t>(op.arity), large_q)};
+  std::vector<ShapeSet> sets;
+  for (const ShapeSet& tiny : op.shape_sets) {
+    ShapeSet set;
+    for (const Shape& s : tiny) set.push_back({large(s.rows), large(s.cols)});
+    sets.push_back(set);
+  }
+  return sets;
+}
+
+/// remat::set_num_threads(threads); then OpenBLAS back on one thread unless `blas_follows`.
+void set_threads(int threads, bool blas_follows) {
+  remat::set_num_threads(threads);
+  if (!blas_follows && remat::detail::have_openblas_threads()) openblas_set_num_threads(1);
+}
+
+/// Whether the op's result comes from a product OpenBLAS threads itself (see the top of this file).
+bool openblas_threads_it(const OpCase& op) {
+  return op.name == "matmul" || op.name == "linear";
+}
+
+/// The op's output value, then the gradients of all its inputs (of scalar_loss), at `threads` threads.
+template <class T>
+std::vector<Matrix<T>> run_op(const OpCase& op, const ShapeSet& shapes, int threads) {
+  set_threads(threads, !openblas_threads_it(op));
+  remat::Tape<T> tape(123);
+  std::vector<remat::Var<T>> in;
+  for (const Matrix<T>& m : remat_test::make_inputs<T>(op, shapes, 17)) in.push_back(tape.variable(m));
+  const remat::Var<T> out = op.build(in);
+  std::vector<Matrix<T>> results{Matrix<T>(out.value())};
+  for (Matrix<T>& g : tape.gradient(remat_test::scalar_loss(tape, out, 17), in)) results.push_back(std::move(g));
+  return results;
+}
+
+/// "" if a and b are bitwise equal, else where they first differ.
+template <class T>
+std::string first_difference(const Matrix<T>& a, const Matrix<T>& b) {
+  if (a.rows() != b.rows() || a.cols() != b.cols()) return "shapes differ";
+  for (Index k = 0; k < a.size(); ++k)
+    if (std::memcmp(a.data() + k, b.data() + k, sizeof(T)) != 0)
+      return "element " + std::to_string(k) + " of " + std::to_string(a.size()) + ": " + std::to_string(a.data()[k]) +
+             " vs " + std::to_string(b.data()[k]);
+  return "";
+}
+
+/// Every matrix of `results[t]` bitwise equal to `results[0]`'s; `what` names them.
+template <class T>
+void expect_bitwise_equal(const std::vector<std::vector<Matrix<T>>>& results, const std::vector<std::string>& what) {
+  for (std::size_t t = 1; t < results.size(); ++t) {
+    ASSERT_EQ(results[t].size(), results[0].size());
+    for (std::size_t k = 0; k < results[0].size(); ++k) {
+      const std::string difference = first_difference(results[t][k], results[0][k]);
+      EXPECT_EQ(difference, "") << what[k] << " at " << thread_counts[t] << " threads differs from " << thread_counts[0]
+                                << " thread";
+    }
+  }
+}
+
+std::vector<std::string> op_result_names(const OpCase& op) {
+  std::vector<std::string> names{"value"};
+  for (int k = 0; k < op.arity; ++k) names.push_back("gradient of input " + std::to_string(k));
+  return names;
+}
+
+template <class T>
+void expect_same_at_every_thread_count(const OpCase& op, const ShapeSet& shapes) {
+  std::string trace = op.name;
+  for (const Shape& s : shapes) trace += " " + remat::to_string(s);
+  SCOPED_TRACE(trace + (std::is_same_v<T, float> ? " float" : " double"));
+  std::vector<std::vector<Matrix<T>>> results;
+  for (const int threads : thread_counts) results.push_back(run_op<T>(op, shapes, threads));
+  expect_bitwise_equal(results, op_result_names(op));
+}
+
+class EveryOp : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryOp, ValueAndGradientsAreBitwiseEqualAt1And2And3Threads) {
+  const RestoreThreads restore;
+  const OpCase& op = remat_test::find_op(GetParam());
+  const std::vector<ShapeSet> large_sets = large_shape_sets(op);
+  for (const ShapeSet& shapes : large_sets) expect_same_at_every_thread_count<float>(op, shapes);
+  expect_same_at_every_thread_count<double>(op, large_sets[0]);
+  for (const ShapeSet& shapes : op.shape_sets) expect_same_at_every_thread_count<float>(op, shapes);
+}
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> names;
+  for (const OpCase& op : remat_test::op_list()) names.push_back(op.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, EveryOp, ::testing::ValuesIn(op_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// The large shapes do what the test above says: they cross the grain, in several row blocks with a ragged
+// last one (and column blocks, for the column sums), and the attention layout in several row tiles.
+TEST(ThreadsTestShapes, CrossTheGrainInSeveralBlocksWithARaggedLastOne) {
+  for (const Shape s : {Shape{800, 45}, Shape{300, 130}}) {
+    const remat::detail::Blocks rows = remat::detail::row_blocks(s.rows, s.cols, 1);
+    EXPECT_GE(rows.count, 3) << remat::to_string(s);
+    EXPECT_NE(rows.total % rows.size, 0) << remat::to_string(s);
+    EXPECT_GE(remat::detail::reduction_blocks(s.rows, s.cols, 1).count, 3) << remat::to_string(s);
+  }
+  const remat::detail::Blocks columns = remat::detail::column_blocks(800, 45, 1);
+  EXPECT_EQ(columns.count, 2);
+  EXPECT_NE(columns.total % columns.size, 0);
+  const auto c = remat_test::attention_config(large_q);
+  const remat::detail::AttentionLayout l{large_q.rows / c.seq_len, c.seq_len, c.heads, large_q.cols / c.heads};
+  for (const bool causal : {false, true}) {
+    const remat::detail::AttentionTiles tiles = remat::detail::attention_tiles(l, causal);
+    EXPECT_TRUE(tiles.team);
+    EXPECT_EQ(tiles.rows.count, 3);
+    EXPECT_NE(tiles.rows.total % tiles.rows.size, 0);
+  }
+}
+
+// ---- a GPT training step ----
+
+struct GptCase {
+  const char* name;
+  gpt::Recompute recompute;
+  gpt::Attention attention;
+  double dropout;
+};
+
+/// A training step (examples/gpt/training_step.hpp: loss, backward, gradient clipping, AdamW) of a small GPT
+/// whose activations cross the grain: 2 sequences of S = 96 tokens (2 attention row tiles, the last of 32),
+/// H = 64 (2 row blocks of [192,64], the last of 64 rows), 4 heads, 2 blocks, a 64-byte vocabulary; OpenBLAS
+/// on one thread (see the top of this file). Returns the loss, the gradient norm, the gradients and the
+/// parameters after the update.
+std::vector<Matrix<float>> gpt_step(const GptCase& g, int threads) {
+  set_threads(threads, false);
+  gpt::Config config;
+  config.vocabulary = 64;
+  config.width = 64;
+  config.heads = 4;
+  config.seq_len = 96;
+  config.blocks = 2;
+  config.dropout = g.dropout;
+  remat::nn::Generator init(7), batches(9);
+  gpt::Model<float> model = gpt::Model<float>::random(config, init);
+  const std::vector<remat::Parameter<float>*> parameters = model.parameters();
+  remat::nn::AdamW<float> optimizer({{model.decayed_parameters()}, {model.undecayed_parameters(), 0.0}});
+  remat::Tape<float> tape;
+  const std::size_t tokens = 2 * static_cast<std::size_t>(config.seq_len);
+  std::vector<int> ids(tokens), targets(tokens);
+  for (std::size_t i = 0; i < tokens; ++i) {
+    ids[i] = static_cast<int>(batches.below(64));
+    targets[i] = static_cast<int>(batches.below(64));
+  }
+  const gpt::StepResult r =
+      gpt::training_step(tape, model, parameters, optimizer, ids, targets, {g.recompute, g.attention}, 5, 1e-3, 1.0);
+  std::vector<Matrix<float>> results{Matrix<float>::Constant(1, 1, static_cast<float>(r.loss)),
+                                     Matrix<float>::Constant(1, 1, static_cast<float>(r.grad_norm))};
+  for (const remat::Parameter<float>* p : parameters) results.push_back(p->grad());
+  for (const remat::Parameter<float>* p : parameters) results.push_back(p->value());
+  return results;
+}
+
+class GptStep : public ::testing::TestWithParam<GptCase> {};
+
+TEST_P(GptStep, LossGradientsAndUpdateAreBitwiseEqualAt1And2And3RematThreads) {
+  const RestoreThreads restore;
+  std::vector<std::vector<Matrix<float>>> results;
+  for (const int threads : thread_counts) results.push_back(gpt_step(GetParam(), threads));
+  std::vector<std::string> names{"loss", "gradient norm"};
+  const std::size_t parameters = (results[0].size() - 2) / 2;
+  for (std::size_t k = 0; k < 2 * parameters; ++k)
+    names.push_back((k < parameters ? "gradient of parameter " : "parameter ") + std::to_string(k % parameters));
+  expect_bitwise_equal(results, names);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GptStep,
+                         ::testing::Values(GptCase{"plain", gpt::Recompute::none, gpt::Attention::unfused, 0.1},
+                                           GptCase{"per_block", gpt::Recompute::block, gpt::Attention::unfused, 0.1},
+                                           GptCase{"fused", gpt::Recompute::none, gpt::Attention::fused, 0}),
+                         [](const ::testing::TestParamInfo<GptCase>& info) { return info.param.name; });
+
+// ---- the thread setting ----
+
+TEST(SetNumThreads, SetsTheKernelsThreadsAndRejectsFewerThanOne) {
+  const RestoreThreads restore;
+  remat::set_num_threads(3);
+  EXPECT_EQ(remat::num_threads(), 3);
+  if (remat::detail::have_openblas_threads()) {
+    EXPECT_EQ(openblas_get_num_threads(), 3);  // OpenBLAS together
+  }
+  remat::set_num_threads(1);
+  EXPECT_EQ(remat::num_threads(), 1);
+  remat_test::expect_error_naming<remat::domain_error>([] { remat::set_num_threads(0); }, {"set_num_threads", "0"});
+  remat_test::expect_error_naming<remat::domain_error>([] { remat::set_num_threads(-2); }, {"set_num_threads", "-2"});
+  EXPECT_EQ(remat::num_threads(), 1);  // unchanged by the rejected calls
+}
+
+// W0's tensors ([16,32]) and every op on the op list's tiny shapes stay below the grain: no parallel region is
+// entered, at any thread count. A large one enters one (with OpenMP).
+TEST(ParallelGrain, TinyKernelsNeverEnterAParallelRegion) {
+  const RestoreThreads restore;
+  remat::set_num_threads(2);
+  const long before = remat::detail::parallel_regions_entered.load();
+  for (const OpCase& op : remat_test::op_list())
+    for (const ShapeSet& shapes : op.shape_sets) run_op<float>(op, shapes, 2);
+  {
+    remat::Tape<float> tape;
+    remat::Var<float> h = tape.constant(Matrix<float>::Random(16, 32));
+    const remat::Var<float> w = tape.variable(Matrix<float>::Random(32, 32));
+    const remat::Var<float> b = tape.variable(Matrix<float>::Random(1, 32));
+    for (int layer = 0; layer < 4; ++layer) h = remat::tanh(remat::linear(h, w, b));
+    tape.backward(remat::cross_entropy(h, std::vector<int>(16, 3)));
+  }
+  EXPECT_EQ(remat::detail::parallel_regions_entered.load(), before);
+#ifdef _OPENMP
+  run_op<float>(remat_test::find_op("tanh"), {{800, 45}}, 2);
+  EXPECT_GT(remat::detail::parallel_regions_entered.load(), before);
+#endif
+}
+
+}  // namespace threads_test
