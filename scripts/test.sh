@@ -21,7 +21,20 @@ optimised: ; +cmake --build build
 sanitized: ; +cmake --build build-sanitize
 .PHONY: both optimised sanitized
 EOF
+# The two test runs run at the same time: each ends on a few long tests that leave a core idle.
+echo "== running the tests of both builds (optimised, AddressSanitizer + UndefinedBehaviorSanitizer) =="
+logs=$(mktemp -d)
+(cd build && ctest --output-on-failure -j"$jobs" > "$logs/optimised.log" 2>&1) &
+optimised=$!
+(cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --output-on-failure -j"$jobs" > "$logs/sanitized.log" 2>&1) &
+sanitized=$!
+status=0
+wait "$optimised" || status=1
+wait "$sanitized" || status=1
 echo "== optimised build =="
-(cd build && ctest --output-on-failure -j"$jobs")
+cat "$logs/optimised.log"
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build =="
-(cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
+cat "$logs/sanitized.log"
+rm -rf "$logs"
+exit "$status"
