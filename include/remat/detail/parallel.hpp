@@ -125,7 +125,7 @@ template <class T, class F>
 T sum_row_blocks(Index rows, Index cols, double cost, F&& partial) {
   const Blocks blocks = reduction_blocks(rows, cols, cost);
   if (blocks.count == 1) return partial(Index(0), rows);
-  T partials[max_partial_blocks];
+  T partials[max_partial_blocks]{};  // zeroed: GCC cannot see that parallel_for writes each one (-Wmaybe-uninitialized)
   parallel_for(blocks.count, [&](Index b) { partials[b] = partial(blocks.begin(b), blocks.length(b)); });
   T total = partials[0];
   for (Index b = 1; b < blocks.count; ++b) total += partials[b];
