@@ -171,7 +171,8 @@ class Tape {
   /// per recording (again after clear()), before anything else happens: what it throws propagates from
   /// backward() with the tape unchanged (those regions are reported again at the next backward). Route it
   /// to a logger, or to std::cerr: `tape.set_diagnostics_handler([](const auto& d) { std::cerr << d.message
-  /// << '\n'; })`. An empty function removes it. gradient() does not report.
+  /// << '\n'; })`. An empty function removes it. gradient() does not report. The handler must not record on,
+  /// clear or sweep this tape.
   void set_diagnostics_handler(std::function<void(const CheckpointDiagnostic&)> handler) {
     state_->set_diagnostics_handler(std::move(handler));
   }
