@@ -130,10 +130,8 @@ class Recorder {
   /// throws. Throws std::bad_alloc with the tape's figures as they were (vector capacities may have grown).
   void reserve_records(const Shape* outputs, std::size_t n) {
     reserve_at_least(graph_.nodes, graph_.nodes.size() + n);
-    if (!graph_.open.empty()) {
-      reserve_for_close(n);
-      reserve_at_least(graph_.pending, graph_.pending.size() + (max_inputs + 1) * n);
-    }
+    // Covers every reservation the n records make in turn (each reserve_for_close(1) and its pending holds).
+    if (!graph_.open.empty()) reserve_for_close(n);
     buffers_.make_room(outputs, n);
   }
 
