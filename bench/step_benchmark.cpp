@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -268,6 +269,30 @@ Check check_gpt(Fixture<W, Impl>& fixture, int threads) {
   return c;
 }
 
+/// `perf record --control fifo:F -D -1` records only the timed steps when REMAT_PERF_CONTROL=F is set
+/// (bench/profile.sh): setup, warm-up and the gradient checks stay out of the profile.
+class PerfWindow {
+ public:
+  PerfWindow() {
+    if (const char* fifo = std::getenv("REMAT_PERF_CONTROL")) control_ = std::fopen(fifo, "w");
+    send("enable\n");
+  }
+  ~PerfWindow() {
+    send("disable\n");
+    if (control_) std::fclose(control_);
+  }
+  PerfWindow(const PerfWindow&) = delete;
+  PerfWindow& operator=(const PerfWindow&) = delete;
+
+ private:
+  void send(const char* command) {
+    if (!control_) return;
+    std::fputs(command, control_);
+    std::fflush(control_);
+  }
+  std::FILE* control_ = nullptr;
+};
+
 template <class W, class Impl>
 void Step(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
@@ -276,7 +301,10 @@ void Step(benchmark::State& state) {
   if (!fixture) fixture = new Fixture<W, Impl>;  // kept until exit, like the benchmark registry
   auto& model = fixture->model;
   model.step();  // warm-up at this thread count (BLAS thread pool)
-  for (auto _ : state) benchmark::DoNotOptimize(model.step());
+  {
+    PerfWindow window;
+    for (auto _ : state) benchmark::DoNotOptimize(model.step());
+  }
 
   const StepMemory& memory = fixture->memory;
   const double flops = step_flops(W::shape);

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Where a step's time goes (bench/RESULTS.md, "Where the time goes"): for each workload, implementation and
+# thread count, records the timed steps of step_benchmark with `perf record` (only the timed loop: perf's
+# --control window, opened and closed by the benchmark when REMAT_PERF_CONTROL names the control fifo) and
+# splits the calling thread's samples into GEMM (OpenBLAS), waits (libgomp, kernel) and other work
+# (bench/time_split.py). Waits for an idle machine like bench/run.sh; one configuration at a time.
+#
+#   bench/profile.sh [build-dir] [min-time-seconds]      (defaults: build-bench 5)
+#
+# Writes bench/results/profile.jsonl (one JSON object per configuration) and prints it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-bench}
+min_time=${2:-5}
+results=bench/results
+mkdir -p "$results"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+out="$results/profile.jsonl"
+: > "$out"
+
+wait_for_idle() {
+  while awk '{exit !($1 >= 0.5)}' /proc/loadavg; do
+    echo "waiting for an idle machine: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    sleep 30
+  done
+}
+
+tuned=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
+       GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736)
+
+for workload in W1 W2 W3; do
+  impls="RematPlain LibTorch HandWritten"
+  [ "$workload" = W3 ] && impls="RematNone LibTorch"
+  for impl in $impls; do
+    for threads in 1 2; do
+      wait_for_idle
+      mkfifo "$work/control"
+      load=$(cut -d' ' -f1 /proc/loadavg)
+      perf record -q -F 499 -o "$work/perf.data" --control "fifo:$work/control" -D -1 -- \
+        "${tuned[@]}" REMAT_PERF_CONTROL="$work/control" "$build/bench/step_benchmark" \
+        --benchmark_filter="^Step<$workload, $impl>/threads:$threads/" --benchmark_min_time="$min_time" \
+        --benchmark_repetitions=3 --benchmark_out="$work/result.json" --benchmark_out_format=json > /dev/null
+      perf script -i "$work/perf.data" -F pid,tid,ip,dso 2> /dev/null > "$work/samples.txt"
+      split=$(/usr/bin/python3 bench/time_split.py "$work/samples.txt" "$work/result.json")
+      echo "{\"workload\": \"$workload\", \"impl\": \"$impl\", \"threads\": $threads, \"load_at_start\": $load, \"split\": $split}" |
+        tee -a "$out"
+      rm -f "$work/control" "$work/perf.data"
+    done
+  done
+done
