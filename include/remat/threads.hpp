@@ -18,6 +18,7 @@
 extern "C" {
 void openblas_set_num_threads(int num_threads) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
+int openblas_get_parallel(void) __attribute__((weak));  // 0 sequential, 1 pthreads, 2 OpenMP build
 }
 
 namespace remat {
@@ -29,6 +30,12 @@ inline std::atomic<int> thread_setting{0};
 /// Whether the program has OpenBLAS's thread functions (linked with OpenBLAS).
 inline bool have_openblas_threads() {
   return openblas_set_num_threads != nullptr && openblas_get_num_threads != nullptr;
+}
+/// Whether the program's OpenBLAS is its OpenMP build: its products then run on the same libgomp team as
+/// remat's kernels, and on the calling thread alone inside a parallel region (OpenBLAS checks
+/// omp_in_parallel()).
+inline bool openblas_uses_openmp() {
+  return openblas_get_parallel != nullptr && openblas_get_parallel() == 2;
 }
 
 }  // namespace detail
@@ -54,7 +61,9 @@ inline int num_threads() {
 /// (docs/design.md §6); OpenBLAS's multi-threaded products may round differently from its one-thread
 /// products. Without set_num_threads, remat's team has omp_get_max_threads() threads and OpenBLAS its own
 /// default (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, at most the cores): OMP_NUM_THREADS=n pins both.
-/// Does not change the user's own OpenMP setting (omp_set_num_threads). Throws remat::domain_error for n < 1.
+/// remat itself does not change the user's OpenMP setting (omp_set_num_threads), but OpenBLAS's OpenMP build
+/// (the one remat's CMake prefers with REMAT_USE_OPENMP) does: its openblas_set_num_threads(n) also calls
+/// omp_set_num_threads(n). Throws remat::domain_error for n < 1.
 inline void set_num_threads(int n) {
   if (n < 1) throw domain_error("set_num_threads: n must be at least 1, got " + std::to_string(n));
   detail::thread_setting.store(n, std::memory_order_relaxed);

@@ -288,4 +288,35 @@ TEST(ParallelGrain, TinyKernelsNeverEnterAParallelRegion) {
 #endif
 }
 
+#ifdef _OPENMP
+// Without set_num_threads the team has omp_get_max_threads() threads. The attention ops put OpenBLAS on one
+// thread around their items only with OpenBLAS's pthreads build: in the OpenMP build openblas_set_num_threads(1)
+// would also set omp_set_num_threads(1), and the op's own team would shrink to one thread.
+TEST(ParallelGrain, AttentionOpsUseTheDefaultTeamAndLeaveTheThreadSettingsAsTheyWere) {
+  const RestoreThreads restore;
+  remat::detail::thread_setting.store(0);  // as if set_num_threads had never been called
+  if (remat::detail::have_openblas_threads()) openblas_set_num_threads(2);
+  omp_set_num_threads(2);
+  const int blas_before = remat::detail::have_openblas_threads() ? openblas_get_num_threads() : 0;
+  for (const char* name : {"attention_scores", "scaled_dot_product_attention"}) {
+    SCOPED_TRACE(name);
+    const OpCase& op = remat_test::find_op(name);
+    remat::Tape<float> tape(123);
+    std::vector<remat::Var<float>> in;
+    for (const Matrix<float>& m : remat_test::make_inputs<float>(op, large_shape_sets(op)[0], 17))
+      in.push_back(tape.variable(m));
+    const long before = remat::detail::parallel_regions_entered.load();
+    const remat::Var<float> out = op.build(in);
+    EXPECT_GT(remat::detail::parallel_regions_entered.load(), before) << "forward ran on one thread";
+    const long after_forward = remat::detail::parallel_regions_entered.load();
+    tape.gradient(remat_test::scalar_loss(tape, out, 17), in);
+    EXPECT_GT(remat::detail::parallel_regions_entered.load(), after_forward) << "backward ran on one thread";
+    EXPECT_EQ(omp_get_max_threads(), 2);
+    if (remat::detail::have_openblas_threads()) {
+      EXPECT_EQ(openblas_get_num_threads(), blas_before);
+    }
+  }
+}
+#endif
+
 }  // namespace threads_test

@@ -181,12 +181,14 @@ void add_grad_column_sums(const BackwardContext<T>& c, int k, const G& g) {
 /// kernels whose items make matrix products on remat's team. The team's threads and OpenBLAS's then never
 /// compete for the cores, and a product rounds the same for every thread setting (OpenBLAS's multi-threaded
 /// products may round differently from its one-thread ones). Restores OpenBLAS's setting afterwards. Without
-/// OpenMP it does nothing: the items run in order, and OpenBLAS keeps its threads.
+/// OpenMP it does nothing: the items run in order, and OpenBLAS keeps its threads. Nor with OpenBLAS's
+/// OpenMP build, which runs a product on the calling thread inside a parallel region by itself (and whose
+/// openblas_set_num_threads would also set omp_set_num_threads, which num_threads() may read).
 class BlasOnOneThread {
  public:
   explicit BlasOnOneThread(bool active) {
 #ifdef _OPENMP
-    if (!active || !have_openblas_threads()) return;
+    if (!active || !have_openblas_threads() || openblas_uses_openmp()) return;
     const int n = openblas_get_num_threads();
     if (n <= 1) return;
     saved_ = n;
