@@ -23,8 +23,15 @@ wait_for_idle() {
   done
 }
 
-tuned=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE
+# The C++ run: glibc's malloc tuned for LibTorch (shared/DESIGN.md §6), libgomp's default wait policy. All
+# three implementations share one OpenBLAS there, its OpenMP build (CMake's choice with REMAT_USE_OPENMP),
+# whose products run on the same libgomp team as remat's and ATen's kernels: with it OMP_WAIT_POLICY=PASSIVE,
+# the tuning for the pthreads build, slows every implementation (the `passive` run below shows it).
+tuned=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
        GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736)
+# The PyTorch peers load Debian's default OpenBLAS (the pthreads build, through libblas.so.3), for which
+# the passive wait policy is the tuning.
+peer_tuned=("${tuned[@]}" OMP_WAIT_POLICY=PASSIVE)
 
 wait_for_idle
 uptime > "$results/run_tuned.uptime"
@@ -33,10 +40,19 @@ uptime > "$results/run_tuned.uptime"
   --benchmark_out="$results/run_tuned.json" --benchmark_out_format=json > "$results/run_tuned.txt"
 uptime >> "$results/run_tuned.uptime"
 
+# The 2-thread W1, W2 and W3 rows of remat and LibTorch again with OMP_WAIT_POLICY=PASSIVE.
+wait_for_idle
+uptime > "$results/run_passive.uptime"
+"${tuned[@]}" OMP_WAIT_POLICY=PASSIVE "$build/bench/step_benchmark" --benchmark_repetitions="$repetitions" \
+  --benchmark_filter='^Step<(W1|W2|W3), (RematPlain|RematNone|LibTorch)>/threads:2/' \
+  --benchmark_enable_random_interleaving=true --benchmark_min_time="$min_time" \
+  --benchmark_out="$results/run_passive.json" --benchmark_out_format=json > "$results/run_passive.txt"
+uptime >> "$results/run_passive.uptime"
+
 for threads in 1 2; do
   wait_for_idle
   uptime > "$results/pytorch_threads$threads.uptime"
-  "${tuned[@]}" /usr/bin/python3 bench/peers/pytorch_checkpoint.py --threads "$threads" --repeats "$repetitions" \
+  "${peer_tuned[@]}" /usr/bin/python3 bench/peers/pytorch_checkpoint.py --threads "$threads" --repeats "$repetitions" \
     --json "$results/pytorch_threads$threads.json" > "$results/pytorch_threads$threads.txt"
   uptime >> "$results/pytorch_threads$threads.uptime"
 done
@@ -46,7 +62,7 @@ done
 for threads in 1 2; do
   wait_for_idle
   uptime > "$results/gpt_pytorch_threads$threads.uptime"
-  "${tuned[@]}" /usr/bin/python3 bench/peers/gpt_pytorch.py --threads "$threads" --repeats "$repetitions" \
+  "${peer_tuned[@]}" /usr/bin/python3 bench/peers/gpt_pytorch.py --threads "$threads" --repeats "$repetitions" \
     --json "$results/gpt_pytorch_threads$threads.json" > "$results/gpt_pytorch_threads$threads.txt"
   uptime >> "$results/gpt_pytorch_threads$threads.uptime"
 done

@@ -22,6 +22,7 @@
 
 #include "../common/report.hpp"
 #include "../common/state_file.hpp"
+#include "../common/threads.hpp"
 #include "corpus.hpp"
 #include "gpt.hpp"
 #include "training_step.hpp"
@@ -44,7 +45,7 @@ struct Options {
   double lr = 3e-3;
   double dropout = 0;
   std::uint64_t seed = 42;
-  int threads = 1;
+  int threads = 0;  // 0: examples::default_threads
   std::string checkpoint = "none", attention = "unfused";
   int log_every = 100, eval_every = 250, eval_batches = 16;
   int sample_bytes = 300;
@@ -279,6 +280,7 @@ std::uint32_t parameters_crc32(gpt::Model<float>& model) {
 }
 
 int run(Options& o, const CLI::App& app) {
+  if (o.threads == 0) o.threads = examples::default_threads(1);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   // The state file's settings come first: they decide the model's shape and the split.
   std::unique_ptr<examples::StateReader> resume;
@@ -481,9 +483,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "Seed of the initialisation, the batches, dropout and sampling")
       ->capture_default_str();
   app.add_option("--threads", o.threads,
-                 "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads)")
+                 "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads); 0: the "
+                 "machine's cores (OMP_NUM_THREADS when set), shared among the MPI ranks on this machine")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(0, 256));
   app.add_option("--checkpoint", o.checkpoint,
                  "What backward recomputes: none; block (each block a nothing_saveable region); attention (the "
                  "attention core, selective); dots_no_batch (each block a dots_with_no_batch_dims_saveable region); "

@@ -25,6 +25,7 @@
 #endif
 
 #include "../common/report.hpp"
+#include "../common/threads.hpp"
 #include "idx.hpp"
 #include "state_file.hpp"
 #include "training_step.hpp"
@@ -47,7 +48,7 @@ struct Options : mlp::NetworkOptions {
   int epochs = 8;
   int batch = 128;
   double lr = 1e-3;
-  int threads = 1;
+  int threads = 0;  // 0: examples::default_threads
   long limit = 0;
   bool json = false;
   std::string save, resume;
@@ -258,6 +259,7 @@ int run(Options& o, const CLI::App& app) {
                                   std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
   }
 #endif
+  if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
   mlp::Dataset test = mlp::read_idx_dataset(o.data, "t10k", classes);
@@ -496,9 +498,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
   app.add_option("--threads", o.threads,
-                 "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads)")
+                 "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads); 0: the "
+                 "machine's cores (OMP_NUM_THREADS when set), shared among the MPI ranks on this machine")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(0, 256));
   app.add_option("--limit", o.limit, "Train on the first N training images only (0 = all 60000)")
       ->capture_default_str()
       ->check(CLI::Range(0L, 100000000L));
