@@ -184,13 +184,16 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 ///
 /// The probe runs every layer once inside a checkpoint region that saves nothing (its values are freed
 /// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
-/// bytes ω_x; the bytes its backward would keep ω_x̄ (output + residuals + op extras); the peak bytes of its
-/// forward beyond its input and output (o_f, read from the tape's own peak counter); what its backward
-/// allocates beyond δ_i and δ_{i−1} (o_b and the weight gradients it leaves, g, from the recorded nodes by
-/// the sweep's gradient rule: detail::backward_bytes); and the FLOP estimates of its ops (u_f;
-/// u_b = 2·u_f). Bytes are quantised to units of budget_bytes / resolution, sizes rounded up and the
-/// budget down, so the plan never exceeds the budget in the model, and the model bounds the tape from
-/// above (tests/schedule/auto_peak_property_test.cpp checks peak_bytes ≤ budget on random chains).
+/// bytes ω_x; the bytes a kept layer holds ω_x̄ (output + residuals + op extras + values its own ops read,
+/// which a region's replay may hold as sources); the peak bytes of its forward beyond its input and output
+/// (o_f, read from the tape's own peak counter; o_f̄ for Fall from it and from all the layer allocated);
+/// what its backward allocates beyond δ_i and δ_{i−1} (o_b and the weight gradients it leaves, g, from the
+/// recorded nodes by the sweep's rules: detail::backward_bytes); and the FLOP estimates of its ops (u_f;
+/// u_b = 2·u_f). The bytes already live on the tape at the call (besides x_0) are held throughout. Sizes are
+/// quantised to units of 1/resolution of their sum, rounded up, and the budget down, so the plan never
+/// exceeds the budget in the model and every budget from the least one up is feasible; the model bounds
+/// the tape from above (tests/schedule/auto_peak_property_test.cpp checks peak_bytes ≤ budget on random
+/// chains; the bound is loose by up to the values a kept layer's ops read, docs/schedules.md).
 ///
 /// Costs one extra forward pass (the probe) and plan_schedule's time O(L³·resolution) (milliseconds for a
 /// dozen layers, seconds for 60). In a training loop whose shapes do not change, plan once: pass `report`
@@ -212,7 +215,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   const bool input_owned = state->node(x.id()).value_owned();
   const std::size_t baseline = live_at_call - std::min(live_at_call, input_owned ? input_bytes : 0);
 
-  // Measured in bytes first; quantised per budget below (the least-budget search re-quantises).
+  // Measured in bytes, then quantised.
   struct Measured {
     double flops;
     std::size_t output, tape, forward, forward_all, backward, gradients;
@@ -220,6 +223,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   std::vector<Measured> measured;
   measured.reserve(static_cast<std::size_t>(L));
   std::vector<std::int32_t> work;
+  std::vector<std::uint8_t> read_in_layer;
   std::vector<std::int32_t> outside_with_grad;
   checkpoint([&](Var<T> v) {
     for (int i = 0; i < L; ++i) {
@@ -239,13 +243,22 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       m.output = detail::Buffers<T>::bytes(v.shape());
       m.tape = m.output;
       std::size_t allocated = 0;  // every buffer the layer's forward allocated: Fall frees none of them
+      read_in_layer.assign(static_cast<std::size_t>(end - begin), 0);
+      for (std::int32_t j = begin; j < end; ++j) {
+        const detail::Node<T>& n = state->node(j);
+        for (int k = 0; k < n.arity; ++k)
+          if (n.inputs[k] >= begin) read_in_layer[static_cast<std::size_t>(n.inputs[k] - begin)] = 1;
+      }
       for (std::int32_t j = begin; j < end; ++j) {
         const detail::NodeCost c = state->cost(j);
         if (c.leaf) continue;
         const detail::Node<T>& n = state->node(j);
         allocated += c.bytes + detail::Buffers<T>::bytes(n.extra_shape) + detail::Buffers<T>::bytes(n.scratch_shape);
         m.flops += c.flops;
-        if (c.value_read && j != v.id()) m.tape += c.bytes;  // the layer's output is counted above
+        // ω_x̄: what the backward reads, and what an op of the layer reads (a kept layer's value that another
+        // op reads can be held as the source of a region's replay until the sweep leaves that region; not
+        // modelled op by op, so counted: an upper bound). The layer's output is counted above.
+        if ((c.value_read || read_in_layer[static_cast<std::size_t>(j - begin)]) && j != v.id()) m.tape += c.bytes;
         m.tape += c.extra_read_bytes;
       }
       // F_i: the tape's own peak counter, beyond what was live and the output. Fall_i keeps the residuals
@@ -262,50 +275,48 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
     return v;
   })(x);
 
-  // The chain in units of `unit` bytes (sizes rounded up) and the budget left after the baseline (rounded
-  // down), for a budget of `bytes`.
-  auto quantise = [&](std::size_t bytes, std::size_t& unit, std::int64_t& budget) {
-    unit = std::max<std::size_t>(1, bytes / static_cast<std::size_t>(resolution));
-    auto units = [unit](std::size_t b) { return static_cast<std::int64_t>((b + unit - 1) / unit); };
-    Chain c;
-    c.activation_size.push_back(units(input_bytes));
-    for (const Measured& m : measured) {
-      c.forward_time.push_back(std::max(m.flops, 1.0));
-      c.backward_time.push_back(2 * std::max(m.flops, 1.0));
-      c.activation_size.push_back(units(m.output));
-      c.tape_size.push_back(units(m.tape));
-      c.forward_overhead.push_back(units(m.forward));
-      c.forward_all_overhead.push_back(units(m.forward_all));
-      c.gradient_size.push_back(units(m.gradients));
-      c.backward_overhead.push_back(units(m.backward));
-    }
-    budget = bytes >= baseline ? static_cast<std::int64_t>((bytes - baseline) / unit) : -1;
-    return c;
-  };
-  std::size_t unit = 0;
-  std::int64_t budget = 0;
-  Chain chain = quantise(budget_bytes, unit, budget);
+  // The chain in units of `unit` bytes, sizes rounded up. The unit comes from the chain, not the budget
+  // (1/resolution of the sum of every measured size), so feasibility is monotone in the budget: every
+  // budget from the least one up fits.
+  std::size_t total = input_bytes;
+  for (const Measured& m : measured) total += m.output + m.tape + m.forward + m.forward_all + m.backward + m.gradients;
+  const std::size_t unit = std::max<std::size_t>(1, total / static_cast<std::size_t>(resolution));
+  auto units = [unit](std::size_t b) { return static_cast<std::int64_t>((b + unit - 1) / unit); };
+  Chain chain;
+  chain.activation_size.push_back(units(input_bytes));
+  std::int64_t all_units = chain.activation_size[0];
+  for (const Measured& m : measured) {
+    chain.forward_time.push_back(std::max(m.flops, 1.0));
+    chain.backward_time.push_back(2 * std::max(m.flops, 1.0));
+    chain.activation_size.push_back(units(m.output));
+    chain.tape_size.push_back(units(m.tape));
+    chain.forward_overhead.push_back(units(m.forward));
+    chain.forward_all_overhead.push_back(units(m.forward_all));
+    chain.gradient_size.push_back(units(m.gradients));
+    chain.backward_overhead.push_back(units(m.backward));
+    all_units += chain.activation_size.back() + chain.tape_size.back() + chain.forward_overhead.back() +
+                 chain.forward_all_overhead.back() + chain.backward_overhead.back() + chain.gradient_size.back();
+  }
+  // Above 2·Σ of every size (which holds every value at once) more budget changes nothing: capped, so that
+  // the planner's table stays about 2·resolution units whatever the budget.
+  const std::int64_t budget =
+      budget_bytes >= baseline
+          ? std::min<std::int64_t>(static_cast<std::int64_t>((budget_bytes - baseline) / unit), 2 * all_units)
+          : -1;
   Schedule schedule = plan_schedule(chain, budget, /*persistent=*/true);
   if (!schedule.feasible) {
-    // The least budget in bytes whose own quantisation is feasible (doubling, then bisection).
-    auto fits = [&](std::size_t bytes) {
-      std::size_t u = 0;
-      std::int64_t b = 0;
-      const Chain c = quantise(bytes, u, b);
-      return plan_schedule(c, b, true).feasible;
-    };
-    std::size_t low = budget_bytes, high = std::max<std::size_t>(2 * budget_bytes, baseline + 1);
-    while (!fits(high)) low = high, high *= 2;
-    while (high - low > std::max<std::size_t>(1, high / 10000)) {
-      const std::size_t mid = low + (high - low) / 2;
-      (fits(mid) ? high : low) = mid;
+    std::int64_t low = std::max<std::int64_t>(budget, 0), high = 2 * all_units;  // high always fits
+    while (high - low > 1) {
+      const std::int64_t mid = low + (high - low) / 2;
+      (plan_schedule(chain, mid, true).feasible ? high : low) = mid;
     }
+    const std::size_t least = baseline + static_cast<std::size_t>(high) * unit;
     throw memory_budget_error("checkpoint_sequential_auto: no schedule of these " + std::to_string(L) +
                                   " layers keeps the peak within the budget of " + std::to_string(budget_bytes) +
-                                  " bytes; the leanest needs about " + std::to_string(high) + " bytes (" +
+                                  " bytes; the leanest needs " + std::to_string(least) + " bytes (" +
                                   std::to_string(baseline) + " of them on the tape at the call): the least " +
-                                  "budget that works is " + std::to_string(high) + " bytes",
-                              budget_bytes, high, high);
+                                  "budget that works is " + std::to_string(least) + " bytes",
+                              budget_bytes, least, least);
   }
   Var<T> result = run_schedule(layers, schedule, std::move(x));
   if (report) *report = AutoScheduleReport{std::move(chain), unit, baseline, std::move(schedule)};
