@@ -105,6 +105,26 @@ TEST(Planner, MatchesExhaustiveSearchOnUniformChains) {
   std::printf("uniform chains: %d (chain, budget) cases, all optimal\n", cases);
 }
 
+/// A random heterogeneous chain of L layers; with `overheads`, also random issue-13 terms (o_f, o_f̄, g, o_b).
+remat::Chain random_chain(std::mt19937& rng, int L, bool overheads) {
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  remat::Chain c;
+  for (int i = 0; i < L; ++i) {
+    c.forward_time.push_back(uniform(1, 10));
+    c.backward_time.push_back(uniform(1, 20));
+  }
+  for (int i = 0; i <= L; ++i) c.activation_size.push_back(uniform(1, 6));
+  for (int i = 1; i <= L; ++i) {
+    c.tape_size.push_back(c.activation_size[static_cast<std::size_t>(i)] + uniform(0, 6));
+    if (!overheads) continue;
+    c.forward_overhead.push_back(uniform(0, 6));
+    c.forward_all_overhead.push_back(uniform(0, 3));
+    c.gradient_size.push_back(uniform(0, 3));
+    c.backward_overhead.push_back(c.gradient_size.back() + uniform(0, 6));
+  }
+  return c;
+}
+
 TEST(Planner, NearOptimalOnRandomHeterogeneousChains) {
   std::mt19937 rng(20261130);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -113,13 +133,7 @@ TEST(Planner, NearOptimalOnRandomHeterogeneousChains) {
   int sequential_checks = 0;
   for (int chain = 0; chain < 300; ++chain) {
     const int L = uniform(2, 7);
-    remat::Chain c;
-    for (int i = 0; i < L; ++i) {
-      c.forward_time.push_back(uniform(1, 10));
-      c.backward_time.push_back(uniform(1, 20));
-    }
-    for (int i = 0; i <= L; ++i) c.activation_size.push_back(uniform(1, 6));
-    for (int i = 1; i <= L; ++i) c.tape_size.push_back(c.activation_size[static_cast<std::size_t>(i)] + uniform(0, 6));
+    const remat::Chain c = random_chain(rng, L, false);
     std::int64_t low, high;
     budgets(c, low, high);
     // A few budgets per chain, from the tightest to the loosest.
@@ -164,20 +178,7 @@ TEST(Planner, MatchesExhaustiveSearchWithOverheadsAndGradients) {
   int cases = 0, matched = 0, persistent_matched = 0;
   double persistent_worst_gap = 0;
   for (int chain = 0; chain < 300; ++chain) {
-    const int L = uniform(1, 7);
-    remat::Chain c;
-    for (int i = 0; i < L; ++i) {
-      c.forward_time.push_back(uniform(1, 10));
-      c.backward_time.push_back(uniform(1, 20));
-    }
-    for (int i = 0; i <= L; ++i) c.activation_size.push_back(uniform(1, 6));
-    for (int i = 1; i <= L; ++i) {
-      c.tape_size.push_back(c.activation_size[static_cast<std::size_t>(i)] + uniform(0, 6));
-      c.forward_overhead.push_back(uniform(0, 6));
-      c.forward_all_overhead.push_back(uniform(0, 3));
-      c.gradient_size.push_back(uniform(0, 3));
-      c.backward_overhead.push_back(c.gradient_size.back() + uniform(0, 6));
-    }
+    const remat::Chain c = random_chain(rng, uniform(1, 7), true);
     std::int64_t low, high;
     budgets(c, low, high);
     high += 20;  // the sum of sizes leaves out the overheads
