@@ -251,4 +251,27 @@ TEST(CheckpointSequentialAuto, TooSmallABudgetSaysWhatFits) {
   }
 }
 
+// After memory_budget_error the tape is usable: the same tape records the chain plainly and its backward
+// gives the plain gradients, bitwise.
+TEST(CheckpointSequentialAuto, TapeStaysUsableAfterABudgetError) {
+  auto step = [](bool try_auto_first) {
+    remat::Tape<float> tape;
+    auto w = tape.variable(remat_test::random_matrix<float>(6, 6, 3));
+    std::vector<std::function<remat::Var<float>(remat::Var<float>)>> layers(
+        4, [w](remat::Var<float> h) { return remat::tanh(remat::matmul(h, w)); });
+    layers.push_back([](remat::Var<float> h) { return remat::sum(remat::square(h)); });
+    auto x = tape.variable(remat_test::random_matrix<float>(16, 6, 4));
+    if (try_auto_first) {
+      EXPECT_THROW(remat::checkpoint_sequential_auto(layers, x, 64), remat::memory_budget_error);
+    }
+    auto h = x;
+    for (auto& layer : layers) h = layer(h);
+    tape.backward(h);
+    return std::vector<remat::Matrix<float>>{w.grad(), x.grad()};
+  };
+  const auto plain = step(false), after_error = step(true);
+  EXPECT_TRUE(bitwise_equal(plain[0], after_error[0]));
+  EXPECT_TRUE(bitwise_equal(plain[1], after_error[1]));
+}
+
 }  // namespace

@@ -414,7 +414,8 @@ class Planner {
 /// checkpoint_sequential_auto does) to keep the budget to a few hundred units.
 ///
 /// Returns a Schedule with feasible == false when no schedule fits (the minimum is about
-/// x_0 + 2·max x + max x̄). Throws domain_error for an inconsistent chain, L > 60 or budget > 2^40.
+/// x_0 + 2·max x + max x̄, plus the overhead terms). Throws domain_error for an inconsistent chain, L > 60
+/// or budget > 2^40.
 inline Schedule plan_schedule(const Chain& chain, std::int64_t budget, bool persistent = false) {
   chain.validate();
   if (chain.length() > 60) throw domain_error("plan_schedule: at most 60 layers; group layers into blocks");
