@@ -1,6 +1,7 @@
 // The exceptions remat throws. Every message names the operation and the shapes or values involved.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -22,6 +23,23 @@ class index_error : public std::out_of_range {
 class domain_error : public std::domain_error {
  public:
   using std::domain_error::domain_error;
+};
+
+/// A memory budget cannot be met: no schedule keeps the tape's peak_bytes within it
+/// (checkpoint_sequential_auto). The message and the accessors give the budget, the bytes needed and the
+/// smallest budget that would have worked (all in bytes). Derives from domain_error: the budget is a scalar
+/// argument outside what the operation can do.
+class memory_budget_error : public domain_error {
+ public:
+  memory_budget_error(const std::string& what, std::size_t budget_bytes, std::size_t needed_bytes,
+                      std::size_t least_budget_bytes)
+      : domain_error(what), budget_(budget_bytes), needed_(needed_bytes), least_(least_budget_bytes) {}
+  std::size_t budget_bytes() const noexcept { return budget_; }       ///< the budget asked for
+  std::size_t needed_bytes() const noexcept { return needed_; }       ///< the peak the leanest plan reaches
+  std::size_t least_budget_bytes() const noexcept { return least_; }  ///< the smallest budget that works
+
+ private:
+  std::size_t budget_, needed_, least_;
 };
 
 /// Misuse of a tape: a Var from another tape or from a cleared tape, an empty Var, a region nested too deep.

@@ -22,19 +22,23 @@ struct Simulation {
   std::int64_t peak = 0;
 };
 
-/// Runs `ops` in the cost model of issue 6 and reports total time and peak memory (or the first violation).
+/// Runs `ops` in the cost model of issue 6 (with issue 13's forward, forward-all and backward overheads and gradient
+/// sizes: F_i peaks o_f above its output, Fall_i o_f̄ above its tape, B_i o_b above δ_{i−1}, and B_i leaves g_i held)
+/// and reports total time and peak memory (or the first violation).
 inline Simulation simulate(const remat::Chain& c, const std::vector<remat::ScheduleOperation>& ops) {
   const int L = c.length();
   enum Status { none, activation, tape };
   std::vector<int> status(static_cast<std::size_t>(L + 1), none);
   status[0] = activation;
-  int delta = -1;  // index of the δ held, -1 before the backward starts
+  int delta = -1;              // index of the δ held, -1 before the backward starts
+  std::int64_t gradients = 0;  // Σ g of the layers backpropagated so far (held to the end)
+  auto overhead = [](const std::vector<std::int64_t>& v, std::size_t u) { return v.empty() ? 0 : v[u - 1]; };
   auto size = [&](int j) -> std::int64_t {
     const auto u = static_cast<std::size_t>(j);
     return status[u] == activation ? c.activation_size[u] : status[u] == tape ? c.tape_size[u - 1] : 0;
   };
   auto memory = [&] {
-    std::int64_t m = delta >= 0 ? c.activation_size[static_cast<std::size_t>(delta)] : 0;
+    std::int64_t m = (delta >= 0 ? c.activation_size[static_cast<std::size_t>(delta)] : 0) + gradients;
     for (int j = 0; j <= L; ++j) m += size(j);
     return m;
   };
@@ -54,7 +58,8 @@ inline Simulation simulate(const remat::Chain& c, const std::vector<remat::Sched
         if (i < 1 || i > L) return fail("layer out of range", k);
         if (status[u - 1] == none) return fail("forward without its input", k);
         if (status[u] != none) return fail("forward over a held value", k);
-        r.peak = std::max(r.peak, memory() + (all ? c.tape_size[u - 1] : c.activation_size[u]));
+        r.peak = std::max(r.peak, memory() + (all ? c.tape_size[u - 1] + overhead(c.forward_all_overhead, u)
+                                                  : c.activation_size[u] + overhead(c.forward_overhead, u)));
         status[u] = all ? tape : activation;
         r.time += c.forward_time[u - 1];
         break;
@@ -64,9 +69,11 @@ inline Simulation simulate(const remat::Chain& c, const std::vector<remat::Sched
         if (i != expected) return fail("backward out of order", k);
         if (status[u] != tape) return fail("backward without the layer's tape", k);
         if (status[u - 1] == none) return fail("backward without the layer's input", k);
-        r.peak = std::max(r.peak, memory() + (delta < 0 ? c.activation_size[u] : 0) + c.activation_size[u - 1]);
+        r.peak = std::max(r.peak, memory() + (delta < 0 ? c.activation_size[u] : 0) + c.activation_size[u - 1] +
+                                      overhead(c.backward_overhead, u));
         status[u] = none;
         delta = i - 1;
+        gradients += overhead(c.gradient_size, u);
         r.time += c.backward_time[u - 1];
         break;
       }
@@ -92,9 +99,11 @@ inline double brute_force_optimum(const remat::Chain& c, std::int64_t budget) {
     return (s & ~(State{3} << (4 + 2 * j))) | (static_cast<State>(v) << (4 + 2 * j));
   };
   auto next = [](State s) { return static_cast<int>(s & 15u); };
+  auto term = [](const std::vector<std::int64_t>& v, std::size_t u) { return v.empty() ? 0 : v[u - 1]; };
   auto memory = [&](State s) {
     const int k = next(s);
     std::int64_t m = k < L ? c.activation_size[static_cast<std::size_t>(k)] : 0;
+    for (int j = k + 1; j <= L; ++j) m += term(c.gradient_size, static_cast<std::size_t>(j));
     for (int j = 0; j <= k; ++j) {
       const int v = status(s, j);
       if (v == 1) m += c.activation_size[static_cast<std::size_t>(j)];
@@ -130,12 +139,15 @@ inline double brute_force_optimum(const remat::Chain& c, std::int64_t budget) {
     for (int j = 1; j <= k; ++j) {
       if (status(s, j - 1) == 0 || status(s, j) != 0) continue;
       const auto u = static_cast<std::size_t>(j);
-      if (j < k && m + c.activation_size[u] <= budget) relax(with(s, j, 1), c.forward_time[u - 1]);
-      if (m + c.tape_size[u - 1] <= budget) relax(with(s, j, 2), c.forward_time[u - 1]);
+      if (j < k && m + c.activation_size[u] + term(c.forward_overhead, u) <= budget)
+        relax(with(s, j, 1), c.forward_time[u - 1]);
+      if (m + c.tape_size[u - 1] + term(c.forward_all_overhead, u) <= budget)
+        relax(with(s, j, 2), c.forward_time[u - 1]);
     }
     if (status(s, k) == 2 && status(s, k - 1) != 0) {
       const auto u = static_cast<std::size_t>(k);
-      const std::int64_t peak = m + (k == L ? c.activation_size[u] : 0) + c.activation_size[u - 1];
+      const std::int64_t peak =
+          m + (k == L ? c.activation_size[u] : 0) + c.activation_size[u - 1] + term(c.backward_overhead, u);
       if (peak <= budget) {
         State t = with(s, k, 0);
         t = (t & ~State{15}) | static_cast<State>(k - 1);

@@ -345,6 +345,21 @@ class TapeState {
     diagnostics_handler_ = std::move(handler);
   }
 
+  /// For schedules (checkpoint_sequential_auto's probe): the live bytes now, and the peak of a stretch of
+  /// recording: begin_peak_measure() lowers peak_bytes to live_bytes and returns the previous peak, which
+  /// end_peak_measure(previous) puts back (the larger of the two stays) after returning the stretch's peak.
+  std::size_t live_bytes() const { return buffers_.live_bytes(); }
+  std::size_t begin_peak_measure() {
+    const std::size_t previous = buffers_.peak_bytes();
+    buffers_.reset_peak();
+    return previous;
+  }
+  std::size_t end_peak_measure(std::size_t previous) {
+    const std::size_t peak = buffers_.peak_bytes();
+    buffers_.restore_peak(std::max(previous, peak));
+    return peak;
+  }
+
   /// For schedules: the cost of node `id` as checkpoint_sequential_auto's planner models it.
   NodeCost cost(std::int32_t id) const {
     const Node<T>& n = graph_[id];

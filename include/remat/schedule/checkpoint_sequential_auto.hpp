@@ -2,12 +2,14 @@
 // checkpoint_sequential_auto() measures a chain with a probe pass, plans within a byte budget and runs it.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "remat/checkpoint.hpp"
 #include "remat/errors.hpp"
@@ -89,27 +91,117 @@ Var<T> run_schedule(const Layers& layers, const Schedule& schedule, Var<T> x) {
 
 /// What checkpoint_sequential_auto measured and planned.
 struct AutoScheduleReport {
-  Chain chain;             ///< measured chain: times in FLOPs, sizes in units of `unit_bytes`
-  std::size_t unit_bytes;  ///< sizes and budget were quantised to this many bytes (sizes rounded up)
-  Schedule schedule;       ///< the persistent optimal schedule that ran
+  Chain chain;                     ///< measured chain: times in FLOPs, sizes in units of `unit_bytes`
+  std::size_t unit_bytes = 0;      ///< sizes and budget were quantised to this many bytes (sizes rounded up)
+  std::size_t baseline_bytes = 0;  ///< tape bytes live at the call besides x_0, held throughout
+  Schedule schedule;               ///< the persistent optimal schedule that ran
 };
 
+namespace detail {
+
+/// What B_i allocates beyond the model's x̄_i, δ_i, x_{i−1} and δ_{i−1}, found by following the sweep's
+/// rules (detail/sweep.hpp) over the layer's recorded nodes [begin, end) in reverse: an input's gradient
+/// buffer is allocated at its first contribution, an op's temporary while its backward runs, an op's own
+/// gradient is freed after its backward, and a residual of x̄_i once the last backward reading it has run.
+/// `peak` is o_b: the most that B_i holds beyond the model's terms (allocated gradients and temporaries
+/// minus the residuals already freed; at least 0). `left` is g: gradients of nodes recorded before the chain
+/// (weights) and of leaves inside the layer, which stay until the sweep passes them, after the chain.
+/// The layer's output (its value may be held by a handle) and, in a layer with checkpoint regions of its
+/// own (whose replays hold values too), every residual are taken to stay until the end of B_i: an upper
+/// bound either way.
+struct BackwardBytes {
+  std::size_t peak = 0, left = 0;
+};
+
+template <class T>
+BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std::int32_t end, std::int32_t input,
+                             std::int32_t output, std::vector<std::int32_t>& work,
+                             std::vector<std::int32_t>& outside_with_grad) {
+  BackwardBytes r;
+  if (output < begin || output >= end) return r;  // the layer returned its input (or an outside value)
+  const auto at = [begin](std::int32_t j) { return static_cast<std::size_t>(j - begin); };
+  // work[j − begin]: bit 0 has a gradient; the rest: backward readers of its value still to run.
+  work.assign(static_cast<std::size_t>(end - begin), 0);
+  bool nested = false;
+  for (std::int32_t j = begin; j < end; ++j) {
+    const Node<T>& n = state.node(j);
+    nested = nested || n.region != state.node(begin).region;
+    if (n.is_leaf() || !n.requires_grad) continue;
+    for (int k = 0; k < n.arity; ++k)
+      if ((n.reads & reads_input(k)) && n.inputs[k] >= begin) work[at(n.inputs[k])] += 2;
+    if (n.reads & reads_output) work[at(j)] += 2;
+  }
+  work[at(output)] |= 1;  // δ_i: in the model
+  std::int64_t live = 0, peak = 0;
+  for (std::int32_t j = end - 1; j >= begin; --j) {
+    const Node<T>& n = state.node(j);
+    if (n.is_leaf() || !n.requires_grad) continue;
+    if (work[at(j)] & 1) {
+      for (int k = 0; k < n.arity; ++k) {
+        const std::int32_t w = n.inputs[k];
+        const Node<T>& in = state.node(w);
+        if (!in.requires_grad || w == input) continue;  // δ_{i−1} is in the model
+        const auto b = static_cast<std::int64_t>(Buffers<T>::bytes(in.shape));
+        if (w >= begin) {
+          if (work[at(w)] & 1) continue;
+          work[at(w)] |= 1;
+          live += b;
+          if (in.is_leaf()) r.left += static_cast<std::size_t>(b);
+        } else if (std::find(outside_with_grad.begin(), outside_with_grad.end(), w) == outside_with_grad.end()) {
+          outside_with_grad.push_back(w);  // its gradient was not allocated by a later layer's B
+          live += b;
+          r.left += static_cast<std::size_t>(b);
+        }
+      }
+      peak = std::max(peak, live + static_cast<std::int64_t>(Buffers<T>::bytes(n.scratch_shape)));
+      if (j != output) live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.shape));  // its gradient goes
+    }
+    if (nested) continue;
+    auto release = [&](std::int32_t w) {  // one backward reader of w's value is done
+      if (w < begin || w == output) return;
+      if ((work[at(w)] -= 2) < 2) live -= static_cast<std::int64_t>(Buffers<T>::bytes(state.node(w).shape));
+    };
+    for (int k = 0; k < n.arity; ++k)
+      if (n.reads & reads_input(k)) release(n.inputs[k]);
+    if (n.reads & reads_output) release(j);
+    if (n.extra_read) live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.extra_shape));
+  }
+  r.peak = static_cast<std::size_t>(std::max<std::int64_t>(peak, 0));
+  return r;
+}
+
+}  // namespace detail
+
 /// Measures a chain of layers with a probe pass, plans the persistent schedule with the fewest recomputed
-/// FLOPs whose activation memory stays within `budget_bytes`, and runs it (run_schedule). Returns x_L.
+/// FLOPs whose peak memory stays within `budget_bytes`, and runs it (run_schedule). Returns x_L.
+///
+/// **The budget is a bound on tape.memory().peak_bytes** from this call through the backward sweep: every
+/// tape buffer counts — the values live on the tape at the call (x_0, tape variables, anything recorded
+/// before), the chain's activations and kept tapes, the layers' intermediates while they run, activation
+/// and weight gradients, op temporaries (detail/buffers.hpp counts them all). What runs after the chain is
+/// not seen here: make the loss the last layer (a layer h ↦ cross_entropy(head(h), labels) returning the
+/// [1,1] loss) for the budget to bound the whole step; otherwise the head's bytes come on top.
 ///
 /// The probe runs every layer once inside a checkpoint region that saves nothing (its values are freed
-/// layer by layer and it is never replayed: it receives no gradient): for layer i it records the output
-/// bytes ω_x, the bytes its backward would keep (the output plus every residual and op-specific buffer of
-/// the layer's own ops: ω_x̄), and the FLOP estimates of its ops (u_f; u_b = 2·u_f). Bytes are quantised to
-/// units of budget_bytes / resolution, sizes rounded up, so the plan never exceeds the budget in the model.
-/// The budget covers what the planner's model counts: the chain's activations, kept tapes and activation
-/// gradients (x_0 included), not weights, weight gradients or what comes after the chain.
+/// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
+/// bytes ω_x; the bytes a kept layer holds ω_x̄ (output + residuals + op extras + values its own ops read,
+/// which a region's replay may hold as sources); the peak bytes of its forward beyond its input and output
+/// (o_f, read from the tape's own peak counter; o_f̄ for Fall from it and from all the layer allocated);
+/// what its backward allocates beyond δ_i and δ_{i−1} (o_b and the weight gradients it leaves, g, from the
+/// recorded nodes by the sweep's rules: detail::backward_bytes); and the FLOP estimates of its ops (u_f;
+/// u_b = 2·u_f). The bytes already live on the tape at the call (besides x_0) are held throughout. Sizes are
+/// quantised to units of 1/resolution of their sum, rounded up, and the budget down, so the plan never
+/// exceeds the budget in the model and every budget from the least one up is feasible; the model bounds
+/// the tape from above (tests/schedule/auto_peak_property_test.cpp checks peak_bytes ≤ budget on random
+/// chains; the bound is loose by up to the values a kept layer's ops read, docs/schedules.md).
 ///
 /// Costs one extra forward pass (the probe) and plan_schedule's time O(L³·resolution) (milliseconds for a
 /// dozen layers, seconds for 60). In a training loop whose shapes do not change, plan once: pass `report`
 /// and run later steps with run_schedule(layers, report->schedule, x). A layer with dropout
 /// draws its mask in the probe and again in the real pass, so the masks differ from a run without probe.
-/// Throws domain_error when no schedule fits the budget (the message gives the least budget that fits).
+/// Throws memory_budget_error when no schedule fits (the message gives the budget, the bytes the leanest
+/// schedule needs and the least budget that fits; the tape stays usable, the probe's nodes stay on it);
+/// domain_error for no layers or resolution < 1.
 template <class Layers, class T>
 Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t budget_bytes,
                                   AutoScheduleReport* report = nullptr, int resolution = 500) {
@@ -118,48 +210,116 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   if (resolution < 1) throw domain_error("checkpoint_sequential_auto: resolution must be ≥ 1");
   x.node("checkpoint_sequential_auto");
   auto* state = x.state();
-  const std::size_t unit = std::max<std::size_t>(1, budget_bytes / static_cast<std::size_t>(resolution));
-  auto units = [&](std::size_t bytes) { return static_cast<std::int64_t>((bytes + unit - 1) / unit); };
+  const std::size_t input_bytes = detail::Buffers<T>::bytes(x.shape());
+  const std::size_t live_at_call = state->live_bytes();
+  const bool input_owned = state->node(x.id()).value_owned();
+  const std::size_t baseline = live_at_call - std::min(live_at_call, input_owned ? input_bytes : 0);
 
-  Chain chain;
-  chain.activation_size.push_back(units(detail::Buffers<T>::bytes(x.shape())));
+  // Measured in bytes, then quantised.
+  struct Measured {
+    double flops;
+    std::size_t output, tape, forward, forward_all, backward, gradients;
+  };
+  std::vector<Measured> measured;
+  measured.reserve(static_cast<std::size_t>(L));
+  std::vector<std::int32_t> work;
+  std::vector<std::uint8_t> read_in_layer;
+  std::vector<std::int32_t> outside_with_grad;
   checkpoint([&](Var<T> v) {
     for (int i = 0; i < L; ++i) {
       const std::int32_t begin = state->size();
-      v = layers[static_cast<std::size_t>(i)](std::move(v));
+      const std::int32_t input = v.id();
+      const std::size_t live_before = state->live_bytes();
+      const std::size_t previous_peak = state->begin_peak_measure();
+      try {
+        v = layers[static_cast<std::size_t>(i)](std::move(v));
+      } catch (...) {
+        state->end_peak_measure(previous_peak);
+        throw;
+      }
+      const std::size_t forward_peak = state->end_peak_measure(previous_peak);
       const std::int32_t end = state->size();
-      double flops = 0;
-      std::size_t tape = detail::Buffers<T>::bytes(v.shape());
+      Measured m{};
+      m.output = detail::Buffers<T>::bytes(v.shape());
+      m.tape = m.output;
+      std::size_t allocated = 0;  // every buffer the layer's forward allocated: Fall frees none of them
+      read_in_layer.assign(static_cast<std::size_t>(end - begin), 0);
+      for (std::int32_t j = begin; j < end; ++j) {
+        const detail::Node<T>& n = state->node(j);
+        for (int k = 0; k < n.arity; ++k)
+          if (n.inputs[k] >= begin) read_in_layer[static_cast<std::size_t>(n.inputs[k] - begin)] = 1;
+      }
       for (std::int32_t j = begin; j < end; ++j) {
         const detail::NodeCost c = state->cost(j);
         if (c.leaf) continue;
-        flops += c.flops;
-        if (c.value_read && j != v.id()) tape += c.bytes;  // the layer's output is counted above
-        tape += c.extra_read_bytes;
+        const detail::Node<T>& n = state->node(j);
+        allocated += c.bytes + detail::Buffers<T>::bytes(n.extra_shape) + detail::Buffers<T>::bytes(n.scratch_shape);
+        m.flops += c.flops;
+        // ω_x̄: what the backward reads, and what an op of the layer reads (a kept layer's value that another
+        // op reads can be held as the source of a region's replay until the sweep leaves that region; not
+        // modelled op by op, so counted: an upper bound). The layer's output is counted above.
+        if ((c.value_read || read_in_layer[static_cast<std::size_t>(j - begin)]) && j != v.id()) m.tape += c.bytes;
+        m.tape += c.extra_read_bytes;
       }
-      chain.forward_time.push_back(std::max(flops, 1.0));
-      chain.backward_time.push_back(2 * std::max(flops, 1.0));
-      chain.activation_size.push_back(units(detail::Buffers<T>::bytes(v.shape())));
-      chain.tape_size.push_back(units(tape));
+      // F_i: the tape's own peak counter, beyond what was live and the output. Fall_i keeps the residuals
+      // the probe freed, so it is bounded by the probe's peak plus them (≤ o_f + ω_x̄) and by all it allocated.
+      m.forward = forward_peak - std::min(forward_peak, live_before + m.output);
+      const std::size_t fall = std::min(m.forward + m.tape, std::max(allocated, m.tape));
+      m.forward_all = fall - m.tape;
+      const detail::BackwardBytes back =
+          detail::backward_bytes(*state, begin, end, input, v.id(), work, outside_with_grad);
+      m.backward = std::max(back.peak, back.left);
+      m.gradients = back.left;
+      measured.push_back(m);
     }
     return v;
   })(x);
 
-  const auto budget = static_cast<std::int64_t>(budget_bytes / unit);
+  // The chain in units of `unit` bytes, sizes rounded up. The unit comes from the chain, not the budget
+  // (1/resolution of the sum of every measured size), so feasibility is monotone in the budget: every
+  // budget from the least one up fits.
+  std::size_t total = input_bytes;
+  for (const Measured& m : measured) total += m.output + m.tape + m.forward + m.forward_all + m.backward + m.gradients;
+  const std::size_t unit = std::max<std::size_t>(1, total / static_cast<std::size_t>(resolution));
+  auto units = [unit](std::size_t b) { return static_cast<std::int64_t>((b + unit - 1) / unit); };
+  Chain chain;
+  chain.activation_size.push_back(units(input_bytes));
+  std::int64_t all_units = chain.activation_size[0];
+  for (const Measured& m : measured) {
+    chain.forward_time.push_back(std::max(m.flops, 1.0));
+    chain.backward_time.push_back(2 * std::max(m.flops, 1.0));
+    chain.activation_size.push_back(units(m.output));
+    chain.tape_size.push_back(units(m.tape));
+    chain.forward_overhead.push_back(units(m.forward));
+    chain.forward_all_overhead.push_back(units(m.forward_all));
+    chain.gradient_size.push_back(units(m.gradients));
+    chain.backward_overhead.push_back(units(m.backward));
+    all_units += chain.activation_size.back() + chain.tape_size.back() + chain.forward_overhead.back() +
+                 chain.forward_all_overhead.back() + chain.backward_overhead.back() + chain.gradient_size.back();
+  }
+  // Above 2·Σ of every size (which holds every value at once) more budget changes nothing: capped, so that
+  // the planner's table stays about 2·resolution units whatever the budget.
+  const std::int64_t budget =
+      budget_bytes >= baseline
+          ? std::min<std::int64_t>(static_cast<std::int64_t>((budget_bytes - baseline) / unit), 2 * all_units)
+          : -1;
   Schedule schedule = plan_schedule(chain, budget, /*persistent=*/true);
   if (!schedule.feasible) {
-    std::int64_t low = budget, high = budget + 1;
-    while (!plan_schedule(chain, high, true).feasible) high *= 2;
+    std::int64_t low = std::max<std::int64_t>(budget, 0), high = 2 * all_units;  // high always fits
     while (high - low > 1) {
       const std::int64_t mid = low + (high - low) / 2;
       (plan_schedule(chain, mid, true).feasible ? high : low) = mid;
     }
-    throw domain_error("checkpoint_sequential_auto: no schedule of these " + std::to_string(L) + " layers fits in " +
-                       std::to_string(budget_bytes) + " bytes; the least budget is about " +
-                       std::to_string(static_cast<std::size_t>(high) * unit) + " bytes");
+    const std::size_t least = baseline + static_cast<std::size_t>(high) * unit;
+    throw memory_budget_error("checkpoint_sequential_auto: no schedule of these " + std::to_string(L) +
+                                  " layers keeps the peak within the budget of " + std::to_string(budget_bytes) +
+                                  " bytes; the leanest needs " + std::to_string(least) + " bytes (" +
+                                  std::to_string(baseline) + " of them on the tape at the call): the least " +
+                                  "budget that works is " + std::to_string(least) + " bytes",
+                              budget_bytes, least, least);
   }
   Var<T> result = run_schedule(layers, schedule, std::move(x));
-  if (report) *report = AutoScheduleReport{std::move(chain), unit, std::move(schedule)};
+  if (report) *report = AutoScheduleReport{std::move(chain), unit, baseline, std::move(schedule)};
   return result;
 }
 

@@ -25,13 +25,33 @@ namespace remat {
 /// Anything may be freed at any time. Memory counts everything held (x_0 included) and an operation's
 /// output is allocated while its inputs are still held. Sizes are in any unit (bytes, or units of a
 /// quantised byte count); times in any unit (FLOPs, seconds).
+///
+/// Three optional per-layer terms (empty = all zero) make the model count what a tape really allocates,
+/// so that its peak is the tape's peak (checkpoint_sequential_auto measures them):
+/// - forward_overhead o_f: the transient bytes F_i holds at its peak beyond its output (the layer's
+///   intermediates while it runs): F_i peaks at held + ω_x + o_f;
+/// - forward_all_overhead o_f̄: the same for Fall_i beyond its tape: Fall_i peaks at held + ω_x̄ + o_f̄;
+/// - backward_overhead o_b: the transient bytes B_i holds at its peak beyond x̄_i, δ_i, x_{i−1} and
+///   δ_{i−1} (gradients of the layer's intermediates, op temporaries, the gradient_size bytes below);
+/// - gradient_size g: bytes B_i leaves allocated until the whole chain is done (gradients of weights
+///   recorded before the chain), so every operation after B_i also holds Σ_{j ≥ i} g_j.
 struct Chain {
-  std::vector<double> forward_time;           ///< u_f, L entries
-  std::vector<double> backward_time;          ///< u_b, L entries
-  std::vector<std::int64_t> activation_size;  ///< ω_x, L + 1 entries: [0] is the chain input x_0
-  std::vector<std::int64_t> tape_size;        ///< ω_x̄, L entries, tape_size[i−1] ≥ activation_size[i]
+  std::vector<double> forward_time;                ///< u_f, L entries
+  std::vector<double> backward_time;               ///< u_b, L entries
+  std::vector<std::int64_t> activation_size;       ///< ω_x, L + 1 entries: [0] is the chain input x_0
+  std::vector<std::int64_t> tape_size;             ///< ω_x̄, L entries, tape_size[i−1] ≥ activation_size[i]
+  std::vector<std::int64_t> forward_overhead;      ///< o_f, L entries or empty (zeros)
+  std::vector<std::int64_t> forward_all_overhead;  ///< o_f̄, L entries or empty (zeros)
+  std::vector<std::int64_t> backward_overhead;     ///< o_b, L entries or empty (zeros), o_b ≥ g
+  std::vector<std::int64_t> gradient_size;         ///< g, L entries or empty (zeros)
 
   int length() const { return static_cast<int>(forward_time.size()); }
+
+  /// o_f, o_b and g of layer i (1…L), zero when the vector is empty.
+  std::int64_t forward_overhead_of(int i) const { return term(forward_overhead, i); }
+  std::int64_t forward_all_overhead_of(int i) const { return term(forward_all_overhead, i); }
+  std::int64_t backward_overhead_of(int i) const { return term(backward_overhead, i); }
+  std::int64_t gradient_size_of(int i) const { return term(gradient_size, i); }
 
   /// Throws domain_error unless the vectors have consistent lengths and sizes are non-negative.
   void validate() const {
@@ -48,6 +68,23 @@ struct Chain {
       if (tape_size[i] < activation_size[i + 1])
         throw domain_error("Chain: tape_size[" + std::to_string(i) + "] must be ≥ activation_size[" +
                            std::to_string(i + 1) + "] (the tape contains the layer's output)");
+    for (const auto* v : {&forward_overhead, &forward_all_overhead, &backward_overhead, &gradient_size}) {
+      if (!v->empty() && v->size() != L)
+        throw domain_error(
+            "Chain: forward_overhead, forward_all_overhead, backward_overhead and gradient_size need 0 or L "
+            "entries");
+      for (auto e : *v)
+        if (e < 0) throw domain_error("Chain: overheads and gradient sizes must be non-negative");
+    }
+    for (int i = 1; i <= static_cast<int>(L); ++i)
+      if (backward_overhead_of(i) < gradient_size_of(i))
+        throw domain_error("Chain: backward_overhead[" + std::to_string(i - 1) + "] must be ≥ gradient_size[" +
+                           std::to_string(i - 1) + "] (B_i allocates the gradients it leaves)");
+  }
+
+ private:
+  static std::int64_t term(const std::vector<std::int64_t>& v, int i) {
+    return v.empty() ? 0 : v[static_cast<std::size_t>(i - 1)];
   }
 };
 
@@ -117,7 +154,12 @@ namespace detail {
 class Planner {
  public:
   Planner(const Chain& chain, std::int64_t budget, bool persistent)
-      : c_(chain), L_(chain.length()), budget_(budget), persistent_(persistent) {}
+      : c_(chain), L_(chain.length()), budget_(budget), persistent_(persistent) {
+    gradients_after_.assign(static_cast<std::size_t>(L_ + 1), 0);
+    for (int i = L_; i >= 1; --i)
+      gradients_after_[static_cast<std::size_t>(i - 1)] =
+          gradients_after_[static_cast<std::size_t>(i)] + c_.gradient_size_of(i);
+  }
 
   Schedule plan() {
     Schedule result;
@@ -150,8 +192,13 @@ class Planner {
   std::int64_t a(int i) const { return c_.tape_size[static_cast<std::size_t>(i - 1)]; }
   double f(int i) const { return c_.forward_time[static_cast<std::size_t>(i - 1)]; }
   double b(int i) const { return c_.backward_time[static_cast<std::size_t>(i - 1)]; }
+  std::int64_t fo(int i) const { return c_.forward_overhead_of(i); }
+  std::int64_t fao(int i) const { return c_.forward_all_overhead_of(i); }
+  std::int64_t bo(int i) const { return c_.backward_overhead_of(i); }
   /// δ_t held before B_t starts (δ_L only appears with B_L).
   std::int64_t delta(int t) const { return t < L_ ? x(t) : 0; }
+  /// Σ_{j > t} g_j: the gradients B_{t+1} … B_L left, held by every operation of a sub-problem ending at t.
+  std::int64_t gradients_after(int t) const { return gradients_after_[static_cast<std::size_t>(t)]; }
 
   /// The memo entry of a sub-problem: a table over m per sub-problem, made on first use, for budgets up to
   /// dense_limit units; a hash map above.
@@ -185,16 +232,18 @@ class Planner {
         best = {cost, static_cast<std::int16_t>(kept), static_cast<std::int16_t>(right_first),
                 static_cast<std::uint8_t>(kind), right_handover};
     };
-    const std::int64_t held = x(source) + delta(last) + (tape ? a(last) : 0);
+    const std::int64_t held = x(source) + delta(last) + (tape ? a(last) : 0) + gradients_after(last);
     if (tape && source == last - 1) {
       // first == last here: B_last reads x̄_last, δ_last, x_{last−1} and allocates δ_{last−1}.
-      if (!d.handover && 2 * x(last - 1) + a(last) + x(last) <= m) consider(b(last), PlanNode::backward, 0, 0, false);
+      // o_b(last) on top: the gradients of its intermediates, op temporaries, the weight gradients it leaves.
+      if (!d.handover && 2 * x(last - 1) + a(last) + x(last) + bo(last) + gradients_after(last) <= m)
+        consider(b(last), PlanNode::backward, 0, 0, false);
     } else {
       // Running F_{source+1} … F_kept: `peak` is what it adds at most, `forward` its time.
       std::int64_t peak = 0;
       double forward = 0;
       for (int kept = source + 1; kept <= last - 1; ++kept) {
-        peak = std::max(peak, x(kept) + (kept > source + 1 ? x(kept - 1) : 0));
+        peak = std::max(peak, x(kept) + fo(kept) + (kept > source + 1 ? x(kept - 1) : 0));
         forward += f(kept);
         if (held + peak > m) break;
         if (kept < first) {
@@ -216,8 +265,9 @@ class Planner {
         // Fall_{first−1} from the source, then continue from the activation inside that tape.
         const int kept = first - 1;
         peak = 0;
-        for (int j = source + 1; j <= kept - 1; ++j) peak = std::max(peak, x(j) + (j > source + 1 ? x(j - 1) : 0));
-        peak = std::max(peak, (kept - 1 > source ? x(kept - 1) : 0) + a(kept));
+        for (int j = source + 1; j <= kept - 1; ++j)
+          peak = std::max(peak, x(j) + fo(j) + (j > source + 1 ? x(j - 1) : 0));
+        peak = std::max(peak, (kept - 1 > source ? x(kept - 1) : 0) + a(kept) + fao(kept));
         if (held + peak <= m) {
           double run = 0;
           for (int j = source + 1; j <= kept; ++j) run += f(j);
@@ -229,11 +279,12 @@ class Planner {
       peak = 0;
       forward = 0;
       for (int kept = source + 1; kept <= last; ++kept) {
-        if (kept > source + 1) peak = std::max(peak, x(kept - 1) + (kept - 1 > source + 1 ? x(kept - 2) : 0));
+        if (kept > source + 1)
+          peak = std::max(peak, x(kept - 1) + fo(kept - 1) + (kept - 1 > source + 1 ? x(kept - 2) : 0));
         forward += f(kept);
         if (held + peak > m || (tape && kept == last)) break;
         if (kept < first) continue;
-        if (held + (kept - 1 > source ? x(kept - 1) : 0) + a(kept) > m) continue;
+        if (held + (kept - 1 > source ? x(kept - 1) : 0) + a(kept) + fao(kept) > m) continue;
         double right = 0;
         if (kept < last) right = solve({kept, kept + 1, last, tape, false}, m - x(source) - a(kept) + x(kept));
         if (right == infinity) continue;
@@ -334,6 +385,7 @@ class Planner {
   bool persistent_;
   std::vector<std::vector<Entry>> memo_;
   std::unordered_map<std::size_t, Entry> sparse_;
+  std::vector<std::int64_t> gradients_after_;  // [t] = Σ_{j > t} g_j
 };
 
 }  // namespace detail
@@ -362,7 +414,8 @@ class Planner {
 /// checkpoint_sequential_auto does) to keep the budget to a few hundred units.
 ///
 /// Returns a Schedule with feasible == false when no schedule fits (the minimum is about
-/// x_0 + 2·max x + max x̄). Throws domain_error for an inconsistent chain, L > 60 or budget > 2^40.
+/// x_0 + 2·max x + max x̄, plus the overhead terms). Throws domain_error for an inconsistent chain, L > 60
+/// or budget > 2^40.
 inline Schedule plan_schedule(const Chain& chain, std::int64_t budget, bool persistent = false) {
   chain.validate();
   if (chain.length() > 60) throw domain_error("plan_schedule: at most 60 layers; group layers into blocks");
