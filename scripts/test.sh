@@ -21,6 +21,11 @@ optimised: ; +cmake --build build
 sanitized: ; +cmake --build build-sanitize
 .PHONY: both optimised sanitized
 EOF
+# Up to 2 × $(nproc) test programs run at once, each with a thread team of $(nproc) threads (remat's kernels
+# and OpenBLAS's OpenMP build share it): with libgomp's default active wait, a team's idle threads spin
+# for a while against the other programs' working threads. Passive waits make them sleep at once. No
+# result depends on it (the kernels are bitwise equal at every thread count, docs/design.md §6).
+export OMP_WAIT_POLICY=PASSIVE
 # The two test runs run at the same time: each ends on a few long tests that leave a core idle.
 echo "== running the tests of both builds (optimised, AddressSanitizer + UndefinedBehaviorSanitizer) =="
 logs=$(mktemp -d)
