@@ -19,15 +19,7 @@ trap 'rm -rf "$work"' EXIT
 out="$results/profile.jsonl"
 : > "$out"
 
-wait_for_idle() {
-  while awk '{exit !($1 >= 0.5)}' /proc/loadavg; do
-    echo "waiting for an idle machine: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-    sleep 30
-  done
-}
-
-tuned=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
-       GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736)
+source bench/common.sh  # wait_for_idle, tuned
 
 for workload in W1 W2 W3; do
   impls="RematPlain LibTorch HandWritten"

@@ -71,6 +71,11 @@ class RematModel;
 using V = remat::Var<float>;
 using remat::Parameter;
 
+/// How a step runs its backward pass by default: tape.backward(loss).
+struct PlainBackward {
+  void operator()(remat::Tape<float>& tape, const V& loss) const { tape.backward(loss); }
+};
+
 /// W0, W1, W1-small on a tape: layer l = tanh(linear(h, W_l, b_l)).
 template <class Workload, class Variant>
 class RematModel<Workload, Variant, true> {
@@ -82,7 +87,10 @@ class RematModel<Workload, Variant, true> {
     }
   }
 
-  float step(StepMemory* memory = nullptr) {
+  /// One step; `backward(tape, loss)` runs the backward pass (bench/distributed_step.cpp: the gradient
+  /// reducer's, which also all-reduces the gradients).
+  template <class Backward = PlainBackward>
+  float step(StepMemory* memory = nullptr, Backward backward = {}) {
     tape_.clear();
     const std::size_t n = weight_.size();
     w_.resize(n);
@@ -102,7 +110,7 @@ class RematModel<Workload, Variant, true> {
     h = V();
     if (memory) memory->saved_bytes = static_cast<double>(tape_.memory().saved_bytes);
     zero_grad();
-    tape_.backward(loss);  // adds into the Parameters' gradients
+    backward(tape_, loss);  // adds into the Parameters' gradients
     if (memory) {
       const remat::MemoryStats m = tape_.memory();
       memory->peak_bytes = static_cast<double>(m.peak_bytes);
@@ -116,6 +124,17 @@ class RematModel<Workload, Variant, true> {
     for (std::size_t l = 0; l < w_.size(); ++l) g.affine.push_back({w_[l].grad(), b_[l].grad()});
     return g;
   }
+
+  /// W_0, b_0, W_1, b_1, …, in the order of the forward pass (a gradient reducer's bucket order).
+  std::vector<Parameter<float>*> parameters() {
+    std::vector<Parameter<float>*> p;
+    for (std::size_t l = 0; l < weight_.size(); ++l) {
+      p.push_back(&weight_[l]);
+      p.push_back(&bias_[l]);
+    }
+    return p;
+  }
+  remat::Tape<float>& tape() { return tape_; }
 
  private:
   const Data& data_;

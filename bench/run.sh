@@ -15,20 +15,7 @@ repetitions=${2:-10}
 min_time=${3:-1}
 results=bench/results
 mkdir -p "$results"
-
-wait_for_idle() {
-  while awk '{exit !($1 >= 0.5)}' /proc/loadavg; do
-    echo "waiting for an idle machine: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-    sleep 30
-  done
-}
-
-# The C++ run: glibc's malloc tuned for LibTorch (shared/DESIGN.md §6), libgomp's default wait policy. All
-# three implementations share one OpenBLAS there, its OpenMP build (CMake's choice with REMAT_USE_OPENMP),
-# whose products run on the same libgomp team as remat's and ATen's kernels: with it OMP_WAIT_POLICY=PASSIVE,
-# the tuning for the pthreads build, slows every implementation (the `passive` run below shows it).
-tuned=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
-       GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736)
+source bench/common.sh  # wait_for_idle, tuned (the C++ run's environment)
 # The PyTorch peers load Debian's default OpenBLAS (the pthreads build, through libblas.so.3), for which
 # the passive wait policy is the tuning.
 peer_tuned=("${tuned[@]}" OMP_WAIT_POLICY=PASSIVE)

@@ -15,10 +15,8 @@ mkdir -p "$results"
 out="$results/mlp_epochs.jsonl"
 : > "$out"
 
-while awk '{exit !($1 >= 0.5)}' /proc/loadavg; do
-  echo "waiting for an idle machine: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-  sleep 30
-done
+source bench/common.sh
+wait_for_idle
 uptime > "$results/mlp_epochs.uptime"
 
 base=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)

@@ -6,7 +6,6 @@
 // remat's none, LibTorch and fused attention within float32 tolerance, and the saved bytes against
 // examples/gpt/memory_formula.hpp), so a fast wrong answer cannot win.
 #include <benchmark/benchmark.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,17 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "context.hpp"
 #include "hand_written.hpp"
 #include "remat_gpt.hpp"
 #include "remat_model.hpp"
 #include "workloads.hpp"
 #ifdef REMAT_BENCH_LIBTORCH
 #include "torch_model.hpp"
-#endif
-
-#ifdef EIGEN_USE_BLAS
-extern "C" char* openblas_get_config();
-extern "C" char* openblas_get_corename();
 #endif
 
 namespace bench {
@@ -396,32 +391,11 @@ BENCH_SEGMENTS(W0);
 BENCH_SEGMENTS(W1);
 BENCH_SEGMENTS(W2);
 
-/// The shared library that provides `symbol` in this process (which BLAS really runs).
-std::string library_of(const char* symbol) {
-  void* address = dlsym(RTLD_DEFAULT, symbol);
-  Dl_info info;
-  if (!address || !dladdr(address, &info) || !info.dli_fname) return "not found";
-  return info.dli_fname;
-}
-
-std::string environment(const char* name) {
-  const char* value = std::getenv(name);
-  return value ? value : "(unset)";
-}
-
 }  // namespace
 }  // namespace bench
 
 int main(int argc, char** argv) {
-  using bench::environment;
-  benchmark::AddCustomContext("sgemm_ from", bench::library_of("sgemm_"));
-#ifdef EIGEN_USE_BLAS
-  benchmark::AddCustomContext("openblas", std::string(openblas_get_config()) + " core " + openblas_get_corename());
-#else
-  benchmark::AddCustomContext("openblas", "not used (Eigen's own GEMM)");
-#endif
-  for (const char* name : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "GLIBC_TUNABLES", "OMP_WAIT_POLICY"})
-    benchmark::AddCustomContext(name, environment(name));
+  bench::add_blas_context();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -1,13 +1,17 @@
-// What the examples print and how they seed dropout: CPU time, byte counts, exact numbers in JSON, and the
-// per-step dropout stream (examples/mlp and examples/gpt share these).
+// What the examples print and how they seed dropout: CPU time, byte counts, exact numbers in JSON, the
+// parameters' CRC-32, and the per-step dropout stream (examples/mlp and examples/gpt share these).
 #pragma once
+
+#include <zlib.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <string>
+#include <vector>
 
 #include <remat/nn/linear.hpp>  // remat::nn::Generator
+#include <remat/parameter.hpp>
 
 namespace examples {
 
@@ -80,6 +84,15 @@ inline std::uint64_t dropout_seed(std::uint64_t seed, std::uint64_t step) {
   remat::nn::Generator g(seed ^ 0xd1b54a32d192ed03ULL);
   g.set_state(g.state() + step * 0x9e3779b97f4a7c15ULL);
   return g.next();
+}
+
+/// CRC-32 of the bytes of every parameter's value, in order: equal runs have bitwise equal parameters.
+inline std::uint32_t parameters_crc32(const std::vector<remat::Parameter<float>*>& parameters) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const remat::Parameter<float>* p : parameters)
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(p->value().data()),
+                static_cast<uInt>(static_cast<std::size_t>(p->value().size()) * sizeof(float)));
+  return static_cast<std::uint32_t>(crc);
 }
 
 }  // namespace examples

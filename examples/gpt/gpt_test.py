@@ -1,20 +1,23 @@
 """End-to-end tests of the GPT example (examples/gpt), registered with CTest by examples/gpt/CMakeLists.txt.
 
-usage: gpt_test.py CASE GPT_BINARY
+usage: gpt_test.py CASE GPT_BINARY [MPIEXEC]
   CASE: bad_corpus | fused_dropout | checkpoint_modes | resume | json | real_corpus
+        | distributed_equals_single_process | distributed_faults (these two run GPT under MPIEXEC)
 Each case exits 0 on success and prints what failed otherwise. The cases train a tiny model for a few
 steps on a corpus the test writes (so they do not need the fortunes package) and take well under a
-second each in the optimised build; real_corpus uses /usr/share/games/fortunes and skips if it is absent.
-Only the standard library is used.
+second each in the optimised build (the distributed ones a few seconds: each mpiexec starts its ranks);
+real_corpus uses /usr/share/games/fortunes and skips if it is absent. Only the standard library is used.
 """
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 import tempfile
 
 CASE, GPT = sys.argv[1], sys.argv[2]
+MPI = [sys.argv[3], "--oversubscribe", "--allow-run-as-root"] if len(sys.argv) > 3 else None
 FORTUNES = "/usr/share/games/fortunes"
 MODES = ("none", "block", "attention", "dots_no_batch", "sqrt")
 # A tiny model: 3 blocks (sqrt: 2 segments), S = 16, B = 4.
@@ -30,17 +33,23 @@ def check(condition, message):
     return condition
 
 
-def run(*args, expect=0):
-    p = subprocess.run([GPT, *map(str, args)], capture_output=True)
+def run(*args, expect=0, launcher=(), timeout=120):
+    """Runs gpt with `args` (after `launcher`, e.g. mpiexec -np 2); expect: the exit code, or "nonzero"."""
+    command = [*map(str, launcher), GPT, *map(str, args)]
+    try:
+        p = subprocess.run(command, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        check(False, f"still running after {timeout} s (a hang): {' '.join(command)}")
+        return subprocess.CompletedProcess(command, -1, "", "")
     p.stdout, p.stderr = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-    if p.returncode != expect:
-        check(False, f"gpt {' '.join(map(str, args))}: exit code {p.returncode}, expected {expect}\n"
+    if p.returncode != expect and not (expect == "nonzero" and p.returncode != 0):
+        check(False, f"{' '.join(command)}: exit code {p.returncode}, expected {expect}\n"
                      f"stdout: {p.stdout[-2000:]}\nstderr: {p.stderr[-2000:]}")
     return p
 
 
-def run_json(*args):
-    p = run(*args, "--json")
+def run_json(*args, launcher=()):
+    p = run(*args, "--json", launcher=launcher)
     lines = p.stdout.strip().splitlines()
     if not check(lines, f"gpt {' '.join(map(str, args))}: no output"):
         return {}
@@ -220,8 +229,127 @@ def case_real_corpus():
           f"validation {d.get('val_loss')} not below the unigram baseline {d.get('unigram_nats_per_byte')}")
 
 
+def read_state(path):
+    """The parameters and AdamW first moments of a state file (main.cpp's encode_state after the common
+    header: examples/common/state_file.hpp), as lists of floats in the optimizer's order."""
+    data = open(path, "rb").read()[8 + 4 + 8 + 4:]
+    offset = 8 + 6 * 4 + 8 + 8 + 8 + 8 + 4 + 8 + 8 + 8  # settings, corpus, step, batch stream, last loss
+    (count,) = struct.unpack_from("<I", data, offset)
+    offset += 4
+    values, moments = [], []
+    for _ in range(count):
+        for out in (values, moments, None):
+            rows, cols = struct.unpack_from("<QQ", data, offset)
+            offset += 16
+            floats = struct.unpack_from(f"<{rows * cols}f", data, offset)
+            offset += 4 * rows * cols
+            if out is not None:
+                out.append(floats)
+    return values, moments
+
+
+def relative_difference(a, b):
+    """‖a − b‖ / ‖b‖ (0 when both are 0)."""
+    norm = math.sqrt(sum(y * y for y in b))
+    diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    return diff / norm if norm > 0 else diff
+
+
+# One optimizer step of a tiny model (3 blocks: sqrt has 2 segments; B = 4 sequences: 2+2 on 2 ranks,
+# 1+1+2 on 3), then the state file holds the parameters after the step and AdamW's first moment
+# m = (1 − β1)·g, g the clipped gradient of the step.
+DIST = ["--layers", 3, "--width", 32, "--heads", 2, "--seq-len", 16, "--batch", 4, "--steps", 2, "--warmup", 1,
+        "--stop-after", 1, "--log-every", 1, "--eval-every", 0, "--eval-batches", 2, "--sample-bytes", 0,
+        "--threads", 1]
+
+
+def case_distributed_equals_single_process():
+    """N ranks train on shards of the same global batch: after one step the loss, the gradient and the
+    parameters equal one process's to 1e-6 relative (float sums in another order), for checkpointed modes and
+    both attentions; the ranks' parameters are bitwise equal (the example compares their CRC-32 at the end
+    and fails otherwise); only rank 0 prints; --timing reports the one reduction.
+
+    The gradient: its norm before clipping (a gradient reduced twice, or weighed wrongly, changes it) and, per
+    tensor, its direction (AdamW's first moment after one step is 0.1 × the gradient clipped to norm 1).
+    The parameters: over the whole parameter vector, not per tensor. AdamW's first update is lr·g/(|g| + ε)
+    with ε = 1e-8, which turns the rounding of gradients near ε into update differences of ~1e-6 (the key
+    bias's gradient is 0 but for rounding: softmax ignores a constant added to every key), up to 6e-5 of a
+    small bias tensor's norm; the whole vector differs by 3e-7 (2 ranks, when written)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "corpus")
+        write_corpus(data)
+        single = {}
+        for attention in ("unfused", "fused"):
+            state = os.path.join(tmp, f"single-{attention}.state")
+            single[attention] = (run_json("--data", data, *DIST, "--attention", attention, "--state", state),
+                                 read_state(state))
+        for ranks, mode, attention in ((2, "block", "unfused"), (2, "attention", "unfused"), (2, "sqrt", "unfused"),
+                                       (3, "dots_no_batch", "fused")):
+            what = f"{ranks} ranks, --checkpoint {mode}, {attention}"
+            state = os.path.join(tmp, f"{ranks}-{mode}.state")
+            p = run("--data", data, *DIST, "--checkpoint", mode, "--attention", attention, "--state", state,
+                    "--distributed", "--timing", "--json", launcher=[*MPI, "-np", ranks])
+            if not check(p.returncode == 0 and p.stdout.strip(), f"{what}: no result"):
+                continue
+            check(p.stdout.count('"train_loss"') == 1 and p.stdout.count("data parallel: ") == 1,
+                  f"{what}: only rank 0 prints, got:\n{p.stdout}")
+            d = json.loads(p.stdout.strip().splitlines()[-1])
+            s, (s_values, s_moments) = single[attention]
+            check(d.get("ranks") == ranks and d.get("steps") == 1, f"{what}: ranks {d.get('ranks')}, {d.get('steps')} steps")
+            check(abs(d.get("train_loss", 0) - s["train_loss"]) <= 1e-6 * abs(s["train_loss"]),
+                  f"{what}: loss {d.get('train_loss')} vs one process {s['train_loss']}")
+            check(abs(d.get("grad_norm", 0) - s["grad_norm"]) <= 1e-6 * s["grad_norm"],
+                  f"{what}: gradient norm {d.get('grad_norm')} vs one process {s['grad_norm']}")
+            values, moments = read_state(state)
+            flat = lambda tensors: [x for t in tensors for x in t]
+            check(len(values) == len(s_values) and len(values) > 0, f"{what}: {len(values)} parameters in {state}")
+            difference = relative_difference(flat(values), flat(s_values))
+            check(difference <= 1e-6, f"{what}: parameters differ from one process's by {difference:g} (relative)")
+            worst = max((relative_difference(a, b), k) for k, (a, b) in enumerate(zip(moments, s_moments)))
+            check(worst[0] <= 1e-6, f"{what}: the gradient of parameter {worst[1]} (optimizer order) differs from "
+                                    f"one process's by {worst[0]:g} (relative)")
+            t = d.get("timing", {})
+            gradient_bytes = 4 * (d.get("parameters", 0) + len(values))  # every gradient and one flag each
+            check(t.get("reduced_steps") == 1 and t.get("bytes_per_step") == gradient_bytes,
+                  f"{what}: --timing says {t}, expected one step of {gradient_bytes} bytes")
+            check(t.get("hidden_fraction") is not None and 0 <= t["hidden_fraction"] <= 1,
+                  f"{what}: hidden fraction {t.get('hidden_fraction')}")
+
+
+def case_distributed_faults():
+    """Ranks started with different model flags, a batch smaller than the ranks, and ranks resuming from
+    different state files stop at start-up with a message on stderr and a non-zero exit, instead of hanging
+    or training apart."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "corpus")
+        write_corpus(data)
+        one = [*MPI, "-np", 1]  # MPMD: mpiexec -np 1 gpt FLAGS : -np 1 gpt OTHER_FLAGS
+        common = ["--data", data, *DIST, "--distributed"]
+
+        def changed(flag, value):
+            flags = [str(a) for a in common]
+            flags[flags.index(flag) + 1] = str(value)
+            return flags
+
+        p = run(*common, ":", "-np", 1, GPT, *changed("--width", 16), expect="nonzero", launcher=one, timeout=60)
+        check("gpt: rank 1 of 2: error: broadcast_parameters: parameter 0 is [256,32] on rank 0 but [256,16] on "
+              "rank 1" in p.stderr, f"mismatched --width: stderr {p.stderr[-3000:]!r}")
+        p = run(*changed("--batch", 1), expect="nonzero", launcher=[*MPI, "-np", 2], timeout=60)
+        check("error: --batch 1 is smaller than the 2 ranks" in p.stderr,
+              f"--batch 1 on 2 ranks: stderr {p.stderr[-3000:]!r}")
+        state = os.path.join(tmp, "run.state")
+        run("--data", data, *DIST, "--state", state)  # one process, one step
+        p = run(*common, "--state", state, ":", "-np", 1, GPT, *common, "--state", os.path.join(tmp, "absent.state"),
+                expect="nonzero", launcher=one, timeout=60)
+        check("the step to start from (--state): rank 0 has 1 but rank 1 has 0; every rank must be given the same "
+              "--seed and --state file" in p.stderr,
+              f"different --state files: stderr {p.stderr[-3000:]!r}")
+
+
 {"bad_corpus": case_bad_corpus, "fused_dropout": case_fused_dropout, "checkpoint_modes": case_checkpoint_modes,
- "resume": case_resume, "json": case_json, "real_corpus": case_real_corpus}[CASE]()
+ "resume": case_resume, "json": case_json, "real_corpus": case_real_corpus,
+ "distributed_equals_single_process": case_distributed_equals_single_process,
+ "distributed_faults": case_distributed_faults}[CASE]()
 if failures:
     print(f"{len(failures)} failure(s)")
     sys.exit(1)

@@ -1,8 +1,6 @@
 // Trains the byte-level GPT of docs/gpt.md (gpt.hpp) on Debian's fortunes corpus with remat, optionally
 // with gradient checkpointing, and samples text from it. See docs/gpt.md §Training for the flags, the
 // measured default run and how to reproduce it.
-#include <zlib.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -20,6 +18,7 @@
 #include <remat/nn/warmup_cosine_schedule.hpp>
 #include <remat/remat.hpp>
 
+#include "../common/data_parallel.hpp"
 #include "../common/report.hpp"
 #include "../common/state_file.hpp"
 #include "../common/threads.hpp"
@@ -34,6 +33,7 @@ using examples::dropout_seed;
 using examples::json_string;
 using examples::megabytes;
 using examples::number;
+using examples::Ranks;
 
 using remat::Var;
 
@@ -54,6 +54,7 @@ struct Options {
   bool json = false;
   std::string state;
   int save_every = 100, stop_after = 0;
+  bool distributed = false, timing = false;
 };
 
 constexpr double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, clip_norm = 1.0, min_lr_fraction = 0.1;
@@ -271,16 +272,8 @@ double parameter_checksum(gpt::Model<float>& model) {
   return sum;
 }
 
-std::uint32_t parameters_crc32(gpt::Model<float>& model) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (remat::Parameter<float>* p : model.parameters())
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(p->value().data()),
-                static_cast<uInt>(static_cast<std::size_t>(p->value().size()) * sizeof(float)));
-  return static_cast<std::uint32_t>(crc);
-}
-
-int run(Options& o, const CLI::App& app) {
-  if (o.threads == 0) o.threads = examples::default_threads(1);
+int run(Options& o, const CLI::App& app, const Ranks& ranks) {
+  if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   // The state file's settings come first: they decide the model's shape and the split.
   std::unique_ptr<examples::StateReader> resume;
@@ -301,6 +294,9 @@ int run(Options& o, const CLI::App& app) {
   if (o.steps <= o.warmup)
     throw std::invalid_argument("--steps " + std::to_string(o.steps) + " must exceed --warmup " +
                                 std::to_string(o.warmup));
+  if (o.batch < ranks.size)
+    throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is smaller than the " +
+                                std::to_string(ranks.size) + " ranks: every rank needs a sequence of each batch");
 
   gpt::Corpus corpus = gpt::read_corpus(o.data);
   gpt::split(corpus, static_cast<std::size_t>(o.seq_len));
@@ -326,6 +322,15 @@ int run(Options& o, const CLI::App& app) {
   const remat::nn::WarmupCosineSchedule schedule(o.lr, o.warmup, o.steps, min_lr_fraction * o.lr);
   const gpt::Options options{recompute_of(o.checkpoint),
                              o.attention == "fused" ? gpt::Attention::fused : gpt::Attention::unfused};
+  remat::Tape<float> tape, eval_tape;
+  // --distributed: every rank starts from rank 0's parameters (ranks given different model flags stop here
+  // with a message), and the gradients are averaged over the ranks in buckets all-reduced while backward runs.
+  examples::DataParallel data_parallel(ranks, parameters, tape, o.timing);
+  {  // a state file on every rank or none, the same one, or the ranks would train apart (or hang)
+    const std::string hint = "every rank must be given the same --seed and --state file";
+    data_parallel.check_same_on_every_rank(t.optimizer->step_count(), "the step to start from (--state)", hint);
+    data_parallel.check_same_on_every_rank(t.batches.state(), "the batch stream (--seed, --state)", hint);
+  }
 
   std::printf(
       "GPT L=%d H=%d heads=%d S=%d V=256: %zu parameters; dropout %g, attention %s, checkpoint %s, %d thread%s\n",
@@ -341,29 +346,38 @@ int run(Options& o, const CLI::App& app) {
       "batch %d x %d bytes, seed %llu\n",
       o.lr, o.warmup, min_lr_fraction * o.lr, o.steps, beta1, beta2, weight_decay, clip_norm, o.batch, o.seq_len,
       static_cast<unsigned long long>(o.seed));
+  if (ranks.distributed)
+    std::printf("data parallel: %d ranks, each trains on its shard of every global batch of %d sequences\n", ranks.size,
+                o.batch);
   if (resume)
     std::printf("resumed from %s at step %llu\n", o.state.c_str(),
                 static_cast<unsigned long long>(t.optimizer->step_count()));
   std::fflush(stdout);
 
-  remat::Tape<float> tape, eval_tape;
   eval_tape.set_training(false);
-  const std::size_t tokens = static_cast<std::size_t>(o.batch) * static_cast<std::size_t>(o.seq_len);
-  std::vector<int> ids(tokens), targets(tokens);
+  // Every rank draws the windows of the whole global batch (the same stream) and trains on its sequences
+  // [first, last) of it: the global batch is the single-process one.
+  const std::size_t B = static_cast<std::size_t>(o.batch), S = static_cast<std::size_t>(o.seq_len);
+  const std::size_t first = ranks.begin(B), last = ranks.end(B);
+  const std::size_t tokens = B * S;  // of the global batch
+  std::vector<int> ids((last - first) * S), targets((last - first) * S), eval_ids(tokens), eval_targets(tokens);
+  examples::TimingTotals run_timing;
+  double last_grad_norm = NAN;  // of the last step of this run (before clipping; the reduced gradient's)
   std::size_t saved_bytes = 0, peak_bytes = 0;
   double train_seconds = 0, train_cpu_seconds = 0, window_seconds = 0;
   int steps_this_run = 0, window_steps = 0;
   double validation = NAN;
   std::uint64_t validated_at = ~std::uint64_t{0};
   auto evaluate = [&](std::uint64_t step) {
-    validation = validation_loss(o, corpus, validation_windows, model, eval_tape, ids, targets);
+    validation = validation_loss(o, corpus, validation_windows, model, eval_tape, eval_ids, eval_targets);
     validated_at = step;
     std::printf("step %5llu  validation %.4f nats/byte (%.4f bits/byte)\n", static_cast<unsigned long long>(step),
                 validation, validation / std::log(2.0));
     std::fflush(stdout);
   };
-  auto save = [&] {
-    if (!o.state.empty()) examples::write_state_file(o.state, state_format, encode_state(o, corpus, t));
+  auto save = [&] {  // rank 0's: the ranks' states are the same
+    if (!o.state.empty() && ranks.rank == 0)
+      examples::write_state_file(o.state, state_format, encode_state(o, corpus, t));
   };
 
   while (t.optimizer->step_count() < static_cast<std::uint64_t>(o.steps)) {
@@ -375,17 +389,29 @@ int run(Options& o, const CLI::App& app) {
     const std::uint64_t step = t.optimizer->step_count();
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = cpu_seconds();
-    for (std::size_t b = 0; b < static_cast<std::size_t>(o.batch); ++b)
-      train_windows.fill(corpus, t.batches.below(train_windows.count()), b, ids, targets);
+    for (std::size_t b = 0; b < B; ++b) {
+      const std::size_t window = t.batches.below(train_windows.count());
+      if (b >= first && b < last) train_windows.fill(corpus, window, b - first, ids, targets);
+    }
     const double lr = schedule.at(step);
-    const gpt::StepResult r = gpt::training_step(tape, model, parameters, *t.optimizer, ids, targets, options,
-                                                 dropout_seed(o.seed, step), lr, clip_norm);
+    // Each shard's mean loss weighs by its share of the global batch; dropout masks are drawn per rank.
+    data_parallel.set_shard(last - first, B);
+    data_parallel.start_step();
+    gpt::StepResult r = gpt::training_step(
+        tape, model, parameters, *t.optimizer, ids, targets, options,
+        dropout_seed(o.seed, step) ^ static_cast<std::uint64_t>(ranks.rank) * 0x9e3779b97f4a7c15ULL, lr, clip_norm,
+        [&](remat::Tape<float>& tp, const Var<float>& loss) { data_parallel.backward(tp, loss); });
+    data_parallel.end_step();
+    double loss = r.loss * static_cast<double>(last - first) / static_cast<double>(B);
+    data_parallel.sum_over_ranks(&loss, 1);  // the global batch's mean loss (r.loss in one process)
+    r.loss = loss;
     if (!std::isfinite(r.grad_norm))
       throw std::runtime_error("training diverged at step " + std::to_string(step) + ": the gradient norm is " +
                                number(r.grad_norm) + " (try a smaller --lr)");
     saved_bytes = r.saved_bytes;
     peak_bytes = std::max(peak_bytes, r.peak_bytes);
     t.last_loss = r.loss;
+    last_grad_norm = r.grad_norm;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     train_seconds += seconds;
     train_cpu_seconds += cpu_seconds() - cpu_start;
@@ -402,21 +428,30 @@ int run(Options& o, const CLI::App& app) {
       std::fflush(stdout);
       window_seconds = 0;
       window_steps = 0;
+      if (o.timing) {
+        const examples::TimingTotals window = data_parallel.take_timing();
+        std::printf("%s\n", window.line("to step " + std::to_string(done)).c_str());
+        std::fflush(stdout);
+        run_timing += window;
+      }
     }
-    if (o.eval_every > 0 && done % static_cast<std::uint64_t>(o.eval_every) == 0) evaluate(done);
+    if (o.eval_every > 0 && done % static_cast<std::uint64_t>(o.eval_every) == 0 && ranks.rank == 0) evaluate(done);
     if (o.save_every > 0 && done % static_cast<std::uint64_t>(o.save_every) == 0) save();
   }
   tape.clear();
   save();
+  run_timing += data_parallel.take_timing();
+  const std::uint32_t crc = examples::parameters_crc32(parameters);
+  data_parallel.check_same_parameters_bitwise(crc);  // --distributed: the ranks must not have diverged
   const std::uint64_t steps_done = t.optimizer->step_count();
-  if (validated_at != steps_done) evaluate(steps_done);
+  // Validation and sampling on rank 0 only (it alone prints); the other ranks' parameters are the same.
+  if (validated_at != steps_done && ranks.rank == 0) evaluate(steps_done);
 
   const std::string context = o.prompt.empty() ? std::string("%\n") : o.prompt;
-  const std::string text = o.sample_bytes > 0 ? sample(o, model, context, eval_tape) : std::string();
+  const std::string text = o.sample_bytes > 0 && ranks.rank == 0 ? sample(o, model, context, eval_tape) : std::string();
   const double tokens_per_second =
       train_seconds > 0 ? static_cast<double>(static_cast<std::size_t>(steps_this_run) * tokens) / train_seconds : 0.0;
   const double checksum = parameter_checksum(model);
-  const std::uint32_t crc = parameters_crc32(model);
   std::printf(
       "done: %llu steps, train loss %.4f, validation %.4f nats/byte (%.4f bits/byte) vs unigram %.4f nats/byte; "
       "%.1f s training this run (CPU %.1f s), %.0f tok/s; saved %s after forward, peak %s\n",
@@ -424,12 +459,14 @@ int run(Options& o, const CLI::App& app) {
       train_seconds, train_cpu_seconds, tokens_per_second, megabytes(saved_bytes).c_str(),
       megabytes(peak_bytes).c_str());
   std::printf("parameter checksum %.17g (CRC-32 %u)\n", checksum, crc);
+  if (o.timing) std::printf("%s\n", run_timing.line("of this run").c_str());
   if (o.sample_bytes > 0)
     std::printf("sample (temperature %g, %d bytes after %s):\n%s%s\n", o.temperature, o.sample_bytes,
                 o.prompt.empty() ? "\"%\\n\"" : "the prompt", o.prompt.c_str(), text.c_str());
   if (o.json) {
     std::ostringstream j;
     j << "{\"steps\":" << steps_done << ",\"train_loss\":" << number(t.last_loss)
+      << ",\"grad_norm\":" << (std::isnan(last_grad_norm) ? std::string("null") : number(last_grad_norm))
       << ",\"val_loss\":" << number(validation) << ",\"val_bits_per_byte\":" << number(validation / std::log(2.0))
       << ",\"unigram_nats_per_byte\":" << number(baseline)
       << ",\"unigram_bits_per_byte\":" << number(baseline / std::log(2.0))
@@ -442,7 +479,9 @@ int run(Options& o, const CLI::App& app) {
       << ",\"heads\":" << o.heads << ",\"seq_len\":" << o.seq_len << ",\"batch\":" << o.batch
       << ",\"lr\":" << number(o.lr) << ",\"dropout\":" << number(o.dropout) << ",\"seed\":" << o.seed
       << ",\"threads\":" << o.threads << ",\"checkpoint\":\"" << o.checkpoint << "\",\"attention\":\"" << o.attention
-      << "\",\"sample\":" << json_string(text) << "}";
+      << "\",\"ranks\":" << ranks.size << ",\"sample\":" << json_string(text);
+    if (o.timing) j << ",\"timing\":" << run_timing.json();
+    j << "}";
     std::printf("%s\n", j.str().c_str());
   }
   return 0;
@@ -522,19 +561,19 @@ int main(int argc, char** argv) {
   app.add_option("--stop-after", o.stop_after,
                  "Stop after N steps of this run, as if interrupted (continue with the same --state; 0 = never)")
       ->check(CLI::Range(0, 1 << 30));
+  app.add_flag("--distributed", o.distributed,
+               "Data-parallel training over MPI ranks (mpirun -np N gpt --distributed): each rank trains on its "
+               "shard of the --batch sequences of every global batch, gradients are averaged "
+               "(docs/distributed.md); only rank 0 prints, validates, samples and writes --state");
+  app.add_flag("--timing", o.timing,
+               "Print with each progress line the time of a step and of its backward and, with --distributed, "
+               "the all-reduce: bytes per step, the fraction of its time hidden behind backward, the wait it adds "
+               "after backward (docs/distributed.md)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
-  try {
-    return run(o, app);
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "gpt: error: out of memory\n");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt: error: %s\n", e.what());
-  }
-  std::fflush(stdout);
-  return 2;
+  return examples::run_main("gpt", o.distributed, argc, argv, [&](const Ranks& ranks) { return run(o, app, ranks); });
 }

@@ -20,10 +20,7 @@
 #include <remat/nn/linear.hpp>
 #include <remat/remat.hpp>
 
-#ifdef REMAT_MLP_MPI
-#include <remat/distributed/distributed.hpp>
-#endif
-
+#include "../common/data_parallel.hpp"
 #include "../common/report.hpp"
 #include "../common/threads.hpp"
 #include "idx.hpp"
@@ -36,6 +33,7 @@ using examples::cpu_seconds;
 using examples::dropout_seed;
 using examples::megabytes;
 using examples::number;
+using examples::Ranks;
 
 using remat::Matrix;
 using remat::Var;
@@ -57,17 +55,7 @@ struct Options : mlp::NetworkOptions {
   std::string schedule = "cosine";
   int stop_after = 0;
   bool distributed = false;
-};
-
-/// This process's place in a --distributed run (rank 0 of 1 otherwise).
-struct Ranks {
-  int rank = 0, size = 1;
-  /// Rows [begin, end) of a global batch of m rows that this rank trains on: contiguous shards whose sizes
-  /// differ by at most one.
-  std::size_t begin(std::size_t m) const { return m * static_cast<std::size_t>(rank) / static_cast<std::size_t>(size); }
-  std::size_t end(std::size_t m) const {
-    return m * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(size);
-  }
+  bool timing = false;
 };
 
 /// One training epoch's results; kept in the state file so a resumed run reports the whole history.
@@ -238,27 +226,10 @@ void progress_bar(int epoch, int epochs, std::size_t done, std::size_t total, do
   std::fflush(stdout);
 }
 
-/// CRC-32 of every parameter's bytes: equal runs have bitwise equal parameters.
-std::uint32_t parameters_crc32(const Model& model) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (const auto& layer : model.layers)
-    for (const auto* p : {&layer.weight, &layer.bias})
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(p->value().data()),
-                  static_cast<uInt>(static_cast<std::size_t>(p->value().size()) * sizeof(float)));
-  return static_cast<std::uint32_t>(crc);
-}
-
-int run(Options& o, const CLI::App& app) {
-  Ranks ranks;
-#ifdef REMAT_MLP_MPI
-  if (o.distributed) {
-    ranks.rank = remat::distributed::rank();
-    ranks.size = remat::distributed::size();
-    if (o.batch < ranks.size)
-      throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is smaller than the " +
-                                  std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
-  }
-#endif
+int run(Options& o, const CLI::App& app, const Ranks& ranks) {
+  if (o.batch < ranks.size)
+    throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is smaller than the " +
+                                std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
@@ -305,10 +276,16 @@ int run(Options& o, const CLI::App& app) {
     model.adam = std::make_unique<remat::nn::Adam<float>>(parameters, a);
     model.shuffle.set_state(o.seed ^ 0x5851f42d4c957f2dULL);
   }
-#ifdef REMAT_MLP_MPI
-  // Every rank starts from rank 0's weights; ranks given different model flags stop here with a message.
-  if (o.distributed) remat::distributed::broadcast_parameters(parameters, 0);
-#endif
+  remat::Tape<float> tape, eval_tape;
+  // --distributed: every rank starts from rank 0's weights (ranks given different model flags stop here with
+  // a message), and the gradients are averaged over the ranks in buckets all-reduced while backward runs.
+  examples::DataParallel data_parallel(ranks, parameters, tape, o.timing);
+  {  // --resume on every rank or none, from the same file, or the ranks would train apart (or hang)
+    const std::string hint = "every rank must be given the same --seed and --resume file";
+    data_parallel.check_same_on_every_rank(model.adam->step_count(), "the step to start from (--resume)", hint);
+    data_parallel.check_same_on_every_rank(model.history.size(), "the epochs done (--resume)", hint);
+    data_parallel.check_same_on_every_rank(model.shuffle.state(), "the shuffling state (--seed, --resume)", hint);
+  }
 
   std::string shape = std::to_string(inputs);
   for (int h : o.hidden) shape += "→" + std::to_string(h);
@@ -324,15 +301,6 @@ int run(Options& o, const CLI::App& app) {
                 static_cast<unsigned long long>(model.adam->step_count()));
 
   const bool terminal = isatty(STDOUT_FILENO) == 1 && !o.json;
-  remat::Tape<float> tape, eval_tape;
-#ifdef REMAT_MLP_MPI
-  // Averages the gradients over the ranks, in buckets all-reduced while backward runs.
-  std::unique_ptr<remat::distributed::GradientReducer<float>> reducer;
-  if (o.distributed) {
-    reducer = std::make_unique<remat::distributed::GradientReducer<float>>(parameters);
-    reducer->attach(tape);
-  }
-#endif
   Matrix<float> x_batch(o.batch, inputs);
   std::vector<int> labels;
   mlp::TrainingStep step;
@@ -345,6 +313,7 @@ int run(Options& o, const CLI::App& app) {
   const std::uint64_t total_steps = static_cast<std::uint64_t>(o.epochs) *
                                     ((n + static_cast<std::size_t>(o.batch) - 1) / static_cast<std::size_t>(o.batch));
   int epochs_this_run = 0;
+  std::vector<std::string> epoch_timing;  // --timing: one JSON object per epoch of this run
 
   for (int epoch = static_cast<int>(model.history.size()) + 1; epoch <= o.epochs; ++epoch) {
     if (o.stop_after > 0 && epochs_this_run == o.stop_after) {
@@ -377,21 +346,17 @@ int run(Options& o, const CLI::App& app) {
                 (1 + std::cos(M_PI * static_cast<double>(model.adam->step_count()) / static_cast<double>(total_steps))),
             1e-12);
       // The first m rows of x_batch (the last batch may be smaller; resizing would reallocate every epoch).
-      std::uint64_t seed = dropout_seed(o.seed, model.adam->step_count());
-#ifdef REMAT_MLP_MPI
+      // Dropout masks are drawn per rank.
+      const std::uint64_t seed = dropout_seed(o.seed, model.adam->step_count()) ^
+                                 static_cast<std::uint64_t>(ranks.rank) * 0x9e3779b97f4a7c15ULL;
       // Each shard's mean loss weighs by its share of the global batch: the sum over the ranks is the
-      // gradient of the global batch's mean loss (shards may differ by a row). Dropout masks per rank.
-      if (reducer) reducer->set_local_weight(static_cast<double>(m) / static_cast<double>(global));
-      seed ^= static_cast<std::uint64_t>(ranks.rank) * 0x9e3779b97f4a7c15ULL;
-      auto sync = [&reducer] {
-        if (reducer) reducer->finish();
-      };
-#else
-      auto sync = mlp::TrainingStep::NoSync{};
-#endif
-      const mlp::TrainingStep::Result r =
-          step.run(tape, o, model.layers, *model.adam, x_batch.topRows(static_cast<remat::Index>(m)), labels, seed,
-                   learning_rate, sync);
+      // gradient of the global batch's mean loss (shards may differ by a row).
+      data_parallel.set_shard(m, global);
+      data_parallel.start_step();
+      const mlp::TrainingStep::Result r = step.run(
+          tape, o, model.layers, *model.adam, x_batch.topRows(static_cast<remat::Index>(m)), labels, seed,
+          learning_rate, [&](remat::Tape<float>& t, const Var<float>& loss) { data_parallel.backward(t, loss); });
+      data_parallel.end_step();
       saved_bytes = std::max(saved_bytes, r.saved_bytes);
       peak_bytes = std::max(peak_bytes, r.peak_bytes);
       loss_sum += static_cast<double>(r.loss) * static_cast<double>(m);
@@ -401,14 +366,13 @@ int run(Options& o, const CLI::App& app) {
         progress_bar(epoch, o.epochs, first + global, n, loss_sum / static_cast<double>(local_rows));
     }
     tape.clear();
-#ifdef REMAT_MLP_MPI
-    if (o.distributed) {  // the epoch's loss and accuracy over every rank's rows
+    const examples::TimingTotals timing = data_parallel.take_timing();
+    {  // the epoch's loss and accuracy over every rank's rows (--distributed)
       double sums[2] = {loss_sum, static_cast<double>(correct)};
-      MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      data_parallel.sum_over_ranks(sums, 2);
       loss_sum = sums[0];
       correct = static_cast<long>(sums[1]);
     }
-#endif
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double cpu = cpu_seconds() - cpu_start;
     run_cpu_seconds += cpu;
@@ -427,9 +391,15 @@ int run(Options& o, const CLI::App& app) {
         "%s\n",
         epoch, o.epochs, record.loss, 100 * record.train_accuracy, 100 * record.test_accuracy, seconds, cpu,
         static_cast<double>(n) / seconds, megabytes(saved_bytes).c_str(), megabytes(peak_bytes).c_str());
+    if (o.timing) {  // rank 0's (the ranks wait for each other in every all-reduce)
+      std::printf("%s\n", timing.line("epoch " + std::to_string(epoch)).c_str());
+      epoch_timing.push_back(timing.json());
+    }
     std::fflush(stdout);
     if (!o.save.empty() && ranks.rank == 0) mlp::write_state_file(o.save, encode_state(o, model, n));
   }
+  const std::uint32_t crc = examples::parameters_crc32(parameters);
+  data_parallel.check_same_parameters_bitwise(crc);  // --distributed: the ranks must not have diverged
 
   const double test_accuracy = model.history.empty() && ranks.rank == 0 ? evaluate(o, model, test, eval_tape)
                                : model.history.empty()                  ? 0.0
@@ -461,10 +431,16 @@ int run(Options& o, const CLI::App& app) {
       << o.schedule << "\",\"hidden\":[" << hidden << "],\"activation\":\"" << o.activation
       << "\",\"batch\":" << o.batch << ",\"lr\":" << number(o.lr) << ",\"dropout\":" << number(o.dropout)
       << ",\"seed\":" << o.seed << ",\"threads\":" << o.threads << ",\"train_images\":" << n
-      << ",\"parameters_crc32\":" << parameters_crc32(model) << ",\"losses\":" << list(&EpochRecord::loss)
+      << ",\"parameters_crc32\":" << crc << ",\"ranks\":" << ranks.size << ",\"losses\":" << list(&EpochRecord::loss)
       << ",\"train_accuracies\":" << list(&EpochRecord::train_accuracy)
       << ",\"test_accuracies\":" << list(&EpochRecord::test_accuracy)
-      << ",\"epoch_seconds\":" << list(&EpochRecord::seconds) << "}";
+      << ",\"epoch_seconds\":" << list(&EpochRecord::seconds);
+    if (o.timing) {
+      j << ",\"timing\":[";
+      for (std::size_t i = 0; i < epoch_timing.size(); ++i) j << (i ? "," : "") << epoch_timing[i];
+      j << "]";
+    }
+    j << "}";
     std::printf("%s\n", j.str().c_str());
   }
   return 0;
@@ -526,6 +502,10 @@ int main(int argc, char** argv) {
                "Data-parallel training over MPI ranks (mpirun -np N mlp --distributed): each rank trains on its "
                "shard of every global batch of --batch rows, gradients are averaged (docs/distributed.md); "
                "only rank 0 prints");
+  app.add_flag("--timing", o.timing,
+               "Print per epoch the time of a step and of its backward and, with --distributed, the all-reduce: "
+               "bytes per step, the fraction of its time hidden behind backward, the wait it adds after backward "
+               "(docs/distributed.md)");
   app.add_option("--eval-batch", o.eval_batch, "Batch size of the test-set evaluation")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -535,33 +515,5 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
-#ifdef REMAT_MLP_MPI
-  std::optional<remat::distributed::Environment> mpi;
-  if (o.distributed) {
-    mpi.emplace(argc, argv);
-    if (remat::distributed::rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // progress only on rank 0
-      std::fprintf(stderr, "mlp: warning: cannot silence stdout on rank %d\n", remat::distributed::rank());
-  }
-  // In a distributed run a rank that fails ends every rank (MPI_Abort) with its message instead of leaving
-  // the others waiting in an all-reduce it will never join.
-  auto fail = [&](const std::string& message) {
-    if (o.distributed) remat::distributed::abort_all("mlp", message, 2);
-    std::fprintf(stderr, "mlp: error: %s\n", message.c_str());
-  };
-#else
-  auto fail = [](const std::string& message) { std::fprintf(stderr, "mlp: error: %s\n", message.c_str()); };
-  if (o.distributed) {
-    fail("--distributed: this mlp was built without MPI (install libopenmpi-dev and openmpi-bin, then reconfigure)");
-    return 2;
-  }
-#endif
-  try {
-    return run(o, app);
-  } catch (const std::bad_alloc&) {
-    fail("out of memory");
-  } catch (const std::exception& e) {  // mlp::data_error, mlp::state_error, remat's errors, …
-    fail(e.what());
-  }
-  std::fflush(stdout);
-  return 2;
+  return examples::run_main("mlp", o.distributed, argc, argv, [&](const Ranks& ranks) { return run(o, app, ranks); });
 }

@@ -107,18 +107,19 @@ class TrainingStep {
     std::size_t peak_bytes = 0;   ///< tape.memory().peak_bytes after backward
   };
 
-  /// What run() calls between backward and the Adam step by default: nothing.
-  struct NoSync {
-    void operator()() const {}
+  /// How run() runs the backward pass by default: tape.backward(loss).
+  struct PlainBackward {
+    void operator()(remat::Tape<float>& tape, const Var<float>& loss) const { tape.backward(loss); }
   };
 
   /// Clears `tape`, seeds its dropout stream with `dropout_seed`, records the network on the batch
-  /// (x: [m, inputs], labels: m class ids), backward, calls `before_update()` (the data-parallel run
-  /// waits there for the averaged gradients), then sets Adam's learning rate (if given) and steps.
-  template <class Derived, class BeforeUpdate = NoSync>
+  /// (x: [m, inputs], labels: m class ids), calls `backward(tape, loss)` (a data-parallel run also waits
+  /// there for the averaged gradients: examples::DataParallel::backward), then sets Adam's learning rate
+  /// (if given) and steps.
+  template <class Derived, class Backward = PlainBackward>
   Result run(remat::Tape<float>& tape, const NetworkOptions& o, std::vector<remat::nn::Linear<float>>& layers,
              remat::nn::Adam<float>& adam, const Eigen::MatrixBase<Derived>& x, const std::vector<int>& labels,
-             std::uint64_t dropout_seed, std::optional<double> learning_rate, BeforeUpdate before_update = {}) {
+             std::uint64_t dropout_seed, std::optional<double> learning_rate, Backward backward = {}) {
     tape.clear();
     tape.seed(dropout_seed);
     parameters_.resize(2 * layers.size());
@@ -131,9 +132,8 @@ class TrainingStep {
     Var<float> loss = remat::cross_entropy(logits, labels);
     r.saved_bytes = tape.memory().saved_bytes;
     adam.zero_grad();
-    tape.backward(loss);  // adds into the parameters' gradients
+    backward(tape, loss);  // adds into the parameters' gradients
     r.peak_bytes = tape.memory().peak_bytes;
-    before_update();
     if (learning_rate) adam.set_learning_rate(*learning_rate);
     adam.step();
     r.loss = loss.item();

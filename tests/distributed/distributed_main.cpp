@@ -8,6 +8,8 @@
 // with R's message instead of hanging (tests/distributed/expect_failure.py checks it).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -259,6 +261,94 @@ TEST(Distributed, MismatchedParameterListsAreDetectedOnEveryRank) {
   if (r == 1) list.pop_back();
   remat_test::expect_error_naming<remat::shape_error>([&] { dist::GradientReducer<float> g(list); },
                                                       {"GradientReducer", "rank 0 has 6 parameters", "rank 1 has"});
+}
+
+TEST(StepTiming, HiddenFractionIsTheBusyTimeBeforeBackwardEndOverTheBusyTime) {
+  using Clock = dist::StepTiming::Clock;
+  const Clock::time_point t0{};
+  auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
+  dist::StepTiming t;
+  t.backward_start = at(0);
+  t.backward_end = at(10);
+  t.finish_end = at(16);
+  t.backward_timed = true;
+  // In flight: [2, 6] and [5, 12] overlap (busy [2, 12]), then [13, 15]: 12 ms busy, 8 of them before 10.
+  auto bucket = [&](int start, int pending, int done, std::size_t bytes) {
+    dist::StepTiming::Bucket b;
+    b.start = at(start), b.last_pending = at(pending), b.done = at(done), b.bytes = bytes;
+    return b;
+  };
+  t.buckets = {bucket(2, 5, 6, 100), bucket(5, 9, 12, 20), bucket(13, 13, 15, 3)};
+  EXPECT_DOUBLE_EQ(t.busy_seconds(), 0.012);
+  EXPECT_DOUBLE_EQ(t.hidden_seconds(), 0.008);
+  EXPECT_DOUBLE_EQ(t.hidden_fraction(), 8.0 / 12.0);
+  EXPECT_DOUBLE_EQ(t.backward_seconds(), 0.010);
+  EXPECT_DOUBLE_EQ(t.exposed_wait_seconds(), 0.006);
+  EXPECT_DOUBLE_EQ(t.resolution_seconds(), 0.003);  // bucket 1: seen pending at 9, done at 12
+  EXPECT_EQ(t.bytes(), 123u);
+  t.backward_timed = false;  // a backward not run through GradientReducer::backward(): no overlap figure
+  EXPECT_TRUE(std::isnan(t.hidden_fraction()));
+  EXPECT_TRUE(std::isnan(t.exposed_wait_seconds()));
+  EXPECT_DOUBLE_EQ(t.busy_seconds(), 0.012);
+}
+
+TEST(Distributed, TimingRecordsEveryBucketInOrderWithinTheStep) {
+  const int r = dist::rank(), n = dist::size();
+  Model m;
+  dist::GradientReducer<float> reducer(m.parameters(), MPI_COMM_WORLD, 64);  // one bucket per parameter or so
+  EXPECT_FALSE(reducer.timing_enabled());
+  remat_test::expect_error_naming<std::logic_error>([&] { reducer.last_step_timing(); },
+                                                    {"last_step_timing", "enable_timing"});
+  reducer.enable_timing();
+  remat_test::expect_error_naming<std::logic_error>([&] { reducer.last_step_timing(); },
+                                                    {"last_step_timing", "no step has finished"});
+  Tape<float> tape;
+  reducer.attach(tape);
+  const Shard s = shard(r, n, global_batch);
+  reducer.set_local_weight(static_cast<double>(s.rows) / global_batch);
+  for (int step = 0; step < 2; ++step) {
+    tape.clear();
+    for (Parameter<float>* p : m.parameters()) p->zero_grad();
+    reducer.backward(tape, m.loss(tape, data_x(), data_labels(), s.first, s.rows, nullptr));
+    reducer.finish();
+    const dist::StepTiming& t = reducer.last_step_timing();
+    ASSERT_TRUE(t.backward_timed);
+    ASSERT_EQ(t.buckets.size(), reducer.bucket_count());
+    std::size_t bytes = 0;
+    for (Parameter<float>* p : m.parameters())
+      bytes += (static_cast<std::size_t>(p->value().size()) + 1) * sizeof(float);
+    EXPECT_EQ(t.bytes(), bytes);  // every gradient once, and one flag per parameter
+    EXPECT_LE(t.backward_start, t.backward_end);
+    EXPECT_LE(t.backward_end, t.finish_end);
+    for (std::size_t b = 0; b < t.buckets.size(); ++b) {
+      SCOPED_TRACE("step " + std::to_string(step) + ", bucket " + std::to_string(b));
+      const dist::StepTiming::Bucket& k = t.buckets[b];
+      EXPECT_TRUE(k.started_in_backward);  // every parameter is reported during backward
+      EXPECT_LE(t.backward_start, k.start);
+      EXPECT_LE(k.start, t.backward_end);
+      EXPECT_LE(k.start, k.last_pending);
+      EXPECT_LE(k.last_pending, k.done);
+      EXPECT_LE(k.done, t.finish_end);
+      if (b > 0) {
+        EXPECT_LE(t.buckets[b - 1].start, k.start);  // started in bucket order
+      }
+    }
+    EXPECT_GE(t.hidden_fraction(), 0.0);
+    EXPECT_LE(t.hidden_fraction(), 1.0);
+    EXPECT_GT(t.busy_seconds(), 0.0);
+    EXPECT_GE(t.exposed_wait_seconds(), 0.0);
+  }
+  // Inside no_sync() backward() does not time: the step's figures are its synchronised backward's.
+  tape.clear();
+  {
+    auto guard = reducer.no_sync();
+    reducer.backward(tape, m.loss(tape, data_x(), data_labels(), s.first, s.rows, nullptr));
+  }
+  tape.clear();
+  tape.backward(m.loss(tape, data_x(), data_labels(), s.first, s.rows, nullptr));  // not through reducer
+  reducer.finish();
+  EXPECT_FALSE(reducer.last_step_timing().backward_timed);
+  EXPECT_TRUE(std::isnan(reducer.last_step_timing().hidden_fraction()));
 }
 
 /// --fail-on-rank / --mismatch-on-rank: a short training run in which one rank fails.

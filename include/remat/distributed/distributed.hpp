@@ -5,3 +5,4 @@
 #include "remat/distributed/environment.hpp"
 #include "remat/distributed/gradient_reducer.hpp"
 #include "remat/distributed/parameters.hpp"
+#include "remat/distributed/step_timing.hpp"

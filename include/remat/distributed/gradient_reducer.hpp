@@ -12,16 +12,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "remat/distributed/environment.hpp"
 #include "remat/distributed/parameters.hpp"
+#include "remat/distributed/step_timing.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/parameter.hpp"
 #include "remat/tape.hpp"
+#include "remat/var.hpp"
 
 namespace remat::distributed {
 
@@ -50,6 +53,11 @@ namespace remat::distributed {
 /// runs every backward but the last inside no_sync() (DDP's no_sync): the gradients accumulate locally and
 /// the last backward reduces the sum. A gradient reported final a second time before finish() (two
 /// synchronised backward passes in one step) throws tape_error from that backward.
+///
+/// Timing (off by default, and then no clock is read): enable_timing() makes every step record when its
+/// backward ran (time it with backward(tape, loss) instead of tape.backward(loss)), when each bucket's
+/// all-reduce started and was seen complete, and when finish() returned; last_step_timing() gives the
+/// step finish() last completed, with the fraction of all-reduce time hidden behind backward (StepTiming).
 ///
 /// Every rank must construct it with the same parameter shapes (checked: shape_error), attach it to the
 /// tapes of the same backward passes and call finish() equally often. The reducer must outlive the tapes
@@ -105,6 +113,7 @@ class GradientReducer {
       bucket.data.assign(bucket.values + bucket.members.size(), T(0));
       bucket.pending = bucket.members.size();
     }
+    requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
   }
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -113,13 +122,47 @@ class GradientReducer {
     int finalised = 1;
     MPI_Finalized(&finalised);
     if (finalised) return;
-    for (Bucket& bucket : buckets_)
-      if (bucket.request != MPI_REQUEST_NULL) MPI_Wait(&bucket.request, MPI_STATUS_IGNORE);
+    for (MPI_Request& request : requests_)
+      if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
   }
 
   /// Registers this reducer's gradient-ready callback on `tape`; returns its key (Tape::remove_gradient_ready).
   std::size_t attach(Tape<T>& tape) {
     return tape.on_gradient_ready([this](Parameter<T>& p) { gradient_ready(p); });
+  }
+
+  /// tape.backward(loss, retain_graph); with timing on and outside no_sync(), records when it started and
+  /// ended (StepTiming::backward_start, backward_end). Throws what tape.backward throws.
+  void backward(Tape<T>& tape, const Var<T>& loss, bool retain_graph = false) {
+    if (!timing_ || !sync_) return tape.backward(loss, retain_graph);
+    current_.backward_start = StepTiming::Clock::now();
+    current_.backward_timed = false;
+    tape.backward(loss, retain_graph);
+    current_.backward_end = StepTiming::Clock::now();
+    current_.backward_timed = true;
+  }
+
+  /// Turns the per-step timestamps (StepTiming) on or off; call it between steps (before a backward or
+  /// after finish()). Off by default: then the reducer reads no clock. Not collective (a rank may time alone).
+  void enable_timing(bool on = true) {
+    timing_ = on;
+    if (!on) return;
+    for (StepTiming* t : {&current_, &last_}) {
+      t->buckets.resize(buckets_.size());
+      for (std::size_t b = 0; b < buckets_.size(); ++b) t->buckets[b].bytes = buckets_[b].data.size() * sizeof(T);
+    }
+  }
+  bool timing_enabled() const { return timing_; }
+
+  /// The timestamps of the step the last finish() completed with timing on. Throws std::logic_error if
+  /// timing is off or no step has finished since enable_timing().
+  const StepTiming& last_step_timing() const {
+    if (!timing_)
+      throw std::logic_error("GradientReducer::last_step_timing: timing is off; call enable_timing() before the step");
+    if (!timed_step_)
+      throw std::logic_error(
+          "GradientReducer::last_step_timing: no step has finished (finish()) since enable_timing()");
+    return last_;
   }
 
   /// The callback: parameter `p`'s gradient of this backward is final. Ignored for a parameter not in the
@@ -135,7 +178,7 @@ class GradientReducer {
                        "run the backward of every micro-batch but the last inside no_sync()");
     pack(k);
     ++reported_;
-    start_full_buckets();
+    start_full_buckets(/*in_backward=*/true);
     progress();
   }
 
@@ -174,9 +217,13 @@ class GradientReducer {
     for (std::size_t b = next_start_; b < buckets_.size(); ++b)
       for (std::size_t k : buckets_[b].members)
         if (!copied_[k]) pack(k);
-    start_full_buckets();
-    for (Bucket& bucket : buckets_)
-      detail::check(MPI_Wait(&bucket.request, MPI_STATUS_IGNORE), "GradientReducer::finish: MPI_Wait");
+    start_full_buckets(/*in_backward=*/false);
+    if (timing_) {
+      wait_timed();
+    } else {
+      for (MPI_Request& request : requests_)
+        detail::check(MPI_Wait(&request, MPI_STATUS_IGNORE), "GradientReducer::finish: MPI_Wait");
+    }
     for (std::size_t k = 0; k < storages_.size(); ++k) {
       const Slot& s = slots_[k];
       const Bucket& bucket = buckets_[s.bucket];
@@ -191,6 +238,12 @@ class GradientReducer {
     next_start_ = 0;
     reported_ = 0;
     ++steps_;
+    if (timing_) {
+      current_.finish_end = StepTiming::Clock::now();
+      std::swap(current_, last_);
+      current_.backward_timed = false;
+      timed_step_ = true;
+    }
   }
 
   /// The number of ranks, and this one's.
@@ -216,7 +269,6 @@ class GradientReducer {
     std::size_t values = 0;            // gradient elements; data holds them, then one flag per member
     std::vector<T> data;
     std::size_t pending = 0;  // members not packed yet in this step
-    MPI_Request request = MPI_REQUEST_NULL;
   };
 
   std::size_t index_of(const remat::detail::ParameterStorage<T>* storage) const {
@@ -246,23 +298,36 @@ class GradientReducer {
     --bucket.pending;
   }
 
-  /// Starts, in bucket order, every bucket whose members are all packed.
-  void start_full_buckets() {
+  /// Starts, in bucket order, every bucket whose members are all packed; `in_backward`: from a report.
+  void start_full_buckets(bool in_backward) {
     for (; next_start_ < buckets_.size() && buckets_[next_start_].pending == 0; ++next_start_) {
       Bucket& bucket = buckets_[next_start_];
+      if (timing_) {
+        StepTiming::Bucket& t = current_.buckets[next_start_];
+        t.start = t.last_pending = StepTiming::Clock::now();
+        t.started_in_backward = in_backward;
+      }
       detail::check(MPI_Iallreduce(MPI_IN_PLACE, bucket.data.data(), static_cast<int>(bucket.data.size()),
-                                   detail::datatype<T>(), MPI_SUM, comm_, &bucket.request),
+                                   detail::datatype<T>(), MPI_SUM, comm_, &requests_[next_start_]),
                     "GradientReducer: MPI_Iallreduce");
     }
   }
 
-  /// Lets MPI advance the all-reduces in flight.
+  /// Lets MPI advance the all-reduces in flight; with timing on, notes when each is seen complete.
   void progress() {
     for (std::size_t b = 0; b < next_start_; ++b) {
-      if (buckets_[b].request == MPI_REQUEST_NULL) continue;
+      if (requests_[b] == MPI_REQUEST_NULL) continue;
       int done = 0;
-      detail::check(MPI_Test(&buckets_[b].request, &done, MPI_STATUS_IGNORE), "GradientReducer: MPI_Test");
+      detail::check(MPI_Test(&requests_[b], &done, MPI_STATUS_IGNORE), "GradientReducer: MPI_Test");
+      if (timing_) (done ? current_.buckets[b].done : current_.buckets[b].last_pending) = StepTiming::Clock::now();
     }
+  }
+
+  /// finish()'s wait with timing on: MPI_Test on every request in flight until none is, so that each
+  /// completion is seen within one round of tests (MPI_Wait spins the same way inside Open MPI).
+  void wait_timed() {
+    while (std::any_of(requests_.begin(), requests_.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; }))
+      progress();
   }
 
   MPI_Comm comm_;
@@ -273,9 +338,12 @@ class GradientReducer {
   std::vector<std::pair<const remat::detail::ParameterStorage<T>*, std::size_t>> lookup_;  // sorted by storage
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  std::vector<MPI_Request> requests_;  // one per bucket; MPI_REQUEST_NULL when none is in flight
   std::vector<std::uint8_t> copied_;
   std::size_t next_start_ = 0, reported_ = 0;
   std::uint64_t steps_ = 0;
+  bool timing_ = false, timed_step_ = false;
+  StepTiming current_, last_;  // the step in progress, the one finish() last completed
 };
 
 }  // namespace remat::distributed

@@ -1,0 +1,19 @@
+# Shared by bench/run.sh and bench/run_distributed.sh (source it): waiting for an idle machine, and the
+# environment every timed command runs in (shared/DESIGN.md §6, benchmark hygiene).
+
+# Waits until the 1-minute load average is below 0.5 (a compile on one of two cores doubles wall-clock
+# medians).
+wait_for_idle() {
+  while awk '{exit !($1 >= 0.5)}' /proc/loadavg; do
+    echo "waiting for an idle machine: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    sleep 30
+  done
+}
+
+# The C++ runs' environment: OpenBLAS's full-speed kernels (this sandbox's OPENBLAS_CORETYPE halves its GEMM),
+# glibc's malloc tuned for LibTorch (shared/DESIGN.md §6), libgomp's default wait policy. All implementations
+# share one OpenBLAS there, its OpenMP build (CMake's choice with REMAT_USE_OPENMP), whose products run on the
+# same libgomp team as remat's and ATen's kernels: with it OMP_WAIT_POLICY=PASSIVE, the tuning for the pthreads
+# build, slows every implementation (bench/run.sh's `passive` run shows it).
+tuned=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
+       GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736)

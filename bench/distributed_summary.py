@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Markdown tables of bench/run_distributed.sh's results (docs/distributed.md §Performance).
+
+usage: distributed_summary.py RESULTS_DIR > distributed_summary.md
+
+Reads distributed_w1_<config>.json (Google Benchmark: the median and interquartile range over the
+repetitions) and the --json line of distributed_mlp_<config>.txt (the MLP example's first epoch with
+--timing). Standard library only.
+"""
+import glob
+import json
+import os
+import sys
+
+RESULTS = sys.argv[1]
+CONFIGS = {"r1t1": "1 rank × 1 thread", "r1t2": "1 rank × 2 threads", "r2t1": "2 ranks × 1 thread",
+           "r2t1_ring": "2 ranks × 1 thread, ring forced"}
+
+
+def fmt(value, scale=1.0, digits=2):
+    return "–" if value is None else f"{value * scale:.{digits}f}"
+
+
+def w1_rows():
+    rows = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "distributed_w1_*.json"))):
+        config = os.path.basename(path)[len("distributed_w1_"):-len(".json")]
+        aggregates = {}
+        for b in json.load(open(path))["benchmarks"]:
+            if b.get("run_type") == "aggregate":
+                aggregates.setdefault(b["run_name"], {})[b["aggregate_name"]] = b
+        for run_name, a in sorted(aggregates.items()):
+            median, iqr = a.get("median", {}), a.get("iqr", {})
+            variant = "reducer" if "/reducer" in run_name else "plain"
+            rows.append(f"| {CONFIGS.get(config, config)} | {variant} | {fmt(median.get('real_time'))} | "
+                        f"{fmt(iqr.get('real_time'))} | {median.get('repetitions', '–')} | "
+                        f"{fmt(median.get('backward_ms'))} | {fmt(median.get('busy_ms'))} | "
+                        f"{fmt(median.get('hidden_fraction'), 100, 1)} | {fmt(median.get('exposed_wait_ms'))} | "
+                        f"{fmt(median.get('resolution_ms'))} | {fmt(median.get('bytes_per_step'), 1e-6)} |")
+    return rows
+
+
+def mlp_rows():
+    rows = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "distributed_mlp_*.txt"))):
+        config = os.path.basename(path)[len("distributed_mlp_"):-len(".txt")]
+        lines = [line for line in open(path) if line.startswith('{"epochs"')]
+        if not lines:
+            rows.append(f"| {config} | no result (see {os.path.basename(path)}) |")
+            continue
+        d = json.loads(lines[-1])
+        t = (d.get("timing") or [{}])[0]
+        base = config.replace("_plain", "")
+        label = CONFIGS.get(base, base) + (", no MPI" if config.endswith("_plain") else ", --distributed")
+        reduced = t.get("reduced_steps", 0) > 0
+        rows.append(f"| {label} | {fmt(d.get('seconds_per_epoch'))} | {fmt(t.get('step_seconds'), 1e3)} | "
+                    f"{fmt(t.get('backward_seconds'), 1e3)} | "
+                    f"{fmt(t.get('busy_seconds'), 1e3) if reduced else '–'} | "
+                    f"{fmt(t.get('hidden_fraction'), 100, 1) if reduced else '–'} | "
+                    f"{fmt(t.get('exposed_wait_seconds'), 1e3) if reduced else '–'} | "
+                    f"{fmt(t.get('bytes_per_step'), 1e-6) if reduced else '–'} | "
+                    f"{100 * d.get('test_accuracy', 0):.2f} |")
+    return rows
+
+
+print("## W1 step (bench/distributed_step.cpp), global batch 512\n")
+print("| configuration | reducer | median ms/step | IQR ms | repetitions | backward ms | all-reduce busy ms | "
+      "hidden % | exposed wait ms | completion resolution ms | MB reduced/step |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("\n".join(w1_rows()))
+print("\n## MLP example, first epoch (--timing)\n")
+print("| configuration | s/epoch | ms/step | backward ms | all-reduce busy ms | hidden % | exposed wait ms | "
+      "MB reduced/step | test accuracy % |")
+print("|---|---|---|---|---|---|---|---|---|")
+print("\n".join(mlp_rows()))

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The data-parallel measurements of docs/distributed.md §Performance (issue 12 item 5), on an idle machine:
+# W1's step (bench/distributed_step.cpp: forward + backward + all-reduce of a global batch of 512 rows) and
+# one epoch of the MLP example with --timing, each as 1 rank × 1 thread, 1 rank × 2 threads and 2 ranks ×
+# 1 thread. Before each run it waits until the 1-minute load average is below 0.5 and records `uptime`
+# before and after; it writes bench/results/distributed_*.{txt,json,uptime} and distributed_summary.md.
+#
+#   bench/run_distributed.sh [build-dir] [repetitions] [steps-per-repetition] [mlp-epochs]
+#                                                                    (defaults: build-bench 10 5 1)
+# Build first (Release; the bench targets need Google Benchmark and MPI):
+#   cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench --target distributed_step mlp
+#
+# Binding on this 2-core machine (mpirun's default for 2 or fewer ranks is --bind-to core, which would put
+# the two threads of a 1-rank × 2-thread run on one core):
+#   1 rank × 1 thread:  --bind-to core: the rank stays on one core, as each rank of the 2-rank run does;
+#   1 rank × 2 threads: --bind-to none: the OS spreads the OpenMP and OpenBLAS threads over both cores;
+#   2 ranks × 1 thread: --bind-to core --map-by core: one rank per core, never both on one, no migration.
+# mpirun --report-bindings writes what it did into each .txt. W1 also runs 2 ranks × 1 thread with the ring
+# algorithm forced (r2t1_ring): Open MPI 4.1's libnbc chooses a binomial tree for an in-place MPI_Iallreduce
+# (the reducer's) and for fewer than 4 ranks (docs/distributed.md §Scaling model). Time nothing else on the
+# machine meanwhile.
+#
+# For a smoke test of the script only (its figures then mean nothing; do not keep them):
+#   REMAT_BENCH_RESULTS=/tmp/dist REMAT_BENCH_NO_WAIT=1 REMAT_BENCH_MLP_LIMIT=2000 bench/run_distributed.sh build 2 1
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-bench}
+repetitions=${2:-10}
+steps=${3:-5}
+epochs=${4:-1}
+results=${REMAT_BENCH_RESULTS:-bench/results}
+mkdir -p "$results"
+source bench/common.sh  # wait_for_idle, tuned
+if [[ ${REMAT_BENCH_NO_WAIT:-0} == 1 ]]; then
+  wait_for_idle() { :; }
+fi
+for binary in "$build/bench/distributed_step" "$build/examples/mlp/mlp"; do
+  [[ -x $binary ]] || { echo "run_distributed.sh: $binary is missing; build it first (see the comment at the top)" >&2; exit 1; }
+done
+
+mpirun=(mpirun --oversubscribe --allow-run-as-root --report-bindings)
+# name ranks threads mpirun-flags
+configurations=("r1t1 1 1 --bind-to core" "r1t2 1 2 --bind-to none" "r2t1 2 1 --bind-to core --map-by core")
+ring="r2t1_ring 2 1 --bind-to core --map-by core --mca coll_libnbc_iallreduce_algorithm 1"
+mlp_flags=(--epochs "$epochs" --timing --json)
+if [[ -n ${REMAT_BENCH_MLP_LIMIT:-} ]]; then
+  mlp_flags+=(--limit "$REMAT_BENCH_MLP_LIMIT")
+fi
+
+# run NAME COMMAND...: waits for an idle machine, then runs COMMAND with stdout and stderr into NAME.txt.
+run() {
+  local name=$1
+  shift
+  wait_for_idle
+  uptime > "$results/$name.uptime"
+  "${tuned[@]}" "$@" > "$results/$name.txt" 2>&1
+  uptime >> "$results/$name.uptime"
+}
+
+for configuration in "${configurations[@]}" "$ring"; do
+  read -r name ranks threads flags <<< "$configuration"
+  read -ra flags <<< "$flags"
+  run "distributed_w1_$name" "${mpirun[@]}" -np "$ranks" "${flags[@]}" "$build/bench/distributed_step" \
+    --threads "$threads" --repetitions "$repetitions" --steps "$steps" --benchmark_color=false \
+    --benchmark_out="$results/distributed_w1_$name.json" --benchmark_out_format=json
+done
+
+# The MLP example: one process without MPI (the baseline), and under mpirun --distributed (its reducer's
+# cost with one rank; data parallelism with two).
+for threads in 1 2; do
+  run "distributed_mlp_r1t${threads}_plain" "$build/examples/mlp/mlp" --threads "$threads" "${mlp_flags[@]}"
+done
+for configuration in "${configurations[@]}"; do
+  read -r name ranks threads flags <<< "$configuration"
+  read -ra flags <<< "$flags"
+  run "distributed_mlp_$name" "${mpirun[@]}" -np "$ranks" "${flags[@]}" "$build/examples/mlp/mlp" --distributed \
+    --threads "$threads" "${mlp_flags[@]}"
+done
+
+python3 bench/distributed_summary.py "$results" > "$results/distributed_summary.md"
+cat "$results/distributed_summary.md"
+grep -H . "$results"/distributed_*.uptime
