@@ -7,6 +7,9 @@
 //   static constexpr remat::OpKind kind;          what policies see (dot, elementwise, ...)
 //   struct Params { ... };                        optional: its attributes, trivially copyable, ≤ 40 bytes
 //   static constexpr bool batch_dims;             optional: a dot with batch dimensions
+//   static constexpr bool estimable;              optional, default true: false if the program depends, at
+//                                                 record time, on what its forward computes (a shapes-only
+//                                                 tape, remat::estimate_memory, then refuses it: shapes_only_error)
 //   static unsigned reads(remat::GradInputs g);   what its backward reads for the gradients in g:
 //                                                 reads_input0..2, reads_output, reads_extra (residuals by need)
 //   static remat::Shape output_shape(const remat::Shape* in, const Params&);    throws remat::shape_error

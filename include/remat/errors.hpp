@@ -62,4 +62,12 @@ class stale_value_error : public tape_error {
   using tape_error::tape_error;
 };
 
+/// A value or gradient was read on a shapes-only tape (Tape(remat::shapes_only), remat::estimate_memory), which
+/// records shapes and counts bytes but computes nothing, or an op that cannot be estimated was recorded on
+/// one. The message names what was read (the node, its op and shape) or the op.
+class shapes_only_error : public tape_error {
+ public:
+  using tape_error::tape_error;
+};
+
 }  // namespace remat

@@ -16,6 +16,13 @@
 
 namespace remat {
 
+/// The tag of a shapes-only tape: `Tape<float> tape(remat::shapes_only)`.
+struct ShapesOnly {
+  explicit ShapesOnly() = default;
+};
+/// Makes a Tape shapes-only (see Tape(ShapesOnly, seed)).
+inline constexpr ShapesOnly shapes_only{};
+
 /// A reverse-mode tape for scalar type T (float or double). One tape per forward/backward pass; reuse
 /// it for the next training step with clear(), which keeps its buffer pool and its scratch space, so a
 /// steady training loop allocates nothing after the first step (conditions: docs/design.md §2.5). A
@@ -27,7 +34,19 @@ class Tape {
 
  public:
   /// `seed` seeds the tape's random generator (dropout).
-  explicit Tape(std::uint64_t seed = 0x5eed) : state_(new detail::TapeState<T>(seed)) {}
+  explicit Tape(std::uint64_t seed = 0x5eed) : state_(new detail::TapeState<T>(seed, false)) {}
+
+  /// A shapes-only tape: it records the same nodes, regions and policy decisions as a tape that computes and
+  /// runs the same backward sweep, replays included, but no kernel, so every buffer is a placeholder of the
+  /// right size and memory() counts exactly the bytes (live, peak, saved, replayed) that the same calls count
+  /// on a tape that computes; print_saved_residuals() and diagnostics() work as there. Nothing is read from
+  /// the matrices given to constant() and variable() (an Eigen expression such as Matrix<T>::Zero(m, n) is
+  /// never evaluated), and no Parameter is changed: backward() writes no gradient and calls no
+  /// gradient-ready callback, zero_grad() leaves a Parameter's gradient as it is. Reading a value or a
+  /// gradient (Var::value(), item(), grad(), argmax_rows(), gradient()) throws shapes_only_error naming the
+  /// node; recording an op whose struct declares `estimable = false` throws shapes_only_error naming the op.
+  /// remat::estimate_memory (remat/estimate.hpp) runs a step on one.
+  explicit Tape(ShapesOnly, std::uint64_t seed = 0x5eed) : state_(new detail::TapeState<T>(seed, true)) {}
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
   ~Tape() {
@@ -35,14 +54,15 @@ class Tape {
     state_->drop_ref();
   }
 
-  /// A leaf that receives no gradient; copies `value` [m,n]. Throws shape_error for an empty matrix.
+  /// A leaf that receives no gradient; copies `value` [m,n] (a shapes-only tape takes its shape only).
+  /// Throws shape_error for an empty matrix.
   template <class Derived>
   Var<T> constant(const Eigen::MatrixBase<Derived>& value) {
     return leaf(value, false);
   }
 
-  /// A leaf that receives a gradient; copies `value` [m,n]. Its gradient (Var::grad()) accumulates over
-  /// the backward passes of this tape. Throws shape_error for an empty matrix.
+  /// A leaf that receives a gradient; copies `value` [m,n] (a shapes-only tape takes its shape only). Its gradient
+  /// (Var::grad()) accumulates over the backward passes of this tape. Throws shape_error for an empty matrix.
   template <class Derived>
   Var<T> variable(const Eigen::MatrixBase<Derived>& value) {
     return leaf(value, true);
@@ -63,7 +83,8 @@ class Tape {
   /// Throws shape_error (loss not [1,1]), tape_error (Var of another or cleared tape, inside a
   /// checkpointed function), freed_value_error (second backward after one without retain_graph),
   /// stale_value_error (a Parameter changed, assigned to or moved from since it was recorded),
-  /// std::bad_alloc. When it throws, the tape and every gradient are exactly as they were.
+  /// std::bad_alloc. When it throws, the tape and every gradient are exactly as they were. On a shapes-only
+  /// tape it only counts: memory() then holds the figures this backward reaches on a tape that computes.
   void backward(const Var<T>& loss, bool retain_graph = false) {
     const std::int32_t id = check_loss("backward", loss, /*to_parameters=*/true);
     state_->report_diagnostics(id);
@@ -109,13 +130,17 @@ class Tape {
   /// d loss / d v for each v in `wrt` (any Vars on this tape, variables or interior values), computed by
   /// one sweep that skips work not leading to them; returns matrices of the shapes of `wrt`. Accumulated
   /// gradients (Var::grad(), Parameter::grad()) are left as they were. Frees residuals unless
-  /// `retain_graph`; throws as backward() does, and tape_error for a `wrt` value that depends on no
-  /// variable.
+  /// `retain_graph`; throws as backward() does, tape_error for a `wrt` value that depends on no variable,
+  /// and shapes_only_error on a shapes-only tape.
   std::vector<Matrix<T>> gradient(const Var<T>& loss, std::initializer_list<Var<T>> wrt, bool retain_graph = false) {
     return gradient(loss, std::vector<Var<T>>(wrt), retain_graph);
   }
   std::vector<Matrix<T>> gradient(const Var<T>& loss, const std::vector<Var<T>>& wrt, bool retain_graph = false) {
     const std::int32_t id = check_loss("gradient", loss, /*to_parameters=*/false);
+    if (shapes_only())
+      throw shapes_only_error(
+          "gradient: the tape is shapes-only (remat::estimate_memory): it computes no gradient to return; call "
+          "backward(loss) to count the bytes of the backward pass");
     std::vector<std::int32_t> targets;
     std::vector<Matrix<T>> result;
     targets.reserve(wrt.size());
@@ -180,6 +205,9 @@ class Tape {
   /// Exact byte counts of tape-owned buffers; see MemoryStats.
   MemoryStats memory() const { return state_->memory(); }
 
+  /// True for a tape made with Tape(remat::shapes_only): it counts bytes and computes nothing.
+  bool shapes_only() const { return state_->shapes_only(); }
+
   /// Number of recorded nodes (leaves and ops).
   std::size_t size() const { return static_cast<std::size_t>(state_->size()); }
 
@@ -223,6 +251,7 @@ class Tape {
   Var<T> leaf(const Eigen::MatrixBase<Derived>& value, bool variable) {
     const Shape s{value.rows(), value.cols()};
     const std::int32_t id = state_->add_leaf(s, variable);
+    if (state_->shapes_only()) return Var<T>::adopt(state_, id);  // a placeholder: nothing to copy
     try {
       AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
     } catch (...) {

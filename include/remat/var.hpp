@@ -39,16 +39,20 @@ class Var {
   /// True when the handle refers to a value on a tape that has not been cleared since.
   bool valid() const { return state_ && state_->generation() == generation_; }
 
-  /// The value, [rows, cols]. Throws tape_error for an empty or stale handle.
+  /// The value, [rows, cols]. Throws tape_error for an empty or stale handle, shapes_only_error on a
+  /// shapes-only tape (Tape(remat::shapes_only), remat::estimate_memory), which computes no value.
   MatrixView<T> value() const {
     const auto& n = node("value");
+    state_->check_has_numbers("value", id_, "value");
     if (n.parameter) state_->check_parameter(id_, "value");  // a modified Parameter's storage may have moved
     return MatrixView<T>(n.value, n.shape.rows, n.shape.cols);
   }
 
-  /// The value of a [1,1] Var as a scalar. Throws shape_error otherwise.
+  /// The value of a [1,1] Var as a scalar. Throws shape_error otherwise, shapes_only_error on a shapes-only
+  /// tape.
   T item() const {
     const auto& n = node("item");
+    state_->check_has_numbers("item", id_, "value");
     if (n.parameter) state_->check_parameter(id_, "item");
     if (n.shape.rows != 1 || n.shape.cols != 1)
       throw shape_error("item: the value is " + to_string(n.shape) + ", not [1,1]");
@@ -58,7 +62,8 @@ class Var {
   /// d loss / d this for a variable, same shape as the value: the sum over every Tape::backward since
   /// the variable was recorded (or since zero_grad()); zeros before any. For a variable recorded from a
   /// remat::Parameter this is the Parameter's gradient (Parameter::grad()). Throws tape_error for a
-  /// constant or an interior value (use Tape::gradient() for those), std::bad_alloc.
+  /// constant or an interior value (use Tape::gradient() for those), shapes_only_error on a shapes-only
+  /// tape, std::bad_alloc.
   MatrixView<T> grad() const {
     const auto& n = node("grad");
     if (!n.is_variable)
@@ -67,8 +72,8 @@ class Var {
     return state_->variable_grad(id_);
   }
 
-  /// Clears a variable's accumulated gradient (for a Parameter-backed variable, the Parameter's). Throws
-  /// tape_error for a constant or an interior value.
+  /// Clears a variable's accumulated gradient (for a Parameter-backed variable, the Parameter's; on a
+  /// shapes-only tape the Parameter is left as it is). Throws tape_error for a constant or an interior value.
   void zero_grad() const {
     const auto& n = node("zero_grad");
     if (!n.is_variable)

@@ -37,6 +37,12 @@ struct OpBase {
   static constexpr bool batch_dims = false;
   /// Its output requires no gradient whatever its inputs (detach): the sweep never runs its backward.
   static constexpr bool stops_gradient = false;
+  /// A shapes-only tape (remat::estimate_memory) may record it without running its forward. Every op that
+  /// keeps to the recipe is: its buffers follow from its shapes. Declare false for an op whose forward the
+  /// program depends on at record time (it writes, through a pointer in its Params, something the program
+  /// reads to decide what to record next, such as a data-dependent size): an estimate would go on without
+  /// it, so recording it there throws shapes_only_error naming the op.
+  static constexpr bool estimable = true;
 };
 
 /// Everything a recorded op carries besides its inputs: its Params, integer data copied to the tape
@@ -98,6 +104,13 @@ inline void check_op_shapes(const char* op, const OpShapes& s) {
   check(s.scratch, "scratch_shape", true);
 }
 
+[[noreturn]] inline void throw_not_estimable(const char* op) {
+  throw shapes_only_error(std::string(op) +
+                          ": this op cannot be estimated (its struct declares estimable = false: the program "
+                          "depends on what its forward computes), so a shapes-only tape (remat::estimate_memory) "
+                          "cannot record it; measure this step with a tape that computes");
+}
+
 /// The tape shared by `vars`; throws tape_error naming `op` if a Var is empty, stale, or from another tape.
 template <class T, std::size_t N>
 TapeState<T>* common_tape(const char* op, const Var<T>* const (&vars)[N]) {
@@ -115,7 +128,8 @@ TapeState<T>* common_tape(const char* op, const Var<T>* const (&vars)[N]) {
 }  // namespace detail
 
 /// Checks the inputs, infers the shape (Op::output_shape throws shape_error), records Op and runs its
-/// forward. Throws tape_error for an empty, stale or foreign input, what output_shape throws, shape_error
+/// forward (not on a shapes-only tape). Throws tape_error for an empty, stale or foreign input,
+/// shapes_only_error for an op declaring estimable = false on a shapes-only tape, what output_shape throws, shape_error
 /// naming the op for an output shape without a row or a column, an extra or temporary shape that is
 /// neither [0,0] (none) nor at least [1,1], or a shape of more elements than an Index holds, and
 /// std::bad_alloc; the tape is unchanged then.
@@ -125,6 +139,7 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   static_assert(arity <= max_inputs, "an op takes at most max_inputs inputs");
   const Var<T>* vars[arity] = {&first, &rest...};
   detail::TapeState<T>* state = detail::common_tape(Op::name, vars);
+  if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
   Shape shapes[arity];
   std::int32_t ids[arity];
   for (std::size_t k = 0; k < arity; ++k) {

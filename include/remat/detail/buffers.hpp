@@ -1,6 +1,6 @@
 // Tensor buffers: the pooling allocator every tape-owned buffer comes from, exact live/peak accounting,
-// and the dry run that lets a backward sweep reserve everything it will allocate before it changes
-// anything (so a std::bad_alloc leaves the tape as it was).
+// the dry run that lets a backward sweep reserve everything it will allocate before it changes anything
+// (so a std::bad_alloc leaves the tape as it was), and the shapes-only mode of a tape that only counts.
 #pragma once
 
 #include <Eigen/Core>
@@ -133,10 +133,19 @@ class Pool {
 /// Every tape-owned buffer goes through here: exact live and peak byte counts, and a simulation mode in
 /// which the same sequence of allocate/free calls is only counted, to learn how many buffers of each
 /// size the pool must hold for that sequence never to reach the system allocator.
+///
+/// Shapes-only (a tape that estimates, remat::estimate_memory): every buffer is a placeholder that must not
+/// be read or written, no pool is used, and live/peak count exactly what the same calls would count on a
+/// tape that computes. The tape skips every kernel then; the counting is this class's, shared with the
+/// real run, so the two cannot disagree.
 template <class T>
 class Buffers {
  public:
+  explicit Buffers(bool shapes_only = false) : shapes_only_(shapes_only) {}
+
   static std::size_t bytes(const Shape& s) { return static_cast<std::size_t>(s.size()) * sizeof(T); }
+  /// Placeholders only: nothing may read or write the buffers (the tape runs no kernel).
+  bool shapes_only() const { return shapes_only_; }
 
   /// A buffer for `s` (uninitialised). Throws std::bad_alloc (never in a simulation).
   T* allocate(const Shape& s) {
@@ -148,6 +157,10 @@ class Buffers {
       else
         ++c.missing;
       count_in(simulated_live_, simulated_peak_, bytes(s));
+      return dummy();
+    }
+    if (shapes_only_) {
+      count_in(live_bytes_, peak_bytes_, bytes(s));
       return dummy();
     }
     T* p = pool_.acquire(count);
@@ -162,7 +175,7 @@ class Buffers {
       ++simulated(static_cast<std::size_t>(s.size())).available;
       simulated_live_ -= bytes(s);
     } else {
-      pool_.release(p, static_cast<std::size_t>(s.size()));
+      if (!shapes_only_) pool_.release(p, static_cast<std::size_t>(s.size()));
       live_bytes_ -= bytes(s);
     }
     p = nullptr;
@@ -185,7 +198,7 @@ class Buffers {
         ++simulated(count).missing;
       simulated_live_ -= bytes(s);
     } else {
-      pool_.exchange(count, replacement);
+      if (!shapes_only_) pool_.exchange(count, replacement);  // shapes-only: the Parameter keeps its buffer
       live_bytes_ -= bytes(s);
     }
     p = nullptr;
@@ -200,8 +213,9 @@ class Buffers {
 
   /// Makes the free lists hold a buffer for each non-empty shape of `shapes` (an op's value, extra and
   /// temporary), so that allocating them cannot throw. All or nothing: throws std::bad_alloc with the pool
-  /// as it was. Not during a simulation.
+  /// as it was. Not during a simulation. Nothing to do when shapes-only.
   Room make_room(const Shape& a, const Shape& b, const Shape& c = Shape{}) {
+    if (shapes_only_) return Room{};
     const std::size_t sizes[3] = {static_cast<std::size_t>(a.size()), static_cast<std::size_t>(b.size()),
                                   static_cast<std::size_t>(c.size())};
     Room r;
@@ -232,6 +246,7 @@ class Buffers {
   /// recorded as several nodes, such as concat_cols of k parts), so that none of those records can miss.
   /// All or nothing: throws std::bad_alloc with the pool as it was. The buffers stay cached once used.
   void make_room(const Shape* outputs, std::size_t n) {
+    if (shapes_only_) return;
     std::vector<std::pair<std::size_t, std::size_t>> wanted;  // (elements, buffers)
     for (std::size_t i = 0; i < n; ++i) {
       const auto count = static_cast<std::size_t>(outputs[i].size());
@@ -329,6 +344,7 @@ class Buffers {
   }
 
   Pool<T> pool_;
+  bool shapes_only_;
   std::size_t live_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
   bool simulating_ = false;

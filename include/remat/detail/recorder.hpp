@@ -108,7 +108,7 @@ class Recorder {
     if (n.extra_shape.size() > 0) n.extra = buffers_.allocate(n.extra_shape);
     if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
     try {
-      table->forward(ForwardContext<T>{graph_, n});
+      if (!buffers_.shapes_only()) table->forward(ForwardContext<T>{graph_, n});  // placeholders: no kernel
       buffers_.free(n.scratch, n.scratch_shape);
     } catch (...) {
       buffers_.free(n.scratch, n.scratch_shape);

@@ -53,9 +53,14 @@ class Sweep {
   /// Sweeps from `loss`. Throws std::bad_alloc (or shape_error for a Parameter gradient of the wrong size)
   /// before changing anything; cannot fail once it starts changing the tape. A gradient-ready callback that
   /// throws does not stop the sweep: the first such exception is kept (later callbacks are not called) and
-  /// callback_error() returns it once the sweep has completed.
+  /// callback_error() returns it once the sweep has completed. On a shapes-only tape the sweep is the dry
+  /// run's pass, counted in the tape's own figures and kept (no callback is called).
   void run(std::int32_t loss, SweepMode mode) {
     prepare(mode);
+    if (buffers_.shapes_only()) {
+      count_only(loss, mode);
+      return;
+    }
     simulate(loss, mode);
     buffers_.reserve_simulated();
     pass(loss, mode);
@@ -188,6 +193,17 @@ class Sweep {
       n.grad_assigned = s.grad_assigned;
       n.extra_read = s.extra_read;
     }
+    stash_.clear();
+  }
+
+  /// A shapes-only tape's backward: the dry run's pass (kernels skipped, Parameters untouched), not undone.
+  /// Its buffers are placeholders counted as the real pass counts them, so memory() after it is what the
+  /// same backward on a tape that computes reports.
+  void count_only(std::int32_t loss, SweepMode mode) noexcept {
+    simulation_ = next_simulation_serial();
+    pass(loss, mode);
+    predicted_peak_ = buffers_.peak_bytes();
+    simulation_ = 0;
     stash_.clear();
   }
 

@@ -43,7 +43,8 @@ struct NodeCost {
 template <class T>
 class TapeState {
  public:
-  explicit TapeState(std::uint64_t seed) : seed_(seed) {}
+  /// `shapes_only`: the tape records shapes and counts bytes but computes nothing (Tape(remat::shapes_only)).
+  TapeState(std::uint64_t seed, bool shapes_only) : buffers_(shapes_only), seed_(seed) {}
   TapeState(const TapeState&) = delete;
   TapeState& operator=(const TapeState&) = delete;
   ~TapeState() { release_all(); }
@@ -116,8 +117,21 @@ class TapeState {
   void release_handle(std::int32_t id) noexcept { lifetime_.release_handle(id); }
   void check_parameter(std::int32_t id, const char* op) const { check_parameter_current(graph_, id, op); }
 
+  /// A shapes-only tape: every buffer is a placeholder, no kernel runs (remat::estimate_memory).
+  bool shapes_only() const { return buffers_.shapes_only(); }
+  /// Throws shapes_only_error naming `op`, node `id` and `what` (its "value", its "gradient") if this tape is
+  /// shapes-only: what would be read was never computed.
+  void check_has_numbers(const char* op, std::int32_t id, const char* what) const {
+    if (!shapes_only()) return;
+    throw shapes_only_error(std::string(op) + ": node #" + std::to_string(id) + " (" + node_name(id) + " " +
+                            to_string(graph_[id].shape) + ") has no " + what +
+                            ": the tape is shapes-only (remat::estimate_memory), it records shapes and counts bytes "
+                            "but computes nothing; read values in a run on a tape that computes");
+  }
+
   /// A variable's gradient (zeros before any backward reached it). Throws std::bad_alloc.
   MatrixView<T> variable_grad(std::int32_t id) {
+    check_has_numbers("grad", id, "gradient");
     Node<T>& n = graph_[id];
     if (n.parameter) {
       auto g = n.parameter->grad_matrix();
@@ -131,14 +145,16 @@ class TapeState {
     }
     return MatrixView<T>(n.grad, n.shape.rows, n.shape.cols);
   }
-  /// Clears a variable's accumulated gradient (a Parameter's too).
+  /// Clears a variable's accumulated gradient (a Parameter's too; not on a shapes-only tape, which leaves
+  /// every Parameter as it is: its backward counts the same bytes whether the gradient was cleared or not).
   void zero_variable_grad(std::int32_t id) {
     Node<T>& n = graph_[id];
     check_not_in_callback("Var::zero_grad");
-    if (n.parameter)
-      n.parameter->grad_defined = false;
-    else
+    if (n.parameter) {
+      if (!shapes_only()) n.parameter->grad_defined = false;
+    } else {
       free_grad(n);
+    }
   }
 
   // ---- backward ----
