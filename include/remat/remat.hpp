@@ -5,6 +5,7 @@
 #include "remat/checkpoint.hpp"
 #include "remat/custom_op.hpp"
 #include "remat/errors.hpp"
+#include "remat/estimate.hpp"
 #include "remat/gradcheck.hpp"
 #include "remat/matrix.hpp"
 #include "remat/memory.hpp"
