@@ -107,6 +107,11 @@ class TrainingStep {
     std::size_t peak_bytes = 0;   ///< tape.memory().peak_bytes after backward
   };
 
+  /// What record() records: the logits [m, classes] (read after backward for the accuracy) and the loss.
+  struct Recorded {
+    Var<float> logits, loss;
+  };
+
   /// How run() runs the backward pass by default: tape.backward(loss).
   struct PlainBackward {
     void operator()(remat::Tape<float>& tape, const Var<float>& loss) const { tape.backward(loss); }
@@ -122,14 +127,8 @@ class TrainingStep {
              std::uint64_t dropout_seed, std::optional<double> learning_rate, Backward backward = {}) {
     tape.clear();
     tape.seed(dropout_seed);
-    parameters_.resize(2 * layers.size());
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      parameters_[2 * i] = tape.variable(layers[i].weight);
-      parameters_[2 * i + 1] = tape.variable(layers[i].bias);
-    }
+    const auto [logits, loss] = record(tape, o, layers, x, labels);
     Result r;
-    Var<float> logits = forward(o, parameters_, tape.constant(x), true);
-    Var<float> loss = remat::cross_entropy(logits, labels);
     r.saved_bytes = tape.memory().saved_bytes;
     adam.zero_grad();
     backward(tape, loss);  // adds into the parameters' gradients
@@ -139,6 +138,22 @@ class TrainingStep {
     r.loss = loss.item();
     r.correct = count_correct(logits.value(), labels, 0);
     return r;
+  }
+
+  /// The forward pass of run() on `tape`: the parameters (held until the next record), the network in
+  /// training mode with the --checkpoint mode, and the loss. On a shapes-only tape this is the step that
+  /// `mlp --estimate` counts (remat::estimate_memory); `x` is then never read.
+  template <class Derived>
+  Recorded record(remat::Tape<float>& tape, const NetworkOptions& o, std::vector<remat::nn::Linear<float>>& layers,
+                  const Eigen::MatrixBase<Derived>& x, const std::vector<int>& labels) {
+    parameters_.resize(2 * layers.size());
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      parameters_[2 * i] = tape.variable(layers[i].weight);
+      parameters_[2 * i + 1] = tape.variable(layers[i].bias);
+    }
+    Var<float> logits = forward(o, parameters_, tape.constant(x), true);
+    Var<float> loss = remat::cross_entropy(logits, labels);
+    return {std::move(logits), std::move(loss)};
   }
 
  private:
