@@ -1205,22 +1205,12 @@ struct Run {
   /// `checkpoint` false: the reference run, regions inline and no oracle graph (rec.graph stays empty).
   Run(const Program& program, std::uint64_t tape_seed, bool checkpoint)
       : tape(tape_seed), rec(tape, checkpoint, /*describe=*/checkpoint) {
-    for (const LeafSpec& l : program.leaves) {
-      switch (l.kind) {
-        case remat_oracle::Leaf::constant:
-          leaves.push_back(rec.constant(l.data.cast<T>()));
-          break;
-        case remat_oracle::Leaf::variable:
-          leaves.push_back(rec.variable(l.data.cast<T>()));
-          break;
-        default:
-          parameters.push_back(std::make_unique<Parameter<T>>(l.data.cast<T>()));
-          leaves.push_back(rec.parameter(*parameters.back()));
-          break;
-      }
-    }
-    loss = Executor<T>(program, rec).run(leaves);
-    rec.graph.loss = loss.id;
+    record(program);
+  }
+  /// The checkpointed program on a shapes-only tape (tests/estimate), without an oracle graph.
+  Run(const Program& program, std::uint64_t tape_seed, remat::ShapesOnly)
+      : tape(remat::shapes_only, tape_seed), rec(tape, /*checkpoint=*/true, /*describe=*/false) {
+    record(program);
   }
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -1238,6 +1228,26 @@ struct Run {
   Recorder<T> rec;
   std::vector<Value> leaves;
   Value loss;
+
+ private:
+  void record(const Program& program) {
+    for (const LeafSpec& l : program.leaves) {
+      switch (l.kind) {
+        case remat_oracle::Leaf::constant:
+          leaves.push_back(rec.constant(l.data.cast<T>()));
+          break;
+        case remat_oracle::Leaf::variable:
+          leaves.push_back(rec.variable(l.data.cast<T>()));
+          break;
+        default:
+          parameters.push_back(std::make_unique<Parameter<T>>(l.data.cast<T>()));
+          leaves.push_back(rec.parameter(*parameters.back()));
+          break;
+      }
+    }
+    loss = Executor<T>(program, rec).run(leaves);
+    rec.graph.loss = loss.id;
+  }
 };
 
 }  // namespace random_program
