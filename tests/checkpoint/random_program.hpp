@@ -1207,7 +1207,7 @@ struct Run {
       : tape(tape_seed), rec(tape, checkpoint, /*describe=*/checkpoint) {
     record(program);
   }
-  /// The checkpointed program on a shapes-only tape (tests/estimate), without an oracle graph.
+  /// The checkpointed program on a shapes-only tape (tests/tape/estimate_property_test.cpp), without an oracle graph.
   Run(const Program& program, std::uint64_t tape_seed, remat::ShapesOnly)
       : tape(remat::shapes_only, tape_seed), rec(tape, /*checkpoint=*/true, /*describe=*/false) {
     record(program);

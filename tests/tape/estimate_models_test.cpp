@@ -20,7 +20,7 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 
-namespace models_test {
+namespace estimate_models_test {
 
 using estimate_test::expect_estimate_equals_real_run;
 using remat::Matrix;
@@ -227,4 +227,4 @@ TEST(EstimateModels, SchedulesCheckpointSequentialRevolveAndThePlanner) {
       "checkpoint_sequential_auto");
 }
 
-}  // namespace models_test
+}  // namespace estimate_models_test

@@ -21,7 +21,7 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 
-namespace property_test {
+namespace estimate_property_test {
 
 using remat::Matrix;
 using remat::OpInfo;
@@ -280,4 +280,4 @@ TYPED_TEST(EstimateProperty, RandomChainsOfRandomWidthsUnderRandomNestedRegions)
   EXPECT_GE(replaying, cases / 8) << "too few chains replay anything";
 }
 
-}  // namespace property_test
+}  // namespace estimate_property_test
