@@ -1,5 +1,5 @@
-// What the examples print and how they seed dropout: CPU time, byte counts, exact numbers in JSON, the
-// parameters' CRC-32, and the per-step dropout stream (examples/mlp and examples/gpt share these).
+// What the examples print and how they seed dropout: CPU time, byte counts, --estimate's report, exact numbers
+// in JSON, the parameters' CRC-32, and the per-step dropout stream (examples/mlp and examples/gpt share these).
 #pragma once
 
 #include <zlib.h>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <remat/estimate.hpp>
 #include <remat/nn/linear.hpp>  // remat::nn::Generator
 #include <remat/parameter.hpp>
 
@@ -28,6 +29,14 @@ inline std::string megabytes(std::size_t bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f MB", static_cast<double>(bytes) / 1e6);
   return s;
+}
+
+/// --estimate's report: the step's saved, peak and replayed bytes, in MB and exactly.
+inline void print_estimate(const remat::MemoryEstimate& e) {
+  std::printf("saved after the forward pass: %s (%zu bytes)\n", megabytes(e.saved_bytes).c_str(), e.saved_bytes);
+  std::printf("peak of forward + backward:   %s (%zu bytes)\n", megabytes(e.peak_bytes).c_str(), e.peak_bytes);
+  std::printf("replayed by checkpoints:      %s (%zu bytes, %zu ops)\n", megabytes(e.replayed_bytes).c_str(),
+              e.replayed_bytes, e.replayed_ops);
 }
 
 /// %.17g: doubles round-trip exactly, so equal text means bitwise equal values.

@@ -1,7 +1,7 @@
 """End-to-end tests of the GPT example (examples/gpt), registered with CTest by examples/gpt/CMakeLists.txt.
 
 usage: gpt_test.py CASE GPT_BINARY [MPIEXEC]
-  CASE: bad_corpus | fused_dropout | checkpoint_modes | resume | json | real_corpus
+  CASE: bad_corpus | fused_dropout | checkpoint_modes | estimate | resume | json | real_corpus
         | distributed_equals_single_process | distributed_faults (these two run GPT under MPIEXEC)
 Each case exits 0 on success and prints what failed otherwise. The cases train a tiny model for a few
 steps on a corpus the test writes (so they do not need the fortunes package) and take well under a
@@ -11,6 +11,7 @@ real_corpus uses /usr/share/games/fortunes and skips if it is absent. Only the s
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -152,6 +153,32 @@ def case_checkpoint_modes():
         a, b = results[("unfused", 0)], results[("fused", 0)]
         rel = abs(a.get("parameter_checksum", 0) - b.get("parameter_checksum", 1)) / abs(a.get("parameter_checksum", 1))
         check(rel < 1e-4, f"fused and unfused checksums differ by {rel:g} (relative)")
+
+
+def case_estimate():
+    """--estimate counts one training step from shapes alone, reading no corpus: its saved and peak bytes equal
+    the training run's (saved after the forward pass, peak over forward + backward), exactly, in every mode."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_corpus(tmp)
+        for attention, dropout in (("unfused", 0.1), ("fused", 0)):
+            for m in MODES:
+                settings = [*TINY, "--checkpoint", m, "--attention", attention, "--dropout", dropout]
+                real = run_json("--data", tmp, *settings)
+                args = ["--data", os.path.join(tmp, "absent"), *settings, "--estimate"]
+                p = run(*args)
+                for key, label in (("saved_bytes", "saved after the forward pass"),
+                                   ("peak_bytes", "peak of forward + backward")):
+                    value = real.get(key, -1)
+                    # "<label>: <MB> MB (<bytes> bytes)", the columns aligned with spaces
+                    line = re.compile(re.escape(f"{label}:") + " +" +
+                                      re.escape(f"{value / 1e6:.2f} MB ({value} bytes)"))
+                    check(line.search(p.stdout),
+                          f"--estimate {m} {attention}: no line {line.pattern!r} in {p.stdout!r}")
+                check("loss" not in p.stdout, f"--estimate trained: {p.stdout!r}")
+                e = run_json(*args)
+                for key in ("saved_bytes", "peak_bytes"):
+                    check(e.get("estimate") is True and key in e and e.get(key) == real.get(key),
+                          f"--estimate {m} {attention}: {key} {e.get(key)}, the training run's {real.get(key)}")
 
 
 def case_resume():
@@ -347,7 +374,7 @@ def case_distributed_faults():
 
 
 {"bad_corpus": case_bad_corpus, "fused_dropout": case_fused_dropout, "checkpoint_modes": case_checkpoint_modes,
- "resume": case_resume, "json": case_json, "real_corpus": case_real_corpus,
+ "estimate": case_estimate, "resume": case_resume, "json": case_json, "real_corpus": case_real_corpus,
  "distributed_equals_single_process": case_distributed_equals_single_process,
  "distributed_faults": case_distributed_faults}[CASE]()
 if failures:

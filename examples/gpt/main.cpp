@@ -55,6 +55,7 @@ struct Options {
   std::string state;
   int save_every = 100, stop_after = 0;
   bool distributed = false, timing = false;
+  bool estimate = false;
 };
 
 constexpr double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, clip_norm = 1.0, min_lr_fraction = 0.1;
@@ -64,6 +65,10 @@ gpt::Recompute recompute_of(const std::string& s) {
                  gpt::Recompute::sqrt})
     if (s == gpt::to_string(r)) return r;
   return gpt::Recompute::none;  // unreachable: CLI11 checked the name
+}
+
+gpt::Attention attention_of(const Options& o) {
+  return o.attention == "fused" ? gpt::Attention::fused : gpt::Attention::unfused;
 }
 
 /// What a run continues from: the parameters (in the model), the optimizer, and the batch stream.
@@ -192,6 +197,34 @@ void decode_training(examples::StateReader& r, const gpt::Corpus& corpus, Traini
   t.last_loss = last_loss;
 }
 
+// ---- --estimate ----
+
+/// --estimate: the memory of one training step (a batch of B windows of S bytes) with the --checkpoint and
+/// --attention settings, counted on a shapes-only tape (remat::estimate_memory) by the model code the training
+/// runs. No corpus is read (the ids are zeros, which shapes do not depend on) and nothing is trained.
+int estimate_step(const Options& o) {
+  gpt::Model<float> model(config_of(o));  // zero parameters: an estimate reads none
+  const std::size_t tokens = static_cast<std::size_t>(o.batch) * static_cast<std::size_t>(o.seq_len);
+  const std::vector<int> ids(tokens, 0), targets(tokens, 0);
+  const gpt::Options options{recompute_of(o.checkpoint), attention_of(o)};
+  const remat::MemoryEstimate e = remat::estimate_memory([&](remat::Tape<float>& tape) {
+    tape.seed(dropout_seed(o.seed, 0));
+    return model.loss(tape, ids, targets, options);
+  });
+  std::printf(
+      "GPT L=%d H=%d heads=%d S=%d V=256, batch %d, dropout %g, attention %s, checkpoint %s: one training step, "
+      "estimated from shapes\n",
+      o.layers, o.width, o.heads, o.seq_len, o.batch, o.dropout, o.attention.c_str(), o.checkpoint.c_str());
+  examples::print_estimate(e);
+  if (o.json)
+    std::printf(
+        "{\"estimate\":true,\"saved_bytes\":%zu,\"peak_bytes\":%zu,\"forward_peak_bytes\":%zu,\"replayed_bytes\":%zu,"
+        "\"replayed_ops\":%zu,\"checkpoint\":\"%s\",\"attention\":\"%s\",\"batch\":%d}\n",
+        e.saved_bytes, e.peak_bytes, e.forward_peak_bytes, e.replayed_bytes, e.replayed_ops, o.checkpoint.c_str(),
+        o.attention.c_str(), o.batch);
+  return 0;
+}
+
 // ---- evaluation and sampling ----
 
 /// Mean cross-entropy (nats per byte) over a fixed set of validation windows: eval_batches batches of
@@ -201,8 +234,7 @@ double validation_loss(const Options& o, const gpt::Corpus& corpus, const gpt::W
                        gpt::Model<float>& model, remat::Tape<float>& tape, std::vector<int>& ids,
                        std::vector<int>& targets) {
   const std::size_t n = static_cast<std::size_t>(o.eval_batches) * static_cast<std::size_t>(o.batch);
-  const gpt::Options eval{gpt::Recompute::none,
-                          o.attention == "fused" ? gpt::Attention::fused : gpt::Attention::unfused};
+  const gpt::Options eval{gpt::Recompute::none, attention_of(o)};
   double sum = 0;
   for (int e = 0; e < o.eval_batches; ++e) {
     for (std::size_t b = 0; b < static_cast<std::size_t>(o.batch); ++b) {
@@ -225,8 +257,7 @@ double validation_loss(const Options& o, const gpt::Corpus& corpus, const gpt::W
 std::string sample(const Options& o, gpt::Model<float>& model, std::string context, remat::Tape<float>& tape) {
   remat::nn::Generator g(o.seed ^ 0x2545f4914f6cdd1dULL);
   const std::size_t S = static_cast<std::size_t>(o.seq_len);
-  const gpt::Options eval{gpt::Recompute::none,
-                          o.attention == "fused" ? gpt::Attention::fused : gpt::Attention::unfused};
+  const gpt::Options eval{gpt::Recompute::none, attention_of(o)};
   std::vector<int> ids(S);
   std::vector<double> p(256);
   std::string out;
@@ -297,6 +328,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   if (o.batch < ranks.size)
     throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is smaller than the " +
                                 std::to_string(ranks.size) + " ranks: every rank needs a sequence of each batch");
+  if (o.estimate) return estimate_step(o);
 
   gpt::Corpus corpus = gpt::read_corpus(o.data);
   gpt::split(corpus, static_cast<std::size_t>(o.seq_len));
@@ -320,8 +352,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   std::size_t parameter_count = 0;
   for (const remat::Parameter<float>* p : parameters) parameter_count += static_cast<std::size_t>(p->value().size());
   const remat::nn::WarmupCosineSchedule schedule(o.lr, o.warmup, o.steps, min_lr_fraction * o.lr);
-  const gpt::Options options{recompute_of(o.checkpoint),
-                             o.attention == "fused" ? gpt::Attention::fused : gpt::Attention::unfused};
+  const gpt::Options options{recompute_of(o.checkpoint), attention_of(o)};
   remat::Tape<float> tape, eval_tape;
   // --distributed: every rank starts from rank 0's parameters (ranks given different model flags stop here
   // with a message), and the gradients are averaged over the ranks in buckets all-reduced while backward runs.
@@ -552,6 +583,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 100.0));
   app.add_option("--prompt", o.prompt, "Text the sample continues (default: \"%\\n\", the start of a fortune)");
   app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
+  app.add_flag("--estimate", o.estimate,
+               "Print the saved and peak bytes of one training step with the --checkpoint and --attention settings, "
+               "counted from shapes alone (remat::estimate_memory), and exit: no corpus is read, nothing is trained "
+               "(a --state file's settings apply)");
   app.add_option("--state", o.state,
                  "Training state file: resumed from if it exists, written every --save-every steps and at the end "
                  "(atomically)");
@@ -574,6 +609,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
+  }
+  if (o.estimate && o.distributed) {
+    std::fprintf(stderr, "gpt: error: --estimate counts one process's step: drop --distributed\n");
+    return 2;
   }
   return examples::run_main("gpt", o.distributed, argc, argv, [&](const Ranks& ranks) { return run(o, app, ranks); });
 }

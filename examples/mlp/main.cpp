@@ -39,6 +39,8 @@ using remat::Matrix;
 using remat::Var;
 
 constexpr int classes = 10;
+/// Fashion-MNIST's 28×28 images, flattened: the input width of --estimate, which reads no data.
+constexpr remat::Index image_pixels = 28 * 28;
 
 /// The command line; hidden, activation, dropout and checkpoint are mlp::NetworkOptions (training_step.hpp).
 struct Options : mlp::NetworkOptions {
@@ -56,6 +58,7 @@ struct Options : mlp::NetworkOptions {
   int stop_after = 0;
   bool distributed = false;
   bool timing = false;
+  bool estimate = false;
 };
 
 /// One training epoch's results; kept in the state file so a resumed run reports the whole history.
@@ -89,6 +92,51 @@ double evaluate(const Options& o, const Model& model, const mlp::Dataset& test, 
   }
   tape.clear();
   return static_cast<double>(correct) / static_cast<double>(n);
+}
+
+/// The hidden layers and the output layer for `inputs` input columns, initialised from --seed.
+std::vector<remat::nn::Linear<float>> make_layers(const Options& o, remat::Index inputs) {
+  remat::nn::Generator init(o.seed);
+  const auto init_kind = o.activation == "relu" ? remat::nn::Init::he_uniform : remat::nn::Init::glorot_uniform;
+  std::vector<remat::nn::Linear<float>> layers;
+  remat::Index width = inputs;
+  for (int h : o.hidden) {
+    layers.emplace_back(width, h, init, init_kind);
+    width = h;
+  }
+  layers.emplace_back(width, classes, init, remat::nn::Init::glorot_uniform);
+  return layers;
+}
+
+/// "784→512→512→10".
+std::string network_text(const Options& o, remat::Index inputs) {
+  std::string shape = std::to_string(inputs);
+  for (int h : o.hidden) shape += "→" + std::to_string(h);
+  return shape + "→" + std::to_string(classes);
+}
+
+/// --estimate: the memory of one training step of a full batch with the --checkpoint mode, counted on a
+/// shapes-only tape (remat::estimate_memory) by the step the training runs (TrainingStep::record). No data is
+/// read (the input is an unevaluated [batch, 784] expression) and nothing is trained.
+int estimate_step(const Options& o) {
+  std::vector<remat::nn::Linear<float>> layers = make_layers(o, image_pixels);
+  const std::vector<int> labels(static_cast<std::size_t>(o.batch), 0);
+  mlp::TrainingStep step;
+  const remat::MemoryEstimate e = remat::estimate_memory([&](remat::Tape<float>& tape) {
+    tape.seed(dropout_seed(o.seed, 0));
+    const auto r = step.record(tape, o, layers, Matrix<float>::Zero(o.batch, image_pixels), labels);
+    return std::make_tuple(r.loss, r.logits);  // the step reads the logits after backward (accuracy)
+  });
+  std::printf("MLP %s %s, dropout %g, batch %d, checkpoint %s: one training step, estimated from shapes\n",
+              network_text(o, image_pixels).c_str(), o.activation.c_str(), o.dropout, o.batch, o.checkpoint.c_str());
+  examples::print_estimate(e);
+  if (o.json)
+    std::printf(
+        "{\"estimate\":true,\"saved_bytes_per_step\":%zu,\"peak_bytes_per_step\":%zu,\"forward_peak_bytes\":%zu,"
+        "\"replayed_bytes\":%zu,\"replayed_ops\":%zu,\"checkpoint\":\"%s\",\"batch\":%d}\n",
+        e.saved_bytes, e.peak_bytes, e.forward_peak_bytes, e.replayed_bytes, e.replayed_ops, o.checkpoint.c_str(),
+        o.batch);
+  return 0;
 }
 
 // ---- training state file ----
@@ -232,6 +280,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
                                 std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
+  if (o.estimate) return estimate_step(o);
   mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
   mlp::Dataset test = mlp::read_idx_dataset(o.data, "t10k", classes);
   if (test.image_rows != train.image_rows || test.image_cols != train.image_cols)
@@ -252,16 +301,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
                                 " ranks; choose --batch or --limit so that every rank gets a row of it");
 
   Model model;
-  {
-    remat::nn::Generator init(o.seed);
-    const auto init_kind = o.activation == "relu" ? remat::nn::Init::he_uniform : remat::nn::Init::glorot_uniform;
-    remat::Index width = inputs;
-    for (int h : o.hidden) {
-      model.layers.emplace_back(width, h, init, init_kind);
-      width = h;
-    }
-    model.layers.emplace_back(width, classes, init, remat::nn::Init::glorot_uniform);
-  }
+  model.layers = make_layers(o, inputs);
   std::vector<remat::Parameter<float>*> parameters;
   for (auto& layer : model.layers) {
     parameters.push_back(&layer.weight);
@@ -287,9 +327,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
     data_parallel.check_same_on_every_rank(model.shuffle.state(), "the shuffling state (--seed, --resume)", hint);
   }
 
-  std::string shape = std::to_string(inputs);
-  for (int h : o.hidden) shape += "→" + std::to_string(h);
-  shape += "→" + std::to_string(classes);
+  const std::string shape = network_text(o, inputs);
   std::printf(
       "MLP %s %s, dropout %g, Adam lr %g (%s), batch %d, %zu training / %ld test images, checkpoint %s, %d thread%s\n",
       shape.c_str(), o.activation.c_str(), o.dropout, o.lr, o.schedule.c_str(), o.batch, n,
@@ -506,6 +544,10 @@ int main(int argc, char** argv) {
                "Print per epoch the time of a step and of its backward and, with --distributed, the all-reduce: "
                "bytes per step, the fraction of its time hidden behind backward, the wait it adds after backward "
                "(docs/distributed.md)");
+  app.add_flag("--estimate", o.estimate,
+               "Print the saved and peak bytes of one training step of a full --batch with the --checkpoint mode, "
+               "counted from shapes alone (remat::estimate_memory), and exit: no data is read (28x28 inputs), "
+               "nothing is trained");
   app.add_option("--eval-batch", o.eval_batch, "Batch size of the test-set evaluation")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -514,6 +556,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
+  }
+  if (o.estimate && (o.distributed || !o.resume.empty())) {
+    std::fprintf(stderr, "mlp: error: --estimate counts one process's step from the flags given: drop %s\n",
+                 o.distributed ? "--distributed" : "--resume");
+    return 2;
   }
   return examples::run_main("mlp", o.distributed, argc, argv, [&](const Ranks& ranks) { return run(o, app, ranks); });
 }

@@ -8,6 +8,7 @@ import filecmp
 import gzip
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -263,6 +264,25 @@ def case_checkpoint_modes():
     for mode, value in expected.items():
         check(runs[mode].get("saved_bytes_per_step") == value,
               f"{mode}: saved_bytes_per_step {runs[mode].get('saved_bytes_per_step')}, expected {value}")
+    # --estimate counts the same step from shapes alone, without the data (a directory that does not exist):
+    # its saved and peak bytes equal the training run's, exactly, and it prints them in MB and in bytes.
+    for mode in runs:
+        args = ["--data", "/nonexistent", "--hidden", ",".join(map(str, hidden)), "--dropout", "0.25", "--batch", batch,
+                "--checkpoint", mode, "--estimate"]
+        p = run(*args)
+        for key, label in (("saved_bytes_per_step", "saved after the forward pass"),
+                           ("peak_bytes_per_step", "peak of forward + backward")):
+            value = runs[mode].get(key, -1)
+            # "<label>: <MB> MB (<bytes> bytes)", the columns aligned with spaces
+            line = re.compile(re.escape(f"{label}:") + " +" +
+                              re.escape(f"{value / 1e6:.2f} MB ({value} bytes)"))
+            check(line.search(p.stdout), f"--estimate --checkpoint {mode}: no line {line.pattern!r} in {p.stdout!r}")
+        e = run_json(*args)
+        check(e.get("estimate") is True, f"--estimate --json: {e}")
+        for key in ("saved_bytes_per_step", "peak_bytes_per_step"):
+            check(key in e and e.get(key) == runs[mode].get(key),
+                  f"--estimate --checkpoint {mode}: {key} {e.get(key)}, the training run's {runs[mode].get(key)}")
+    run("--estimate", "--resume", "x.state", expect=2)
 
 
 def case_accuracy():
