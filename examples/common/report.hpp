@@ -31,12 +31,22 @@ inline std::string megabytes(std::size_t bytes) {
   return s;
 }
 
-/// --estimate's report: the step's saved, peak and replayed bytes, in MB and exactly.
-inline void print_estimate(const remat::MemoryEstimate& e) {
+/// --estimate's report: the step's saved, peak and replayed bytes, in MB and exactly; with `json`, then one
+/// JSON line {"estimate":true, the figures, `settings`} whose saved and peak keys are `saved_key` and
+/// `peak_key` (the names of the example's training JSON, so that the two compare key by key).
+inline void print_estimate(const remat::MemoryEstimate& e, bool json, const char* saved_key, const char* peak_key,
+                           const std::string& settings) {
   std::printf("saved after the forward pass: %s (%zu bytes)\n", megabytes(e.saved_bytes).c_str(), e.saved_bytes);
   std::printf("peak of forward + backward:   %s (%zu bytes)\n", megabytes(e.peak_bytes).c_str(), e.peak_bytes);
   std::printf("replayed by checkpoints:      %s (%zu bytes, %zu ops)\n", megabytes(e.replayed_bytes).c_str(),
               e.replayed_bytes, e.replayed_ops);
+  if (json)
+    std::printf(
+        "{\"estimate\":true,\"%s\":%zu,\"%s\":%zu,\"forward_peak_bytes\":%zu,\"replayed_bytes\":%zu,\"replayed_ops\":%"
+        "zu,"
+        "%s}\n",
+        saved_key, e.saved_bytes, peak_key, e.peak_bytes, e.forward_peak_bytes, e.replayed_bytes, e.replayed_ops,
+        settings.c_str());
 }
 
 /// %.17g: doubles round-trip exactly, so equal text means bitwise equal values.

@@ -215,13 +215,9 @@ int estimate_step(const Options& o) {
       "GPT L=%d H=%d heads=%d S=%d V=256, batch %d, dropout %g, attention %s, checkpoint %s: one training step, "
       "estimated from shapes\n",
       o.layers, o.width, o.heads, o.seq_len, o.batch, o.dropout, o.attention.c_str(), o.checkpoint.c_str());
-  examples::print_estimate(e);
-  if (o.json)
-    std::printf(
-        "{\"estimate\":true,\"saved_bytes\":%zu,\"peak_bytes\":%zu,\"forward_peak_bytes\":%zu,\"replayed_bytes\":%zu,"
-        "\"replayed_ops\":%zu,\"checkpoint\":\"%s\",\"attention\":\"%s\",\"batch\":%d}\n",
-        e.saved_bytes, e.peak_bytes, e.forward_peak_bytes, e.replayed_bytes, e.replayed_ops, o.checkpoint.c_str(),
-        o.attention.c_str(), o.batch);
+  examples::print_estimate(e, o.json, "saved_bytes", "peak_bytes",
+                           "\"checkpoint\":\"" + o.checkpoint + "\",\"attention\":\"" + o.attention +
+                               "\",\"batch\":" + std::to_string(o.batch));
   return 0;
 }
 

@@ -129,13 +129,8 @@ int estimate_step(const Options& o) {
   });
   std::printf("MLP %s %s, dropout %g, batch %d, checkpoint %s: one training step, estimated from shapes\n",
               network_text(o, image_pixels).c_str(), o.activation.c_str(), o.dropout, o.batch, o.checkpoint.c_str());
-  examples::print_estimate(e);
-  if (o.json)
-    std::printf(
-        "{\"estimate\":true,\"saved_bytes_per_step\":%zu,\"peak_bytes_per_step\":%zu,\"forward_peak_bytes\":%zu,"
-        "\"replayed_bytes\":%zu,\"replayed_ops\":%zu,\"checkpoint\":\"%s\",\"batch\":%d}\n",
-        e.saved_bytes, e.peak_bytes, e.forward_peak_bytes, e.replayed_bytes, e.replayed_ops, o.checkpoint.c_str(),
-        o.batch);
+  examples::print_estimate(e, o.json, "saved_bytes_per_step", "peak_bytes_per_step",
+                           "\"checkpoint\":\"" + o.checkpoint + "\",\"batch\":" + std::to_string(o.batch));
   return 0;
 }
 
