@@ -30,6 +30,7 @@ using remat::Var;
 
 TEST(EstimateModels, W1SmallEveryCheckpointModeOfTheMlpExample) {
   // W1-small: 784 → 4 hidden layers of 256 with tanh → 10, batch 64; the example's own step (record()).
+  const estimate_test::OneThread one_thread;
   remat::nn::Generator init(3);
   std::vector<remat::nn::Linear<float>> layers;
   remat::Index width = 784;
@@ -80,6 +81,7 @@ TEST(EstimateModels, W3SmallGptEveryRecomputeModeFusedAndUnfused) {
   c.seq_len = 16;
   c.blocks = 2;
   const remat::Index batch = 2;
+  const estimate_test::OneThread one_thread;
   std::vector<int> ids, targets;
   for (remat::Index r = 0; r < batch * c.seq_len; ++r) {
     ids.push_back(static_cast<int>((5 * r + 3) % c.vocabulary));
