@@ -89,6 +89,16 @@ def main():
             r = n2 / n1
             rows.append(("W2 plain non-GEMM time, 2 ÷ 1 threads", "≤ 0.55", f"{r:.3f}", "met" if r <= 0.55 else "missed",
                          f"{n1:.0f} ms → {n2:.0f} ms (profile run, calling thread outside OpenBLAS)"))
+    print("| workload | implementation | 1 thread ms (IQR) | 2 threads ms (IQR) | speedup |")
+    print("|---|---|---|---|---|")
+    names = sorted({n.split("/")[0] for n in runs})
+    for name in names:
+        w, impl = name[len("Step<"):-1].split(", ")
+        if key(w, impl, 1) in runs and key(w, impl, 2) in runs:
+            one, two = med(w, impl, 1), med(w, impl, 2)
+            print(f"| {w} | {impl} | {one[1]:.4g} ({one[0]:.4g}–{one[2]:.4g}) | {two[1]:.4g} ({two[0]:.4g}–{two[2]:.4g}) "
+                  f"| {one[1] / two[1]:.3f} |")
+    print()
     print("| target | limit | measured | verdict | from (medians, interquartile range) |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -17,14 +17,21 @@ mkdir -p "$results"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 out="$results/profile.jsonl"
-: > "$out"
+# REMAT_PROFILE_ROWS="W2:RematPlain W2:LibTorch ..." profiles only those rows and appends to profile.jsonl;
+# REMAT_BENCH_NO_WAIT=1 runs them back to back (each JSON line records the load at its start).
+rows=${REMAT_PROFILE_ROWS:-"W1:RematPlain W1:LibTorch W1:HandWritten W2:RematPlain W2:LibTorch W2:HandWritten
+                              W3:RematNone W3:LibTorch"}
+[[ -n ${REMAT_PROFILE_ROWS:-} ]] || : > "$out"
 
 source bench/common.sh  # wait_for_idle, tuned
+if [[ ${REMAT_BENCH_NO_WAIT:-0} == 1 ]]; then
+  wait_for_idle() { :; }
+fi
 
-for workload in W1 W2 W3; do
-  impls="RematPlain LibTorch HandWritten"
-  [ "$workload" = W3 ] && impls="RematNone LibTorch"
-  for impl in $impls; do
+for row in $rows; do
+  workload=${row%%:*}
+  impl=${row##*:}
+  {
     for threads in 1 2; do
       wait_for_idle
       mkfifo "$work/control"
@@ -39,5 +46,5 @@ for workload in W1 W2 W3; do
         tee -a "$out"
       rm -f "$work/control" "$work/perf.data"
     done
-  done
+  }
 done
