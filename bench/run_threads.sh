@@ -13,14 +13,7 @@ min_time=${3:-1}
 results=bench/results
 mkdir -p "$results"
 
-wait_for_idle() {
-  while awk '{exit !($1 >= 0.5)}' /proc/loadavg; do
-    echo "waiting for an idle machine: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-    sleep 30
-  done
-}
-tuned=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
-       GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736)
+source bench/common.sh  # wait_for_idle, tuned (the C++ run's environment)
 rows='^Step<(W0|W1|W2), (HandWritten|LibTorch|RematPlain)>/|^Step<W3, (RematNone|RematBlock|RematAttention|RematNoneFused|LibTorch)>/'
 
 wait_for_idle
