@@ -4,8 +4,8 @@
 usage: distributed_summary.py RESULTS_DIR > distributed_summary.md
 
 Reads distributed_w1_<config>.json (Google Benchmark: the median and interquartile range over the
-repetitions) and the --json line of distributed_mlp_<config>.txt (the MLP example's first epoch with
---timing). Standard library only.
+repetitions) and the --json lines of distributed_mlp_<config>_<round>.txt (the MLP example's first epoch with
+--timing; medians over the rounds). Standard library only.
 """
 import glob
 import json
@@ -40,26 +40,40 @@ def w1_rows():
     return rows
 
 
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def mlp_rows():
-    rows = []
+    """One row per configuration: medians over the rounds (distributed_mlp_<config>_<round>.txt)."""
+    runs = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, "distributed_mlp_*.txt"))):
-        config = os.path.basename(path)[len("distributed_mlp_"):-len(".txt")]
+        config = os.path.basename(path)[len("distributed_mlp_"):-len(".txt")].rsplit("_", 1)[0]
         lines = [line for line in open(path) if line.startswith('{"epochs"')]
         if not lines:
-            rows.append(f"| {config} | no result (see {os.path.basename(path)}) |")
-            continue
-        d = json.loads(lines[-1])
-        t = (d.get("timing") or [{}])[0]
+            raise SystemExit(f"{path}: no --json line (the run failed; see the file)")
+        runs.setdefault(config, []).append(json.loads(lines[-1]))
+    rows = []
+    for config, ds in sorted(runs.items()):
+        timings = [(d.get("timing") or [{}])[0] for d in ds]
         base = config.replace("_plain", "")
         label = CONFIGS.get(base, base) + (", no MPI" if config.endswith("_plain") else ", --distributed")
-        reduced = t.get("reduced_steps", 0) > 0
-        rows.append(f"| {label} | {fmt(d.get('seconds_per_epoch'))} | {fmt(t.get('step_seconds'), 1e3)} | "
-                    f"{fmt(t.get('backward_seconds'), 1e3)} | "
-                    f"{fmt(t.get('busy_seconds'), 1e3) if reduced else '–'} | "
-                    f"{fmt(t.get('hidden_fraction'), 100, 1) if reduced else '–'} | "
-                    f"{fmt(t.get('exposed_wait_seconds'), 1e3) if reduced else '–'} | "
-                    f"{fmt(t.get('bytes_per_step'), 1e-6) if reduced else '–'} | "
-                    f"{100 * d.get('test_accuracy', 0):.2f} |")
+        reduced = timings[0].get("reduced_steps", 0) > 0
+
+        def med(key, scale=1.0, digits=2, when=True):
+            return fmt(median(t.get(key) for t in timings), scale, digits) if when else "–"
+
+        epochs = [d["seconds_per_epoch"] for d in ds]
+        accuracies = sorted({f"{100 * d.get('test_accuracy', 0):.2f}" for d in ds})
+        rows.append(f"| {label} | {len(ds)} | {fmt(median(epochs))} | {fmt(min(epochs))}–{fmt(max(epochs))} | "
+                    f"{med('step_seconds', 1e3)} | {med('backward_seconds', 1e3)} | "
+                    f"{med('busy_seconds', 1e3, when=reduced)} | {med('hidden_fraction', 100, 1, reduced)} | "
+                    f"{med('exposed_wait_seconds', 1e3, when=reduced)} | {med('bytes_per_step', 1e-6, when=reduced)} | "
+                    f"{', '.join(accuracies)} |")
     return rows
 
 
@@ -68,8 +82,8 @@ print("| configuration | reducer | median ms/step | IQR ms | repetitions | backw
       "hidden % | exposed wait ms | completion resolution ms | MB reduced/step |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 print("\n".join(w1_rows()))
-print("\n## MLP example, first epoch (--timing)\n")
-print("| configuration | s/epoch | ms/step | backward ms | all-reduce busy ms | hidden % | exposed wait ms | "
-      "MB reduced/step | test accuracy % |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("\n## MLP example, first epoch (--timing), medians over the rounds\n")
+print("| configuration | rounds | s/epoch | range s | ms/step | backward ms | all-reduce busy ms | hidden % | "
+      "exposed wait ms | MB reduced/step | test accuracy % |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 print("\n".join(mlp_rows()))

@@ -5,8 +5,11 @@
 # 1 thread. Before each run it waits until the 1-minute load average is below 0.5 and records `uptime`
 # before and after; it writes bench/results/distributed_*.{txt,json,uptime} and distributed_summary.md.
 #
-#   bench/run_distributed.sh [build-dir] [repetitions] [steps-per-repetition] [mlp-epochs]
-#                                                                    (defaults: build-bench 10 5 1)
+#   bench/run_distributed.sh [build-dir] [repetitions] [steps-per-repetition] [mlp-epochs] [mlp-rounds]
+#                                                                    (defaults: build-bench 10 5 1 5)
+# The MLP runs go in rounds: each round waits for an idle machine once, then runs the five MLP
+# configurations back to back in a random order (distributed_mlp_<config>_<round>.txt); the summary gives
+# the median and the range over the rounds. REMAT_BENCH_ONLY=w1 or =mlp runs one half.
 # Build first (Release; the bench targets need Google Benchmark and MPI):
 #   cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release && cmake --build build-bench --target distributed_step mlp
 #
@@ -28,6 +31,8 @@ build=${1:-build-bench}
 repetitions=${2:-10}
 steps=${3:-5}
 epochs=${4:-1}
+rounds=${5:-5}
+only=${REMAT_BENCH_ONLY:-all}
 results=${REMAT_BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
 source bench/common.sh  # wait_for_idle, tuned
@@ -57,25 +62,49 @@ run() {
   uptime >> "$results/$name.uptime"
 }
 
-for configuration in "${configurations[@]}" "$ring"; do
-  read -r name ranks threads flags <<< "$configuration"
-  read -ra flags <<< "$flags"
-  run "distributed_w1_$name" "${mpirun[@]}" -np "$ranks" "${flags[@]}" "$build/bench/distributed_step" \
-    --threads "$threads" --repetitions "$repetitions" --steps "$steps" --benchmark_color=false \
-    --benchmark_out="$results/distributed_w1_$name.json" --benchmark_out_format=json
-done
+if [[ $only != mlp ]]; then
+  for configuration in "${configurations[@]}" "$ring"; do
+    read -r name ranks threads flags <<< "$configuration"
+    read -ra flags <<< "$flags"
+    run "distributed_w1_$name" "${mpirun[@]}" -np "$ranks" "${flags[@]}" "$build/bench/distributed_step" \
+      --threads "$threads" --repetitions "$repetitions" --steps "$steps" --benchmark_color=false \
+      --benchmark_out="$results/distributed_w1_$name.json" --benchmark_out_format=json
+  done
+fi
 
 # The MLP example: one process without MPI (the baseline), and under mpirun --distributed (its reducer's
-# cost with one rank; data parallelism with two).
-for threads in 1 2; do
-  run "distributed_mlp_r1t${threads}_plain" "$build/examples/mlp/mlp" --threads "$threads" "${mlp_flags[@]}"
-done
-for configuration in "${configurations[@]}"; do
-  read -r name ranks threads flags <<< "$configuration"
-  read -ra flags <<< "$flags"
-  run "distributed_mlp_$name" "${mpirun[@]}" -np "$ranks" "${flags[@]}" "$build/examples/mlp/mlp" --distributed \
-    --threads "$threads" "${mlp_flags[@]}"
-done
+# cost with one rank; data parallelism with two). Each round: one wait, then the five in a random order.
+mlp_configurations=("r1t1_plain" "r1t2_plain" "${configurations[@]%% *}")
+# mlp_run CONFIG ROUND: one epoch of the MLP example in that configuration, into distributed_mlp_CONFIG_ROUND.
+mlp_run() {
+  local config=$1 round=$2 name="distributed_mlp_$1_$2"
+  uptime > "$results/$name.uptime"
+  case $config in
+    r1t1_plain | r1t2_plain)
+      local threads=${config:3:1}
+      "${tuned[@]}" "$build/examples/mlp/mlp" --threads "$threads" "${mlp_flags[@]}" > "$results/$name.txt" 2>&1
+      ;;
+    *)
+      local configuration ranks threads flags
+      for configuration in "${configurations[@]}"; do
+        [[ ${configuration%% *} == "$config" ]] && read -r _ ranks threads flags <<< "$configuration"
+      done
+      read -ra flags <<< "$flags"
+      "${tuned[@]}" "${mpirun[@]}" -np "$ranks" "${flags[@]}" "$build/examples/mlp/mlp" --distributed \
+        --threads "$threads" "${mlp_flags[@]}" > "$results/$name.txt" 2>&1
+      ;;
+  esac
+  uptime >> "$results/$name.uptime"
+}
+if [[ $only != w1 ]]; then
+  rm -f "$results"/distributed_mlp_*
+  for ((round = 1; round <= rounds; ++round)); do
+    wait_for_idle
+    for config in $(printf '%s\n' "${mlp_configurations[@]}" | shuf); do
+      mlp_run "$config" "$round"
+    done
+  done
+fi
 
 python3 bench/distributed_summary.py "$results" > "$results/distributed_summary.md"
 cat "$results/distributed_summary.md"
