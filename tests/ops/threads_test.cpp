@@ -288,6 +288,48 @@ TEST(ParallelGrain, TinyKernelsNeverEnterAParallelRegion) {
 #endif
 }
 
+// Products above the grain: the team zeroes the output by row blocks before the GEMM adds into it
+// (detail::zero_for_product) instead of Eigen zeroing it on the calling thread. linear's value and dx (above
+// the grain) and dW (below it) are bitwise Eigen's own dst = a·b at 1, 2 and 3 threads, in buffers the pool
+// hands out dirty (so a block left unzeroed shows), with OpenBLAS on one thread (see the top of this file).
+TEST(ProductZeroFill, LinearIsBitwiseEigensProductInReusedBuffersAt1And2And3Threads) {
+  const RestoreThreads restore;
+  const Index m = 300, k = 120, n = 130;  // y [300,130] and dx [300,120] above the grain, dW [120,130] below
+  ASSERT_GT(remat::detail::row_blocks(m, n, 1).count, 1);
+  ASSERT_GT(remat::detail::row_blocks(m, k, 1).count, 1);
+  ASSERT_EQ(remat::detail::row_blocks(k, n, 1).count, 1);
+  set_threads(1, false);
+  const Matrix<float> x = Matrix<float>::Random(m, k), w = Matrix<float>::Random(k, n);
+  const Matrix<float> b = Matrix<float>::Random(1, n), g = Matrix<float>::Random(m, n);
+  Matrix<float> y_reference = x * w;
+  y_reference.rowwise() += b.row(0);
+  const Matrix<float> dx_reference = g * w.transpose(), dw_reference = x.transpose() * g;
+  std::vector<std::vector<Matrix<float>>> results;
+  for (const int threads : thread_counts) {
+    set_threads(threads, false);
+    remat::Tape<float> tape;
+    // Two buffers of each of y's, dx's and dW's sizes go back to the pool full of 7s (the inputs take one).
+    {
+      std::vector<remat::Var<float>> dirty;
+      for (int copy = 0; copy < 2; ++copy)
+        for (const Shape s : {Shape{m, n}, Shape{m, k}, Shape{k, n}})
+          dirty.push_back(tape.constant(Matrix<float>::Constant(s.rows, s.cols, 7)));
+    }
+    const remat::Var<float> xv = tape.variable(x), wv = tape.variable(w), bv = tape.variable(b);
+    const remat::Var<float> y = remat::linear(xv, wv, bv);
+    // d(sum(y ⊙ g))/dy = 1 ⊙ g = g exactly.
+    std::vector<Matrix<float>> r{Matrix<float>(y.value())};
+    for (Matrix<float>& d : tape.gradient(remat::sum(y * tape.constant(g)), {xv, wv})) r.push_back(std::move(d));
+    results.push_back(std::move(r));
+  }
+  for (std::size_t t = 0; t < results.size(); ++t) {
+    SCOPED_TRACE(std::to_string(thread_counts[t]) + " threads");
+    EXPECT_EQ(first_difference(results[t][0], y_reference), "") << "value";
+    EXPECT_EQ(first_difference(results[t][1], dx_reference), "") << "dx";
+    EXPECT_EQ(first_difference(results[t][2], dw_reference), "") << "dW";
+  }
+}
+
 #ifdef _OPENMP
 // Without set_num_threads the team has omp_get_max_threads() threads. The attention ops put OpenBLAS on one
 // thread around their items only with OpenBLAS's pthreads build: in the OpenMP build openblas_set_num_threads(1)

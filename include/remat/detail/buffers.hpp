@@ -8,7 +8,6 @@
 #include <cassert>
 #include <cstddef>
 #include <new>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,6 +18,39 @@ namespace remat::detail {
 /// Test hook: when set, called with the byte count before every system allocation of a tensor buffer
 /// (a pool miss); it may throw std::bad_alloc to simulate exhaustion. Null in normal use.
 inline thread_local void (*allocation_hook)(std::size_t bytes) = nullptr;
+
+/// A map from a buffer size (elements) to V: a step uses a handful of distinct sizes (W0: 8), so a linear
+/// search of a flat vector, starting at the last size found, costs less than hashing on every allocate
+/// and free (bench/RESULTS.md §7.4). References stay valid until the next insertion.
+template <class V>
+class SizeMap {
+ public:
+  /// The entry for `count`, or null.
+  V* find(std::size_t count) noexcept { return const_cast<V*>(std::as_const(*this).find(count)); }
+  const V* find(std::size_t count) const noexcept {
+    const std::size_t n = entries_.size();
+    if (last_ < n && entries_[last_].first == count) return &entries_[last_].second;
+    for (std::size_t i = 0; i < n; ++i)
+      if (entries_[i].first == count) {
+        last_ = i;
+        return &entries_[i].second;
+      }
+    return nullptr;
+  }
+  /// The entry for `count`, value-initialised if new. Throws std::bad_alloc with the map unchanged.
+  V& operator[](std::size_t count) {
+    if (V* v = find(count)) return *v;
+    entries_.emplace_back(count, V{});
+    last_ = entries_.size() - 1;
+    return entries_.back().second;
+  }
+  auto begin() { return entries_.begin(); }
+  auto end() { return entries_.end(); }
+
+ private:
+  std::vector<std::pair<std::size_t, V>> entries_;
+  mutable std::size_t last_ = 0;  // where the last find() succeeded
+};
 
 /// Exact-size free lists: a training loop allocates the same shapes every step, so after the first step
 /// every request is served from a list and no malloc happens on the hot path. Every list has room for
@@ -45,7 +77,7 @@ class Pool {
 
   /// Returns a buffer that acquire() handed out (or one adopted in exchange, see exchange()). Never throws.
   void release(T* p, std::size_t count) noexcept {
-    SizeClass& c = classes_.find(count)->second;
+    SizeClass& c = *classes_.find(count);
     c.free.push_back(p);  // within capacity: reserved when the buffer was allocated
     cached_bytes_ += count * sizeof(T);
   }
@@ -53,7 +85,7 @@ class Pool {
   /// A buffer of `count` elements leaves the pool for good (a Parameter adopts it as its gradient); `other`,
   /// a buffer of the same size or null, takes its place in the free list. Never throws.
   void exchange(std::size_t count, T* other) noexcept {
-    SizeClass& c = classes_.find(count)->second;
+    SizeClass& c = *classes_.find(count);
     if (other) {
       c.free.push_back(other);
       cached_bytes_ += count * sizeof(T);
@@ -64,8 +96,8 @@ class Pool {
 
   /// Buffers of `count` elements in the free list now.
   std::size_t available(std::size_t count) const {
-    auto it = classes_.find(count);
-    return it == classes_.end() ? 0 : it->second.free.size();
+    const SizeClass* c = classes_.find(count);
+    return c ? c->free.size() : 0;
   }
 
   /// Adds `n` system-allocated buffers of `count` elements to the free list; all or nothing.
@@ -91,7 +123,7 @@ class Pool {
 
   /// Returns `n` buffers of `count` elements from the free list to the system (undoes reserve()).
   void discard(std::size_t count, std::size_t n) noexcept {
-    SizeClass& c = classes_.find(count)->second;
+    SizeClass& c = *classes_.find(count);
     for (std::size_t i = 0; i < n && !c.free.empty(); ++i) {
       Eigen::internal::aligned_free(c.free.back());
       c.free.pop_back();
@@ -126,7 +158,7 @@ class Pool {
     return p;
   }
 
-  std::unordered_map<std::size_t, SizeClass> classes_;
+  SizeMap<SizeClass> classes_;
   std::size_t cached_bytes_ = 0;
 };
 
@@ -286,7 +318,7 @@ class Buffers {
   // ---- simulation (a dry run of a backward sweep) ----
   /// Makes room to simulate buffers of `count` elements. Throws std::bad_alloc; call it for every size
   /// the simulated sequence uses before changing anything.
-  void prepare_simulation(std::size_t count) { simulated_.try_emplace(count); }
+  void prepare_simulation(std::size_t count) { simulated_[count]; }
 
   /// From now on allocate/free only count, starting from the pool's current free lists. Never throws.
   void begin_simulation() noexcept {
@@ -338,9 +370,9 @@ class Buffers {
     return slot;
   }
   Simulated& simulated(std::size_t count) noexcept {
-    auto it = simulated_.find(count);
-    assert(it != simulated_.end() && "prepare_simulation() was not called for this size");
-    return it->second;
+    Simulated* c = simulated_.find(count);
+    assert(c && "prepare_simulation() was not called for this size");
+    return *c;
   }
 
   Pool<T> pool_;
@@ -348,7 +380,7 @@ class Buffers {
   std::size_t live_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
   bool simulating_ = false;
-  std::unordered_map<std::size_t, Simulated> simulated_;
+  SizeMap<Simulated> simulated_;
   std::size_t simulated_live_ = 0, simulated_peak_ = 0;
 };
 

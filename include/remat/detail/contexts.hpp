@@ -33,6 +33,18 @@ void assign_or_add_product(D&& dst, const E& e, bool accumulate) {
     dst.noalias() = e;
 }
 
+/// Before dst = a·b into a tape buffer: zeroes dst by row blocks on remat's team when it is above the grain and
+/// returns true (the caller then adds the product), else returns false. Defined in detail/parallel.hpp.
+namespace detail {
+template <class T>
+bool zero_for_product(AlignedMap<T> dst);
+
+template <class E>
+inline constexpr bool is_product = false;
+template <class L, class R, int Option>
+inline constexpr bool is_product<Eigen::Product<L, R, Option>> = true;
+}  // namespace detail
+
 /// What an op's forward sees: its inputs, its output, its extra buffer, its Params and index data.
 template <class T>
 class ForwardContext {
@@ -125,6 +137,12 @@ class BackwardContext {
       assign_or_add(t.map.array(), e, t.accumulate);
     } else if (t.accumulate) {
       t.map.noalias() += e;
+    } else if constexpr (detail::is_product<E>) {
+      // Eigen would zero the target on this thread before its GEMM adds into it: the team zeroes it instead.
+      if (detail::zero_for_product(t.map))
+        t.map.noalias() += e;
+      else
+        t.map.noalias() = e;
     } else {
       t.map.noalias() = e;
     }

@@ -132,6 +132,30 @@ T sum_row_blocks(Index rows, Index cols, double cost, F&& partial) {
   return total;
 }
 
+/// Eigen's dst = a·b through a BLAS GEMM zeroes dst on the calling thread, then lets the GEMM add the product
+/// (beta = 1): a serial pass over every product's output (W2: 0.9 % of the samples, all on the calling
+/// thread at 2 threads, bench/RESULTS.md §7.4). Above the grain this zeroes dst by row blocks on remat's team
+/// and returns true, and the caller adds the product: the GEMM adds into the same exact zeros, so the
+/// result is bitwise Eigen's. Below it (W0), returns false and the caller assigns as before.
+template <class T>
+bool zero_for_product(AlignedMap<T> dst) {
+  if (!above_grain(dst.size(), 1)) return false;  // before row_blocks' divisions: W0 makes 130 products a step
+  const Blocks blocks = row_blocks(dst.rows(), dst.cols(), 1);
+  if (blocks.count == 1) return false;
+  for_blocks(blocks, [&](Index r0, Index n) { dst.middleRows(r0, n).setZero(); });
+  return true;
+}
+
+/// dst = product (an Eigen matrix product, which goes to the GEMM), the zero fill on remat's team
+/// (zero_for_product).
+template <class T, class P>
+void assign_product(AlignedMap<T> dst, const P& product) {
+  if (zero_for_product(dst))
+    dst.noalias() += product;
+  else
+    dst.noalias() = product;
+}
+
 /// f(i) for every item i in [0, count): on remat's team (parallel_for) if `team`, else in order on the calling
 /// thread. For kernels whose items are cut only above the grain (the attention ops).
 template <class F>

@@ -23,7 +23,7 @@ struct LinearOp : OpBase {
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto out = c.out();
-    out.noalias() = c.in(0) * c.in(1);
+    assign_product(out, c.in(0) * c.in(1));
     const auto b = c.in(2).row(0);
     for_row_blocks(out.rows(), out.cols(), 1, [&](Index r0, Index n) { out.middleRows(r0, n).rowwise() += b; });
   }

@@ -19,7 +19,7 @@ struct MatmulOp : OpBase {
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    c.out().noalias() = c.in(0) * c.in(1);
+    assign_product(c.out(), c.in(0) * c.in(1));
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
