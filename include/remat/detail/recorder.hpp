@@ -164,6 +164,8 @@ class Recorder {
     reserve_at_least(graph_.nodes, graph_.nodes.size() + n);
     // Covers every reservation the n records make in turn (each reserve_for_close(1) and its pending holds).
     if (!graph_.open.empty()) reserve_for_close(n);
+    for (std::size_t i = 0; i < n; ++i) buffers_.prepare_simulation(static_cast<std::size_t>(outputs[i].size()));
+    if (evictor_.active()) evictor_.reserve(static_cast<std::size_t>(graph_.size()) + n);
     buffers_.make_room(outputs, n);
   }
 
