@@ -287,10 +287,12 @@ void budget_step(benchmark::State& state, Means means, double fraction) {
 
 template <class W>
 void register_workload() {
+  // W1 fails at both with memory_budget_error, by every means: its peak is the end of the backward, where
+  // its weight gradients (66.7 MB of the 70.9 MB) are live together, and no recomputation shrinks them.
   for (double fraction : {0.5, 0.25})
     for (Means means : {Means::dtr, Means::dtr_eq, Means::local, Means::sequential, Means::planner}) {
       const std::string name = std::string("budget_step/") + W::name + "/" + means_name(means) + "/budget_" +
-                               std::to_string(static_cast<int>(fraction * 100)) + "pct";
+                               std::to_string(static_cast<int>(std::lround(fraction * 100))) + "pct";
       benchmark::RegisterBenchmark(name.c_str(), budget_step<W>, means, fraction)
           ->ArgName("threads")
           ->Arg(1)

@@ -250,7 +250,7 @@ class Recorder {
   /// Under a memory budget: the trial of recording an op on `inputs` with these buffers (make its inputs
   /// resident, evict for its buffers), then the pool buffers the real run will take. Throws
   /// memory_budget_error, stale_value_error (a modified Parameter a regeneration would read) or std::bad_alloc
-  /// with the tape as it was (the pool may keep buffers it obtained: cached_bytes can grow).
+  /// with the tape and its pool as they were.
   void room_by_trial(const char* what, const std::int32_t* inputs, int arity, const OpShapes& shapes) {
     evictor_.reserve(static_cast<std::size_t>(graph_.size()));
     evictor_.trial(what, [&] {

@@ -132,7 +132,7 @@ class Sweep {
     members_.reserve(longest);
     uses_.reserve(longest);
     snapshot_.resize(count);
-    evictor_.reserve(count);
+    if (evictor_.active()) evictor_.reserve(count);  // the exact heuristic's walk
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
       buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
