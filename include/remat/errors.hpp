@@ -25,18 +25,21 @@ class domain_error : public std::domain_error {
   using std::domain_error::domain_error;
 };
 
-/// A memory budget cannot be met: no schedule keeps the tape's peak_bytes within it
-/// (checkpoint_sequential_auto). The message and the accessors give the budget, the bytes needed and the
-/// smallest budget that would have worked (all in bytes). Derives from domain_error: the budget is a scalar
-/// argument outside what the operation can do.
+/// A memory budget cannot be met, all figures in bytes. From checkpoint_sequential_auto: no schedule keeps
+/// the tape's peak_bytes within it; needed_bytes() is the peak the leanest schedule reaches and
+/// least_budget_bytes() the smallest budget that works. From a tape under Tape::set_memory_budget (DTR): an
+/// allocation cannot be served even after evicting everything evictable; needed_bytes() is that allocation's
+/// size and least_budget_bytes() the live bytes nothing could evict then plus needed_bytes() (a lower bound
+/// for the call: no smaller budget serves that allocation from that state). Derives from domain_error: the
+/// budget is a scalar argument outside what the operation can do.
 class memory_budget_error : public domain_error {
  public:
   memory_budget_error(const std::string& what, std::size_t budget_bytes, std::size_t needed_bytes,
                       std::size_t least_budget_bytes)
       : domain_error(what), budget_(budget_bytes), needed_(needed_bytes), least_(least_budget_bytes) {}
   std::size_t budget_bytes() const noexcept { return budget_; }       ///< the budget asked for
-  std::size_t needed_bytes() const noexcept { return needed_; }       ///< the peak the leanest plan reaches
-  std::size_t least_budget_bytes() const noexcept { return least_; }  ///< the smallest budget that works
+  std::size_t needed_bytes() const noexcept { return needed_; }       ///< see the class comment
+  std::size_t least_budget_bytes() const noexcept { return least_; }  ///< see the class comment
 
  private:
   std::size_t budget_, needed_, least_;

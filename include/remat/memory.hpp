@@ -15,6 +15,28 @@ struct MemoryStats {
   std::size_t replayed_bytes = 0;  ///< bytes recomputed by checkpoint replay in the last backward
   std::size_t replayed_ops = 0;    ///< ops re-executed by checkpoint replay in the last backward
   std::size_t cached_bytes = 0;    ///< bytes kept in the pool's free lists for reuse
+  // Under a memory budget (Tape::set_memory_budget), since the tape was created or cleared (forward and
+  // backward passes together; 0 without a budget):
+  std::size_t evictions = 0;             ///< value buffers evicted to stay within the budget
+  std::size_t rematerialized_ops = 0;    ///< ops re-run to regenerate evicted values (not checkpoint replays)
+  std::size_t rematerialized_bytes = 0;  ///< output and extra bytes those re-runs wrote
+};
+
+/// How a tape under a memory budget picks the value to evict (Kirisame et al., "Dynamic Tensor
+/// Rematerialization", ICLR 2021, §4). Each scores a resident value t as cost / (bytes(t) · staleness(t)) and
+/// evicts the lowest score; staleness is the tape's logical clock (one tick per value read or written) since
+/// t was last accessed, never wall time, so every choice is deterministic and a backward's dry run makes the
+/// same choices as its real pass. Costs are the ops' FLOP estimates (OpInfo::flops) + 1.
+enum class EvictionHeuristic {
+  /// h_DTR: cost = t's cost + the costs of its evicted neighbourhood e*(t), the evicted values connected to
+  /// t through evicted values (those t's regeneration needs, and those that need t), walked exactly.
+  dtr,
+  /// h_DTR^eq (the default): e*(t) approximated by union-find classes of adjacent evicted values, each
+  /// carrying its members' summed cost; classes are merged on eviction and never split (a regenerated
+  /// member takes its cost out). t's cost + the costs of the distinct classes of its evicted neighbours.
+  dtr_eq,
+  /// h_local: cost = t's own cost, ignoring what else its regeneration would need.
+  local,
 };
 
 }  // namespace remat

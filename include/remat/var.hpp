@@ -41,10 +41,16 @@ class Var {
 
   /// The value, [rows, cols]. Throws tape_error for an empty or stale handle, shapes_only_error on a
   /// shapes-only tape (Tape(remat::shapes_only), remat::estimate_memory), which computes no value.
+  ///
+  /// Under a memory budget (Tape::set_memory_budget) an evicted value is regenerated first (its recorded op
+  /// re-run from its inputs, which may evict others; throws memory_budget_error if the budget cannot hold it,
+  /// with the tape unchanged), and the view stays valid only until the next call that may evict (recording,
+  /// backward, another value()): copy it (`Matrix<T> m = v.value();`) to keep it.
   MatrixView<T> value() const {
     const auto& n = node("value");
     state_->check_has_numbers("value", id_, "value");
     if (n.parameter) state_->check_parameter(id_, "value");  // a modified Parameter's storage may have moved
+    state_->materialize(id_, "value");
     return MatrixView<T>(n.value, n.shape.rows, n.shape.cols);
   }
 
@@ -56,6 +62,7 @@ class Var {
     if (n.parameter) state_->check_parameter(id_, "item");
     if (n.shape.rows != 1 || n.shape.cols != 1)
       throw shape_error("item: the value is " + to_string(n.shape) + ", not [1,1]");
+    state_->materialize(id_, "item");
     return n.value[0];
   }
 
@@ -100,7 +107,7 @@ class Var {
     if (state_->generation() != generation_)
       throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");
     const auto& n = state_->node(id_);
-    if (!n.value)
+    if (!n.value && !n.evicted)  // an evicted value (a memory budget) is regenerated when read
       throw freed_value_error(std::string(op) + ": the value of node #" + std::to_string(id_) + " was freed");
     return n;
   }

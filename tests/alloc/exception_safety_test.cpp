@@ -23,6 +23,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "blas_threads.hpp"
@@ -61,12 +62,15 @@ struct NodeState {
   std::int32_t handles, backward_reads, replay_reads;
   bool pending, extra_read, grad_assigned;
   int level;
+  bool evicted;  // under a memory budget
+  std::int32_t regen_reads, pins;
 
   bool operator==(const NodeState& o) const {
     return value == o.value && extra == o.extra && grad == o.grad && value_hash == o.value_hash &&
            grad_hash == o.grad_hash && handles == o.handles && backward_reads == o.backward_reads &&
            replay_reads == o.replay_reads && pending == o.pending && extra_read == o.extra_read &&
-           grad_assigned == o.grad_assigned && level == o.level;
+           grad_assigned == o.grad_assigned && level == o.level && evicted == o.evicted &&
+           regen_reads == o.regen_reads && pins == o.pins;
   }
 };
 
@@ -172,7 +176,8 @@ class Driver {
         const auto& n = state_->node(i);
         s.nodes.push_back({n.value, n.extra, n.grad, n.value ? hash(n.value, std::size_t(n.shape.size())) : 0,
                            n.grad ? hash(n.grad, std::size_t(n.shape.size())) : 0, n.handles, n.backward_reads,
-                           n.replay_reads, n.pending, n.extra_read, n.grad_assigned, n.level});
+                           n.replay_reads, n.pending, n.extra_read, n.grad_assigned, n.level, n.evicted, n.regen_reads,
+                           n.pins});
       }
     }
     for (remat::Parameter<float>* p : parameters_) {
@@ -192,7 +197,7 @@ class Driver {
     if (a.random_offset != b.random_offset) problem("the random offset changed");
     for (std::size_t i = 0; i < std::min(a.nodes.size(), b.nodes.size()); ++i) {
       if (!(a.nodes[i] == b.nodes[i])) problem("node #" + std::to_string(i) + " changed");
-      if (b.nodes[i].handles > 0 && !b.nodes[i].value)
+      if (b.nodes[i].handles > 0 && !b.nodes[i].value && !b.nodes[i].evicted)
         problem("node #" + std::to_string(i) + " has a handle but no value");
     }
     for (std::size_t i = 0; i < a.parameters.size(); ++i)
@@ -488,6 +493,76 @@ std::vector<Matrix<float>> w2_training(remat::Tape<float>& tape, Driver& d) {
   return out;
 }
 
+/// Two W2-like training steps, then a forward, backward with retain_graph and gradient(), on a tape under
+/// `budget` (`call`: the Driver, or Identity for the probe runs).
+template <class Call>
+std::vector<Matrix<float>> w2_steps_under_budget(remat::Tape<float>& tape, Call& d, std::size_t budget) {
+  remat_alloc_test::W2Shape shape;
+  shape.batch = 4;
+  shape.width = 8;
+  shape.hidden = 12;
+  shape.classes = 5;
+  tape.set_memory_budget(budget);
+  remat_alloc_test::W2Model model(shape);
+  if constexpr (std::is_same_v<Call, Driver>)
+    for (auto& p : model.parameters()) d.track(p);
+  std::vector<Matrix<float>> out;
+  out.emplace_back(Matrix<float>::Constant(1, 1, model.step(tape, d, 1)));
+  out.emplace_back(Matrix<float>::Constant(1, 1, model.step(tape, d, 2)));
+  V loss = model.record_forward(tape, d);
+  d("backward (retain_graph)", [&] { tape.backward(loss, true); });
+  const auto& p = model.parameter_vars();
+  std::vector<Matrix<float>> g = d("gradient", [&] {
+    return tape.gradient(loss, {p[0], p[2], p[9], p.back()}, false);
+  });
+  const remat::MemoryStats m = tape.memory();
+  EXPECT_LE(m.peak_bytes, budget);
+  out.emplace_back(Matrix<float>::Constant(1, 1, loss.item()));
+  out.emplace_back(Matrix<float>::Constant(1, 1, static_cast<float>(m.evictions)));
+  out.emplace_back(Matrix<float>::Constant(1, 1, static_cast<float>(m.rematerialized_ops)));
+  for (auto& m2 : g) out.push_back(m2);
+  for (auto& param : model.parameters()) {
+    out.emplace_back(param.value());
+    out.emplace_back(param.grad());
+  }
+  return out;
+}
+
+/// The W2-like steps under the lowest budget, in 4 % steps of the plain step's peak, at which all of them run
+/// (found by probe runs without injection): every recorded op, backward and gradient() may evict and
+/// regenerate, and each allocation event of those (the trials' reservations, the dry runs') fails in turn.
+std::vector<Matrix<float>> w2_training_under_budget(remat::Tape<float>& tape, Driver& d) {
+  static const std::size_t budget = [] {
+    Pause pause;
+    remat_alloc_test::Identity identity;
+    std::size_t peak = 0, lowest = 0;
+    {
+      remat::Tape<float> t;
+      remat_alloc_test::W2Shape shape;
+      shape.batch = 4;
+      shape.width = 8;
+      shape.hidden = 12;
+      shape.classes = 5;
+      remat_alloc_test::W2Model m(shape);
+      V loss = m.record_forward(t, identity);
+      t.backward(loss);
+      peak = t.memory().peak_bytes;
+    }
+    for (int pct = 100; pct >= 40; pct -= 4) {
+      remat::Tape<float> t;
+      try {
+        const std::vector<Matrix<float>> r = w2_steps_under_budget(t, identity, peak * pct / 100);
+        if (r[3](0, 0) > 0) lowest = peak * pct / 100;  // evicted
+      } catch (const remat::memory_budget_error&) {
+        break;
+      }
+    }
+    return lowest;
+  }();
+  EXPECT_GT(budget, 0u) << "no budget below the plain peak evicts and runs";
+  return w2_steps_under_budget(tape, d, budget);
+}
+
 /// Recording products big enough for Eigen's own GEMM (without BLAS) to malloc its packing buffers in
 /// the forward: there the failure hits an op's forward after its buffers were taken, which the tape
 /// undoes. The backward runs outside the driver: without BLAS, a product in the sweep (which cannot
@@ -519,6 +594,10 @@ TEST(StrongExceptionSafety, EveryOpInsideNestedRegionsAndBackward) {
 
 TEST(StrongExceptionSafety, W2TrainingSteps) {
   fail_every_allocation(&w2_training);
+}
+
+TEST(StrongExceptionSafety, W2TrainingStepsUnderAMemoryBudget) {
+  fail_every_allocation(&w2_training_under_budget);
 }
 
 TEST(StrongExceptionSafety, RecordingLargeProducts) {

@@ -1212,6 +1212,14 @@ struct Run {
       : tape(remat::shapes_only, tape_seed), rec(tape, /*checkpoint=*/true, /*describe=*/false) {
     record(program);
   }
+  /// The checkpointed program on a tape (shapes-only if `shapes`) under a memory budget set before recording
+  /// (tests/budget/), without an oracle graph. What the recording throws (memory_budget_error) propagates.
+  Run(const Program& program, std::uint64_t tape_seed, bool shapes, std::size_t budget, remat::EvictionHeuristic h)
+      : tape(shapes ? Tape<T>(remat::shapes_only, tape_seed) : Tape<T>(tape_seed)),
+        rec(tape, /*checkpoint=*/true, /*describe=*/false) {
+    tape.set_memory_budget(budget, h);
+    record(program);
+  }
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
 

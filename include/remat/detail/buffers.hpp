@@ -334,6 +334,7 @@ class Buffers {
   }
   /// Makes the pool hold what the last simulation found missing, all or nothing. Throws std::bad_alloc.
   void reserve_simulated() {
+    if (shapes_only_) return;  // placeholders: nothing to reserve
     std::size_t done = 0;
     try {
       for (auto& [count, c] : simulated_) {
@@ -349,6 +350,10 @@ class Buffers {
       throw;
     }
   }
+  /// True between begin_simulation() and end_simulation().
+  bool simulating() const { return simulating_; }
+  /// The live bytes at this point of the running sequence: simulated ones during a simulation.
+  std::size_t current_live_bytes() const { return simulating_ ? simulated_live_ : live_bytes_; }
   std::size_t live_bytes() const { return live_bytes_; }
   std::size_t peak_bytes() const { return peak_bytes_; }
   void reset_peak() { peak_bytes_ = live_bytes_; }

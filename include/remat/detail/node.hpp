@@ -132,6 +132,21 @@ struct Node {
   std::uint64_t output_mask = 0;  // bit d: returned by the enclosing region at depth d
   std::uint32_t mark = 0;         // scratch for region analyses (stamp of the last analysis that marked it)
 
+  // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021).
+  bool evicted = false;            // wanted by the lifetime rule but without a buffer: regenerated when read
+  std::int32_t pins = 0;           // running ops (forward, regeneration, backward) that read it now
+  std::int32_t regen_reads = 0;    // evicted values whose regeneration reads it
+  std::uint64_t last_access = 0;   // the tape's logical clock at its last read or write (staleness)
+  double cost = 0;                 // forward FLOP estimate + 1: the cost of regenerating it alone
+  std::int32_t class_parent = -1;  // union-find over evicted values (h_DTR^eq); -1: a root
+  std::int32_t class_size = 1;     // at a root: members of the class
+  double class_cost = 0;           // at a root: the summed cost of its members evicted now
+  std::int32_t first_use = -1;     // consumers, as edges id·max_inputs + k (input k of op id reads it), listed
+  std::int32_t next_use[max_inputs] = {-1, -1, -1};  // from first_use through next_use[k] of each consumer
+  std::uint32_t evict_mark = 0;                      // scratch of the eviction scans (stamp)
+  std::int8_t evict_memo = 0;                        // with evict_mark: 1 regenerable, 2 not
+  std::uint32_t class_mark = 0;                      // scratch of a heuristic's neighbourhood walk (stamp)
+
   std::shared_ptr<ParameterStorage<T>> parameter;  // a referenced Parameter (value not tape-owned)
   std::uint64_t parameter_version = 0;
   std::uint64_t parameter_assignments = 0;

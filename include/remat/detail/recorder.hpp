@@ -11,6 +11,7 @@
 
 #include "remat/detail/buffers.hpp"
 #include "remat/detail/contexts.hpp"
+#include "remat/detail/eviction.hpp"
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/detail/parameter_check.hpp"
@@ -22,14 +23,18 @@ namespace remat::detail {
 template <class T>
 class Recorder {
  public:
-  Recorder(Graph<T>& graph, Buffers<T>& buffers, Lifetime<T>& lifetime)
-      : graph_(graph), buffers_(buffers), lifetime_(lifetime) {}
+  Recorder(Graph<T>& graph, Buffers<T>& buffers, Lifetime<T>& lifetime, Evictor<T>& evictor)
+      : graph_(graph), buffers_(buffers), lifetime_(lifetime), evictor_(evictor) {}
 
   /// A leaf with an uninitialised tape-owned value (the caller fills it; if that throws, it calls
   /// remove_last_leaf()). Throws shape_error for an empty shape, std::bad_alloc; the tape is unchanged then.
   std::int32_t add_leaf(const Shape& shape, bool variable) {
     check_leaf_shape(shape, variable ? "variable" : "constant", "matrix");
     if (!graph_.open.empty()) reserve_for_close();
+    reserve_at_least(graph_.nodes, graph_.nodes.size() + 1);
+    buffers_.prepare_simulation(static_cast<std::size_t>(shape.size()));
+    const bool evicts = evictor_.needs_work(nullptr, 0, Buffers<T>::bytes(shape));
+    if (evicts) room_by_trial(variable ? "variable" : "constant", nullptr, 0, OpShapes{shape, {}, {}});
     Node<T>& n = new_leaf(shape, variable);
     try {
       leaf_room_ = buffers_.make_room(shape, Shape{});
@@ -38,7 +43,9 @@ class Recorder {
       throw;
     }
     leaf_peak_ = buffers_.peak_bytes();
-    n.value = buffers_.allocate(shape);  // cannot throw now
+    if (evicts) evictor_.make_room(Buffers<T>::bytes(shape));  // the trial's evictions
+    n.value = buffers_.allocate(shape);                        // cannot throw now
+    evictor_.touch(graph_.size() - 1);
     return graph_.size() - 1;
   }
 
@@ -80,17 +87,35 @@ class Recorder {
       reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
     }
     reserve_at_least(graph_.indices, graph_.indices.size() + index_count);
-    graph_.nodes.emplace_back();
+    reserve_at_least(graph_.nodes, graph_.nodes.size() + 1);
+    for (const Shape* s : {&shape, &shapes.extra, &shapes.scratch})
+      if (s->size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(s->size()));
+    const std::size_t need =
+        Buffers<T>::bytes(shape) + Buffers<T>::bytes(shapes.extra) + Buffers<T>::bytes(shapes.scratch);
+    // Under a memory budget, evictions and regenerations of inputs first run as a trial (throws
+    // memory_budget_error, stale_value_error, std::bad_alloc with the tape unchanged).
+    const double cost = forward_flops(table, inputs, arity, attributes, shape) + 1;  // h_DTR's cost
+    const bool evicts = evictor_.needs_work(inputs, arity, need);
+    if (evicts) room_by_trial(table->name, inputs, arity, shapes);
+    graph_.nodes.emplace_back();  // within capacity
     const std::int32_t id = graph_.size() - 1;
     typename Buffers<T>::Room room;
     try {
-      room = buffers_.make_room(shape, shapes.extra, shapes.scratch);
+      if (!evicts) room = buffers_.make_room(shape, shapes.extra, shapes.scratch);
     } catch (...) {
       graph_.nodes.pop_back();
       throw;
     }
     // Nothing below throws, except an op's forward (which should not).
     const std::size_t peak = buffers_.peak_bytes();
+    if (evicts) {
+      for (int k = 0; k < arity; ++k) {
+        evictor_.ensure(inputs[k]);
+        lifetime_.pin(inputs[k]);
+      }
+      evictor_.make_room(need);
+    }
+    for (int k = 0; k < arity; ++k) evictor_.touch(inputs[k]);
     Node<T>& n = graph_[id];
     n.op = table;
     n.arity = static_cast<std::int8_t>(arity);
@@ -104,6 +129,7 @@ class Recorder {
     n.scratch_shape = shapes.scratch;
     n.region = in_region ? graph_.open.back() : -1;
     n.drop_mask = drop_mask;
+    n.cost = cost;
     n.value = buffers_.allocate(shape);
     if (n.extra_shape.size() > 0) n.extra = buffers_.allocate(n.extra_shape);
     if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
@@ -115,12 +141,18 @@ class Recorder {
       buffers_.free(n.value, n.shape);
       buffers_.free(n.extra, n.extra_shape);
       buffers_.give_back(room);
-      buffers_.restore_peak(peak);
+      // Evictions and regenerations made for it stay (values and gradients are the same either way).
+      if (!evicts) buffers_.restore_peak(peak);
       graph_.indices.resize(static_cast<std::size_t>(n.attributes.indices_begin));
       graph_.nodes.pop_back();
+      if (evicts)
+        for (int k = 0; k < arity; ++k) lifetime_.unpin(inputs[k]);
       throw;
     }
+    evictor_.touch(id);
     commit(id);
+    if (evicts)
+      for (int k = 0; k < arity; ++k) lifetime_.unpin(inputs[k]);
     return id;
   }
 
@@ -132,6 +164,8 @@ class Recorder {
     reserve_at_least(graph_.nodes, graph_.nodes.size() + n);
     // Covers every reservation the n records make in turn (each reserve_for_close(1) and its pending holds).
     if (!graph_.open.empty()) reserve_for_close(n);
+    for (std::size_t i = 0; i < n; ++i) buffers_.prepare_simulation(static_cast<std::size_t>(outputs[i].size()));
+    if (evictor_.active()) evictor_.reserve(static_cast<std::size_t>(graph_.size()) + n);
     buffers_.make_room(outputs, n);
   }
 
@@ -213,6 +247,34 @@ class Recorder {
   }
 
  private:
+  /// Under a memory budget: the trial of recording an op on `inputs` with these buffers (make its inputs
+  /// resident, evict for its buffers), then the pool buffers the real run will take. Throws
+  /// memory_budget_error, stale_value_error (a modified Parameter a regeneration would read) or std::bad_alloc
+  /// with the tape and its pool as they were.
+  void room_by_trial(const char* what, const std::int32_t* inputs, int arity, const OpShapes& shapes) {
+    evictor_.reserve(static_cast<std::size_t>(graph_.size()));
+    evictor_.trial(what, [&] {
+      for (int k = 0; k < arity; ++k) {
+        evictor_.ensure(inputs[k]);
+        lifetime_.pin(inputs[k]);
+      }
+      evictor_.make_room(Buffers<T>::bytes(shapes.output) + Buffers<T>::bytes(shapes.extra) +
+                         Buffers<T>::bytes(shapes.scratch));
+      for (const Shape* s : {&shapes.output, &shapes.extra, &shapes.scratch}) {
+        T* p = s->size() > 0 ? buffers_.allocate(*s) : nullptr;
+        (void)p;  // counted only; the trial's end forgets it
+      }
+    });
+    buffers_.reserve_simulated();
+  }
+
+  double forward_flops(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
+                       const Shape& shape) const {
+    Shape in[max_inputs];
+    for (int k = 0; k < arity; ++k) in[k] = graph_[inputs[k]].shape;
+    return table->flops(in, arity, shape, attributes);
+  }
+
   static void check_leaf_shape(const Shape& shape, const char* op, const char* what) {
     if (shape.rows <= 0 || shape.cols <= 0)
       throw shape_error(std::string(op) + ": empty " + what + " " + to_string(shape) +
@@ -289,6 +351,11 @@ class Recorder {
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) lifetime_.add_backward_read(n.inputs[k]);
     if (n.reads & reads_output) lifetime_.add_backward_read(id);
+    for (int k = 0; k < n.arity; ++k) {  // the consumer lists the eviction heuristics walk
+      Node<T>& in = graph_[n.inputs[k]];
+      n.next_use[k] = in.first_use;
+      in.first_use = id * max_inputs + k;
+    }
     n.extra_read = (n.reads & reads_extra) != 0;
     // A level-0 input of an op some region may replay may become a source of that replay; which ones,
     // the regions say when they close.
@@ -342,6 +409,7 @@ class Recorder {
   Graph<T>& graph_;
   Buffers<T>& buffers_;
   Lifetime<T>& lifetime_;
+  Evictor<T>& evictor_;
   std::vector<std::int32_t> members_, uses_;  // scratch of close_region
   std::uint32_t stamp_ = 0;
   typename Buffers<T>::Room leaf_room_;  // what the last add_leaf() reserved, for remove_last_leaf()

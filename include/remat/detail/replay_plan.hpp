@@ -32,11 +32,12 @@ struct PresentBelowLevel {
   }
 };
 
-/// "There" while the sweep runs: currently materialized.
+/// "There" while the sweep runs: currently materialized, or evicted under a memory budget (regenerated from
+/// its inputs when read, detail/eviction.hpp).
 struct PresentNow {
   template <class T>
   bool value(const Node<T>& n) const {
-    return n.value != nullptr;
+    return n.value != nullptr || n.evicted;
   }
   template <class T>
   bool extra(const Node<T>& n) const {

@@ -4,7 +4,9 @@
 // Strong exception safety: before changing anything, the sweep runs once as a dry run (same code, kernels
 // skipped, buffers only counted) to learn how many buffers of each size it will need, and makes the pool
 // hold them. The real pass then never reaches the system allocator and cannot throw, so a std::bad_alloc
-// from a backward leaves the tape exactly as it was.
+// from a backward leaves the tape exactly as it was. Under a memory budget the dry run also makes every
+// eviction and regeneration the real pass will make (detail/eviction.hpp: the same calls, deterministic),
+// so a budget the backward cannot meet throws memory_budget_error from it, before anything changed.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 
 #include "remat/detail/buffers.hpp"
 #include "remat/detail/contexts.hpp"
+#include "remat/detail/eviction.hpp"
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/detail/replay_plan.hpp"
@@ -38,8 +41,8 @@ using GradientReadyCallbacks = std::vector<std::pair<std::size_t, std::function<
 template <class T>
 class Sweep {
  public:
-  Sweep(Graph<T>& graph, Buffers<T>& buffers, Lifetime<T>& lifetime)
-      : graph_(graph), buffers_(buffers), lifetime_(lifetime) {}
+  Sweep(Graph<T>& graph, Buffers<T>& buffers, Lifetime<T>& lifetime, Evictor<T>& evictor)
+      : graph_(graph), buffers_(buffers), lifetime_(lifetime), evictor_(evictor) {}
 
   /// Per node, filled by the caller before run(): wanted = its gradient is asked for (a gradient flows
   /// into it); keep = its gradient outlives the sweep (gradient() targets; tape variables in backward()).
@@ -54,16 +57,23 @@ class Sweep {
   /// before changing anything; cannot fail once it starts changing the tape. A gradient-ready callback that
   /// throws does not stop the sweep: the first such exception is kept (later callbacks are not called) and
   /// callback_error() returns it once the sweep has completed. On a shapes-only tape the sweep is the dry
-  /// run's pass, counted in the tape's own figures and kept (no callback is called).
-  void run(std::int32_t loss, SweepMode mode) {
+  /// run's pass, counted in the tape's own figures and kept (no callback is called). Under a memory budget
+  /// that the sweep cannot meet, throws memory_budget_error naming `what` from the dry run, before any change.
+  void run(std::int32_t loss, SweepMode mode, const char* what = "backward") {
     prepare(mode);
     if (buffers_.shapes_only()) {
+      if (evictor_.active()) {
+        simulate(loss, mode);
+        if (evictor_.failed()) evictor_.throw_failure(what);
+      }
       count_only(loss, mode);
       return;
     }
     simulate(loss, mode);
+    if (evictor_.failed()) evictor_.throw_failure(what);
     buffers_.reserve_simulated();
     pass(loss, mode);
+    assert(!evictor_.failed() && "the real pass met the budget its dry run met");
   }
 
   /// The exception the first throwing gradient-ready callback of the last run threw (null if none); clears it.
@@ -95,11 +105,6 @@ class Sweep {
     T* grad;
     bool assigned;
   };
-  struct Snapshot {
-    T *value, *extra, *grad;
-    std::int32_t backward_reads, replay_reads;
-    bool grad_assigned, extra_read;
-  };
 
   /// Everything that may allocate or throw, before the tape changes.
   void prepare(SweepMode mode) {
@@ -127,6 +132,7 @@ class Sweep {
     members_.reserve(longest);
     uses_.reserve(longest);
     snapshot_.resize(count);
+    if (evictor_.active()) evictor_.reserve(count);  // the exact heuristic's walk
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
       buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
@@ -167,14 +173,13 @@ class Sweep {
 
   /// The dry run: the same pass with kernels skipped and buffers counted, then everything put back.
   void simulate(std::int32_t loss, SweepMode mode) noexcept {
-    for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      const Node<T>& n = graph_[i];
-      snapshot_[static_cast<std::size_t>(i)] = {n.value,        n.extra,         n.grad,      n.backward_reads,
-                                                n.replay_reads, n.grad_assigned, n.extra_read};
-    }
+    for (std::int32_t i = 0; i < graph_.size(); ++i)
+      snapshot_[static_cast<std::size_t>(i)] = NodeSnapshot<T>::of(graph_[i]);
     // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
-    // reservation that fails leaves memory() as it was.
+    // reservation that fails leaves memory() as it was. The same for the evictions' counters and clock.
     const std::size_t replayed_bytes = replayed_bytes_, replayed_ops = replayed_ops_;
+    const typename Evictor<T>::Counters evictions = evictor_.counters();
+    evictor_.clear_failure();
     simulation_ = next_simulation_serial();
     buffers_.begin_simulation();
     pass(loss, mode);
@@ -182,17 +187,8 @@ class Sweep {
     simulation_ = 0;
     replayed_bytes_ = replayed_bytes;
     replayed_ops_ = replayed_ops;
-    for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      Node<T>& n = graph_[i];
-      const Snapshot& s = snapshot_[static_cast<std::size_t>(i)];
-      n.value = s.value;
-      n.extra = s.extra;
-      n.grad = s.grad;
-      n.backward_reads = s.backward_reads;
-      n.replay_reads = s.replay_reads;
-      n.grad_assigned = s.grad_assigned;
-      n.extra_read = s.extra_read;
-    }
+    evictor_.restore(evictions);
+    for (std::int32_t i = 0; i < graph_.size(); ++i) snapshot_[static_cast<std::size_t>(i)].restore(graph_[i]);
     stash_.clear();
   }
 
@@ -250,7 +246,10 @@ class Sweep {
 
   void seed(std::int32_t loss) noexcept {
     Node<T>& l = graph_[loss];
-    if (!l.grad) l.grad = buffers_.allocate(l.shape);
+    if (!l.grad) {
+      evictor_.make_room(Buffers<T>::bytes(l.shape));
+      l.grad = buffers_.allocate(l.shape);
+    }
     if (!simulating()) l.grad[0] = l.grad_assigned ? l.grad[0] + T(1) : T(1);
     l.grad_assigned = true;
   }
@@ -262,40 +261,48 @@ class Sweep {
   }
 
   /// Regenerates the values of region r that are needed at its level and missing, by re-running the
-  /// recorded ops (never the user's function); transients go after their last use.
+  /// recorded ops (never the user's function); transients go after their last use, pinned until then (so
+  /// that an eviction leaves them). An evicted value counts as there: it is regenerated when read.
   void replay(const Region& r) noexcept {
     uses_.assign(static_cast<std::size_t>(r.end - r.begin), 0);  // within capacity
     plan_replay(graph_, r, PresentNow{}, members_, uses_);
     for (std::int32_t u : members_) {
-      Node<T>& n = graph_[u];
-      if (!n.value) n.value = buffers_.allocate(n.shape);
-      if (n.extra_shape.size() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
-      if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
-      if (!simulating()) n.op->forward(ForwardContext<T>{graph_, n});
-      buffers_.free(n.scratch, n.scratch_shape);
+      const Node<T>& n = graph_[u];
+      evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
       ++replayed_ops_;
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
         if (w < r.begin) continue;
         std::int32_t& left = uses_[static_cast<std::size_t>(w - r.begin)];
-        if (left > 0 && --left == 0) lifetime_.settle(w);
+        if (left > 0 && --left == 0) lifetime_.unpin(w);
       }
-      if (uses_[static_cast<std::size_t>(u - r.begin)] == 0) lifetime_.settle(u);
+      if (uses_[static_cast<std::size_t>(u - r.begin)] > 0)
+        lifetime_.pin(u);
+      else
+        lifetime_.settle(u);
     }
   }
 
   void sweep_op(std::int32_t i, SweepMode mode) noexcept {
     Node<T>& n = graph_[i];
     if (n.grad && wanted[static_cast<std::size_t>(i)]) {
+      pin_residuals(i);
       assert(residuals_present(n) && "a residual was freed before its backward ran");
       for (int k = 0; k < n.arity; ++k) {
         Node<T>& in = graph_[n.inputs[k]];
-        if (wanted[static_cast<std::size_t>(n.inputs[k])] && !in.grad) in.grad = buffers_.allocate(in.shape);
+        if (wanted[static_cast<std::size_t>(n.inputs[k])] && !in.grad) {
+          evictor_.make_room(Buffers<T>::bytes(in.shape));
+          in.grad = buffers_.allocate(in.shape);
+        }
       }
-      if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
+      if (n.scratch_shape.size() > 0) {
+        evictor_.make_room(Buffers<T>::bytes(n.scratch_shape));
+        n.scratch = buffers_.allocate(n.scratch_shape);
+      }
       if (!simulating()) n.op->backward(BackwardContext<T>{graph_, n, wanted.data()});
       buffers_.free(n.scratch, n.scratch_shape);
+      unpin_residuals(i);
     }
     if (!keep[static_cast<std::size_t>(i)]) free_grad(n);
     if (mode.retain_graph || !n.requires_grad) return;
@@ -303,6 +310,26 @@ class Sweep {
       if (n.reads & reads_input(k)) lifetime_.release_backward_read(n.inputs[k]);
     if (n.reads & reads_output) lifetime_.release_backward_read(i);
     if (n.extra_read) lifetime_.release_extra_read(i);
+  }
+
+  /// The values node i's backward reads, made resident (regenerated if evicted) and pinned while it runs.
+  void pin_residuals(std::int32_t i) noexcept {
+    const Node<T>& n = graph_[i];
+    for (int k = 0; k < n.arity; ++k)
+      if (n.reads & reads_input(k)) {
+        evictor_.ensure(n.inputs[k]);
+        lifetime_.pin(n.inputs[k]);
+      }
+    if (n.reads & reads_output) {
+      evictor_.ensure(i);
+      lifetime_.pin(i);
+    }
+  }
+  void unpin_residuals(std::int32_t i) noexcept {
+    const Node<T>& n = graph_[i];
+    for (int k = 0; k < n.arity; ++k)
+      if (n.reads & reads_input(k)) lifetime_.unpin(n.inputs[k]);
+    if (n.reads & reads_output) lifetime_.unpin(i);
   }
 
   bool residuals_present(const Node<T>& n) const {
@@ -388,9 +415,10 @@ class Sweep {
   Graph<T>& graph_;
   Buffers<T>& buffers_;
   Lifetime<T>& lifetime_;
+  Evictor<T>& evictor_;
   std::vector<std::int32_t> entering_, leaving_;  // regions by the order the sweep enters / leaves them
   std::vector<std::int32_t> members_, uses_;      // replay scratch
-  std::vector<Snapshot> snapshot_;
+  std::vector<NodeSnapshot<T>> snapshot_;
   std::vector<Stashed> stash_;
   std::vector<std::int32_t> first_leaf_;   // per node, see prepare_ready_callbacks
   std::vector<std::uint8_t> contributed_;  // per earliest leaf: got a gradient

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
+#include "remat/detail/eviction.hpp"
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/detail/parameter_check.hpp"
@@ -109,6 +110,29 @@ class TapeState {
   std::vector<std::int32_t>& output_scratch() { return outputs_; }
   int open_depth() const { return graph_.open_depth(); }
 
+  // ---- the memory budget (detail/eviction.hpp) ----
+  void set_memory_budget(std::size_t bytes, EvictionHeuristic heuristic) {
+    check_not_in_callback("set_memory_budget");
+    evictor_.set_budget(bytes, heuristic);
+  }
+  std::size_t memory_budget() const { return evictor_.budget(); }
+  EvictionHeuristic eviction_heuristic() const { return evictor_.heuristic(); }
+
+  /// Makes node `id`'s value resident for a read by `op` (Var::value(), item()): regenerates it if it was
+  /// evicted. Throws memory_budget_error, stale_value_error, std::bad_alloc with the tape unchanged.
+  void materialize(std::int32_t id, const char* op) {
+    Node<T>& n = graph_[id];
+    if (n.value || !n.evicted) {
+      if (n.value) evictor_.touch(id);
+      return;
+    }
+    check_not_in_callback(op);
+    evictor_.reserve(static_cast<std::size_t>(graph_.size()));
+    evictor_.trial(op, [&] { evictor_.ensure(id); });
+    buffers_.reserve_simulated();
+    evictor_.ensure(id);
+  }
+
   // ---- nodes, for Var and Tape ----
   const Node<T>& node(std::int32_t id) const { return graph_[id]; }
   std::int32_t size() const { return graph_.size(); }
@@ -139,6 +163,19 @@ class TapeState {
     }
     check_not_in_callback("Var::grad");
     if (!n.grad) {
+      buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
+      const std::size_t bytes = Buffers<T>::bytes(n.shape);
+      const bool evicts = evictor_.needs_work(nullptr, 0, bytes);
+      if (evicts) {
+        evictor_.reserve(static_cast<std::size_t>(graph_.size()));
+        evictor_.trial("grad", [&] {
+          evictor_.make_room(bytes);
+          T* p = buffers_.allocate(n.shape);
+          (void)p;  // counted only
+        });
+        buffers_.reserve_simulated();
+        evictor_.make_room(bytes);
+      }
       n.grad = buffers_.allocate(n.shape);
       std::fill(n.grad, n.grad + n.shape.size(), T(0));
       n.grad_assigned = false;  // zeros: the next backward may assign
@@ -169,7 +206,8 @@ class TapeState {
                               ": the residuals were freed by the previous backward; pass retain_graph = true to the "
                               "first backward to run another one, or record the forward pass again");
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      if (graph_[i].holds() > 0) check_parameter_current(graph_, i, op);
+      // Under a budget, a regeneration may read any Parameter whose value the tape refers to now.
+      if (graph_[i].holds() > 0 || (evictor_.active() && graph_[i].value)) check_parameter_current(graph_, i, op);
       if (to_parameters) check_parameter_not_reassigned(graph_, i, op);
     }
   }
@@ -231,7 +269,7 @@ class TapeState {
         w = sweep_.wanted[static_cast<std::size_t>(n.inputs[k])] != 0;
       sweep_.wanted[static_cast<std::size_t>(i)] = w;
     }
-    sweep_.run(loss, SweepMode{retain_graph, false});
+    sweep_.run(loss, SweepMode{retain_graph, false}, "gradient");
     for (std::size_t k = 0; k < targets.size(); ++k) {
       const Node<T>& n = graph_[targets[k]];
       if (n.grad)
@@ -256,6 +294,7 @@ class TapeState {
     graph_.indices.clear();
     ++generation_;
     residuals_freed_ = false;
+    evictor_.reset_counters();
     buffers_.reset_peak();
   }
   /// Drops every open region and node (the Tape is being destroyed) and returns cached buffers.
@@ -280,6 +319,10 @@ class TapeState {
     m.replayed_bytes = sweep_.replayed_bytes();
     m.replayed_ops = sweep_.replayed_ops();
     m.cached_bytes = buffers_.cached_bytes();
+    const typename Evictor<T>::Counters c = evictor_.counters();
+    m.evictions = c.evictions;
+    m.rematerialized_ops = c.ops;
+    m.rematerialized_bytes = c.bytes;
     return m;
   }
 
@@ -430,6 +473,8 @@ class TapeState {
     const Node<T>& n = graph_[id];
     std::string why;
     if (n.replay_reads > 0) why = read_by_enclosing_replay(id) ? "allowed by policy, read by a replay" : "region input";
+    if (why.empty() && n.regen_reads > 0 && !(n.holds() > 0 && n.level <= lifetime_.level()))
+      why = "read by the regeneration of an evicted value";
     if (why.empty()) {
       if (n.region < 0)
         why = "outside any region";
@@ -453,8 +498,9 @@ class TapeState {
   Graph<T> graph_;
   Buffers<T> buffers_;
   Lifetime<T> lifetime_{graph_, buffers_};
-  Recorder<T> recorder_{graph_, buffers_, lifetime_};
-  Sweep<T> sweep_{graph_, buffers_, lifetime_};
+  Evictor<T> evictor_{graph_, buffers_, lifetime_};
+  Recorder<T> recorder_{graph_, buffers_, lifetime_, evictor_};
+  Sweep<T> sweep_{graph_, buffers_, lifetime_, evictor_};
   std::vector<std::int32_t> outputs_;
   GradientReadyCallbacks<T> ready_callbacks_;
   std::size_t next_callback_key_ = 1;

@@ -1,0 +1,317 @@
+// One training step of W1 and W2 (shared/DESIGN.md) under a memory budget of 50 % and 25 % of the plain
+// step's measured peak, by three means: the tape's runtime budget (Tape::set_memory_budget, Dynamic Tensor
+// Rematerialization, Kirisame et al. 2021) with each eviction heuristic; checkpoint_sequential with the
+// segment count whose peak is the largest at or below the budget (found with the shapes-only tape, whose
+// figures are the real run's); and checkpoint_sequential_auto's plan for the budget (planned once, then run
+// with run_schedule). After timing, one instrumented step reports the measured peak, the ops recomputed
+// (DTR's regenerations + checkpoint replays) and their ratio to the step's recorded ops N, and checks the
+// gradients bitwise against the plain step's.
+//
+//   build/bench/budget_step --benchmark_counters_tabular=true
+//
+// Do not time it on a busy machine (bench/RESULTS.md, method).
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+#include <remat/schedule/checkpoint_sequential.hpp>
+#include <remat/schedule/checkpoint_sequential_auto.hpp>
+
+#include "context.hpp"
+#include "workloads.hpp"
+
+namespace bench {
+
+void set_threads(int threads) {
+  remat::set_num_threads(threads);
+}
+
+namespace {
+
+using V = remat::Var<float>;
+using remat::Parameter;
+
+/// How the chain of layers (W2: blocks) is recorded.
+struct Runner {
+  enum Kind { plain, sequential, schedule, plan } kind = plain;
+  int segments = 1;
+  const remat::Schedule* planned = nullptr;
+  std::size_t budget = 0;
+  remat::AutoScheduleReport* report = nullptr;
+
+  template <class Layers>
+  V operator()(const Layers& layers, V x) const {
+    switch (kind) {
+      case sequential:
+        return remat::checkpoint_sequential(layers, segments, x);
+      case schedule:
+        return remat::run_schedule(layers, *planned, x);
+      case plan:
+        return remat::checkpoint_sequential_auto(layers, x, budget, report);
+      case plain:
+        break;
+    }
+    for (const auto& layer : layers) x = layer(x);
+    return x;
+  }
+};
+
+/// W1 (tanh(linear) layers) or W2 (pre-norm MLP blocks) on a tape of the given kind, with Parameters.
+template <class W>
+class Model {
+ public:
+  explicit Model(const Data& data, bool shapes = false)
+      : data_(data), tape_(shapes ? remat::Tape<float>(remat::shapes_only) : remat::Tape<float>()) {
+    for (const Affine& a : data.affine) {
+      weight_.emplace_back(a.weight);
+      bias_.emplace_back(a.bias);
+    }
+    for (const Affine& a : data.norm) {
+      gain_.emplace_back(a.weight);
+      shift_.emplace_back(a.bias);
+    }
+  }
+
+  remat::Tape<float>& tape() { return tape_; }
+
+  /// One step: zero_grad, record, backward. Returns the number of recorded ops (N).
+  std::size_t step(const Runner& run) {
+    tape_.clear();
+    for (auto* list : {&weight_, &bias_, &gain_, &shift_})
+      for (Parameter<float>& p : *list) p.zero_grad();
+    w_.clear();
+    b_.clear();
+    g_.clear();
+    s_.clear();
+    for (std::size_t i = 0; i < weight_.size(); ++i) {
+      w_.push_back(tape_.variable(weight_[i]));
+      b_.push_back(tape_.variable(bias_[i]));
+    }
+    for (std::size_t i = 0; i < gain_.size(); ++i) {
+      g_.push_back(tape_.variable(gain_[i]));
+      s_.push_back(tape_.variable(shift_[i]));
+    }
+    V loss = record(run, tape_.constant(data_.x));
+    std::size_t ops = 0;
+    for (std::int32_t i = 0; i < loss.state()->size(); ++i) ops += loss.state()->node(i).is_leaf() ? 0 : 1;
+    tape_.backward(loss);
+    return ops;
+  }
+
+  std::vector<remat::Matrix<float>> gradients() const {
+    std::vector<remat::Matrix<float>> g;
+    for (const auto* list : {&weight_, &bias_, &gain_, &shift_})
+      for (const Parameter<float>& p : *list) g.emplace_back(p.grad());
+    return g;
+  }
+
+ private:
+  V record(const Runner& run, V x) {
+    if constexpr (is_mlp<W>) {
+      auto layer = [this](std::size_t l) {
+        return [this, l](V h) { return remat::tanh(remat::linear(h, w_[l], b_[l])); };
+      };
+      std::vector<decltype(layer(0))> layers;
+      for (std::size_t l = 0; l + 1 < w_.size(); ++l) layers.push_back(layer(l));
+      V h = run(layers, x);
+      return remat::cross_entropy(remat::linear(h, w_.back(), b_.back()), data_.labels);
+    } else {
+      auto block = [this](std::size_t i) {
+        return [this, i](V h) {
+          V inner = remat::gelu(remat::linear(remat::layer_norm(h, g_[i], s_[i]), w_[2 * i], b_[2 * i]));
+          return h + remat::linear(inner, w_[2 * i + 1], b_[2 * i + 1]);
+        };
+      };
+      std::vector<decltype(block(0))> blocks;
+      for (std::size_t i = 0; i + 1 < g_.size(); ++i) blocks.push_back(block(i));
+      V h = run(blocks, x);
+      V logits = remat::linear(remat::layer_norm(h, g_.back(), s_.back()), w_.back(), b_.back());
+      return remat::cross_entropy(logits, data_.labels);
+    }
+  }
+
+  const Data& data_;
+  std::vector<Parameter<float>> weight_, bias_, gain_, shift_;
+  remat::Tape<float> tape_;
+  std::vector<V> w_, b_, g_, s_;
+};
+
+template <class W>
+Index chain_length() {
+  if constexpr (is_mlp<W>)
+    return W::shape.layers;
+  else
+    return W::shape.blocks;
+}
+
+/// The plain step's peak and gradients, once per workload and thread count (OpenBLAS's products are
+/// bitwise reproducible only at a fixed thread count, docs/design.md §6).
+struct Plain {
+  std::size_t peak = 0;
+  std::vector<remat::Matrix<float>> gradients;
+};
+template <class W>
+const Plain& plain(const Data& data, int threads) {
+  static std::map<int, Plain> cache;
+  auto found = cache.find(threads);
+  if (found == cache.end()) {
+    Model<W> m(data);
+    m.step(Runner{});
+    found = cache.emplace(threads, Plain{m.tape().memory().peak_bytes, m.gradients()}).first;
+  }
+  return found->second;
+}
+
+enum class Means { dtr, dtr_eq, local, sequential, planner };
+const char* means_name(Means m) {
+  switch (m) {
+    case Means::dtr:
+      return "dtr_h_DTR";
+    case Means::dtr_eq:
+      return "dtr_h_DTR_eq";
+    case Means::local:
+      return "dtr_h_local";
+    case Means::sequential:
+      return "checkpoint_sequential";
+    case Means::planner:
+      return "checkpoint_sequential_auto";
+  }
+  return "?";
+}
+
+/// The segment count whose step peak (counted on a shapes-only tape: the real run's figure) is the largest
+/// at or below `budget`; 0 if none is.
+template <class W>
+int segments_for(const Data& data, std::size_t budget) {
+  int best = 0;
+  std::size_t best_peak = 0;
+  for (int s = 1; s <= chain_length<W>(); ++s) {
+    Model<W> m(data, /*shapes=*/true);
+    Runner r;
+    r.kind = Runner::sequential;
+    r.segments = s;
+    m.step(r);
+    const std::size_t peak = m.tape().memory().peak_bytes;
+    if (peak <= budget && peak > best_peak) {
+      best = s;
+      best_peak = peak;
+    }
+  }
+  return best;
+}
+
+bool bitwise_equal(const std::vector<remat::Matrix<float>>& a, const std::vector<remat::Matrix<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].rows() != b[i].rows() || a[i].cols() != b[i].cols() ||
+        std::memcmp(a[i].data(), b[i].data(), std::size_t(a[i].size()) * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+template <class W>
+void budget_step(benchmark::State& state, Means means, double fraction) {
+  const int threads = static_cast<int>(state.range(0));
+  set_threads(threads);
+  static const Data data = make_data(W::shape);
+  const Plain& reference = plain<W>(data, threads);
+  const auto budget = static_cast<std::size_t>(fraction * static_cast<double>(reference.peak));
+  Model<W> model(data);
+  Runner run;
+  remat::Schedule schedule;
+  switch (means) {
+    case Means::dtr:
+    case Means::dtr_eq:
+    case Means::local:
+      model.tape().set_memory_budget(budget, means == Means::dtr      ? remat::EvictionHeuristic::dtr
+                                             : means == Means::dtr_eq ? remat::EvictionHeuristic::dtr_eq
+                                                                      : remat::EvictionHeuristic::local);
+      break;
+    case Means::sequential:
+      run.kind = Runner::sequential;
+      run.segments = segments_for<W>(data, budget);
+      if (run.segments == 0) {
+        state.SkipWithError("no segment count of checkpoint_sequential keeps the peak within the budget");
+        return;
+      }
+      break;
+    case Means::planner: {
+      remat::AutoScheduleReport report;
+      Runner probe;
+      probe.kind = Runner::plan;
+      probe.budget = budget;
+      probe.report = &report;
+      try {
+        model.step(probe);
+      } catch (const remat::memory_budget_error& e) {
+        state.SkipWithError(e.what());
+        return;
+      }
+      schedule = report.schedule;
+      run.kind = Runner::schedule;
+      run.planned = &schedule;
+      break;
+    }
+  }
+  try {
+    model.step(run);  // warm-up: fills the pool
+  } catch (const remat::memory_budget_error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  for (auto _ : state) model.step(run);
+  const std::size_t ops = model.step(run);  // instrumented
+  const remat::MemoryStats m = model.tape().memory();
+  const double recomputed = static_cast<double>(m.rematerialized_ops + m.replayed_ops);
+  state.counters["budget_bytes"] = static_cast<double>(budget);
+  state.counters["plain_peak_bytes"] = static_cast<double>(reference.peak);
+  state.counters["peak_bytes"] = static_cast<double>(m.peak_bytes);
+  state.counters["recomputed_ops"] = recomputed;
+  state.counters["N"] = static_cast<double>(ops);
+  state.counters["recomputed_per_N"] = recomputed / static_cast<double>(ops);
+  state.counters["evictions"] = static_cast<double>(m.evictions);
+  if (means == Means::sequential) state.counters["segments"] = run.segments;
+  state.SetLabel(means_name(means));
+  // DTR's promise is the peak; the schedules bound only their chain (the head and the loss come after it).
+  state.counters["within_budget"] = m.peak_bytes <= budget ? 1 : 0;
+  const bool dtr = means == Means::dtr || means == Means::dtr_eq || means == Means::local;
+  if (dtr && m.peak_bytes > budget) state.SkipWithError("the measured peak exceeds the budget");
+  if (!bitwise_equal(model.gradients(), reference.gradients))
+    state.SkipWithError("gradients differ from the plain step's");
+}
+
+template <class W>
+void register_workload() {
+  // W1 fails at both with memory_budget_error, by every means: its peak is the end of the backward, where
+  // its weight gradients (66.7 MB of the 70.9 MB) are live together, and no recomputation shrinks them.
+  for (double fraction : {0.5, 0.25})
+    for (Means means : {Means::dtr, Means::dtr_eq, Means::local, Means::sequential, Means::planner}) {
+      const std::string name = std::string("budget_step/") + W::name + "/" + means_name(means) + "/budget_" +
+                               std::to_string(static_cast<int>(std::lround(fraction * 100))) + "pct";
+      benchmark::RegisterBenchmark(name.c_str(), budget_step<W>, means, fraction)
+          ->ArgName("threads")
+          ->Arg(1)
+          ->Arg(2)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+}
+
+}  // namespace
+}  // namespace bench
+
+int main(int argc, char** argv) {
+  bench::add_blas_context();
+  bench::register_workload<bench::W1>();
+  bench::register_workload<bench::W2>();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

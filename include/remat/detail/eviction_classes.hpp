@@ -1,0 +1,56 @@
+// The equivalence classes of h_DTR^eq (Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021, §4):
+// a union-find over evicted values in which adjacent evicted values (one an input of the other's op) share
+// a class whose cost is the summed regeneration cost of its members evicted now. The class of an evicted
+// neighbour stands for the paper's evicted neighbourhood e*(t) without walking it. As in the paper, a class
+// is never split: a member that is regenerated only takes its cost out of it.
+//
+// Union by size without path compression, so that a trial (the dry run of an allocation, detail/eviction.hpp)
+// is undone by restoring the fields it changed: compression would rewrite parents a restore cannot know of.
+#pragma once
+
+#include <cstdint>
+
+#include "remat/detail/node.hpp"
+
+namespace remat::detail {
+
+template <class T>
+std::int32_t class_root(const Graph<T>& graph, std::int32_t id) {
+  while (graph[id].class_parent >= 0) id = graph[id].class_parent;
+  return id;
+}
+
+/// Merges the classes of `a` and `b`; the larger class's root (the smaller id on a tie) stays the root.
+template <class T>
+void join_classes(Graph<T>& graph, std::int32_t a, std::int32_t b) noexcept {
+  a = class_root(graph, a);
+  b = class_root(graph, b);
+  if (a == b) return;
+  Node<T>&na = graph[a], &nb = graph[b];
+  const bool a_stays = na.class_size != nb.class_size ? na.class_size > nb.class_size : a < b;
+  Node<T>& root = a_stays ? na : nb;
+  Node<T>& child = a_stays ? nb : na;
+  child.class_parent = a_stays ? a : b;
+  root.class_size += child.class_size;
+  root.class_cost += child.class_cost;
+  child.class_cost = 0;
+}
+
+/// Node `id` was evicted: its cost joins its class, which merges with the class of every evicted neighbour.
+template <class T>
+void enter_class(Graph<T>& graph, std::int32_t id) noexcept {
+  graph[class_root(graph, id)].class_cost += graph[id].cost;
+  const Node<T>& n = graph[id];
+  for (int k = 0; k < n.arity; ++k)
+    if (graph[n.inputs[k]].evicted) join_classes(graph, id, n.inputs[k]);
+  for (std::int32_t e = n.first_use; e >= 0; e = graph[e / max_inputs].next_use[e % max_inputs])
+    if (graph[e / max_inputs].evicted) join_classes(graph, id, e / max_inputs);
+}
+
+/// Node `id` is no longer evicted (regenerated, or no longer wanted): its cost leaves its class.
+template <class T>
+void leave_class(Graph<T>& graph, std::int32_t id) noexcept {
+  graph[class_root(graph, id)].class_cost -= graph[id].cost;
+}
+
+}  // namespace remat::detail
