@@ -3,11 +3,13 @@
 // Rematerialization, Kirisame et al. 2021) with each eviction heuristic; checkpoint_sequential with the
 // segment count whose peak is the largest at or below the budget (found with the shapes-only tape, whose
 // figures are the real run's); and checkpoint_sequential_auto's plan for the budget (planned once, then run
-// with run_schedule). After timing, one instrumented step reports the measured peak, the ops recomputed
-// (DTR's regenerations + checkpoint replays) and their ratio to the step's recorded ops N, and checks the
+// with run_schedule); and the plain step without a budget, the reference row. Each layer records its
+// Parameters where it uses them (Model::weight). After timing, one instrumented step reports the measured peak, the ops
+// recomputed (DTR's regenerations + checkpoint replays) and their ratio to the step's recorded ops N, and checks the
 // gradients bitwise against the plain step's.
 //
 //   build/bench/budget_step --benchmark_counters_tabular=true
+//   bench/run_budget.sh [build-dir] [repetitions]: the idle-machine run of docs/schedules.md's table
 //
 // Do not time it on a busy machine (bench/RESULTS.md, method).
 #include <benchmark/benchmark.h>
@@ -84,18 +86,6 @@ class Model {
     tape_.clear();
     for (auto* list : {&weight_, &bias_, &gain_, &shift_})
       for (Parameter<float>& p : *list) p.zero_grad();
-    w_.clear();
-    b_.clear();
-    g_.clear();
-    s_.clear();
-    for (std::size_t i = 0; i < weight_.size(); ++i) {
-      w_.push_back(tape_.variable(weight_[i]));
-      b_.push_back(tape_.variable(bias_[i]));
-    }
-    for (std::size_t i = 0; i < gain_.size(); ++i) {
-      g_.push_back(tape_.variable(gain_[i]));
-      s_.push_back(tape_.variable(shift_[i]));
-    }
     V loss = record(run, tape_.constant(data_.x));
     std::size_t ops = 0;
     for (std::int32_t i = 0; i < loss.state()->size(); ++i) ops += loss.state()->node(i).is_leaf() ? 0 : 1;
@@ -111,26 +101,37 @@ class Model {
   }
 
  private:
+  // Each layer records its Parameters where it uses them, so the sweep hands each weight gradient to its
+  // Parameter as soon as it passes that layer (docs/design.md §2.4). Recorded all before the forward pass,
+  // every weight gradient stays on the tape until the backward ends: W1's peak is then its 66.7 MB of weight
+  // gradients, which no budget can shrink.
+  V weight(std::size_t i) { return tape_.variable(weight_[i]); }
+  V bias(std::size_t i) { return tape_.variable(bias_[i]); }
+  V gain(std::size_t i) { return tape_.variable(gain_[i]); }
+  V shift(std::size_t i) { return tape_.variable(shift_[i]); }
+
   V record(const Runner& run, V x) {
     if constexpr (is_mlp<W>) {
       auto layer = [this](std::size_t l) {
-        return [this, l](V h) { return remat::tanh(remat::linear(h, w_[l], b_[l])); };
+        return [this, l](V h) { return remat::tanh(remat::linear(h, weight(l), bias(l))); };
       };
       std::vector<decltype(layer(0))> layers;
-      for (std::size_t l = 0; l + 1 < w_.size(); ++l) layers.push_back(layer(l));
+      for (std::size_t l = 0; l + 1 < weight_.size(); ++l) layers.push_back(layer(l));
       V h = run(layers, x);
-      return remat::cross_entropy(remat::linear(h, w_.back(), b_.back()), data_.labels);
+      const std::size_t last = weight_.size() - 1;
+      return remat::cross_entropy(remat::linear(h, weight(last), bias(last)), data_.labels);
     } else {
       auto block = [this](std::size_t i) {
         return [this, i](V h) {
-          V inner = remat::gelu(remat::linear(remat::layer_norm(h, g_[i], s_[i]), w_[2 * i], b_[2 * i]));
-          return h + remat::linear(inner, w_[2 * i + 1], b_[2 * i + 1]);
+          V inner = remat::gelu(remat::linear(remat::layer_norm(h, gain(i), shift(i)), weight(2 * i), bias(2 * i)));
+          return h + remat::linear(inner, weight(2 * i + 1), bias(2 * i + 1));
         };
       };
       std::vector<decltype(block(0))> blocks;
-      for (std::size_t i = 0; i + 1 < g_.size(); ++i) blocks.push_back(block(i));
+      for (std::size_t i = 0; i + 1 < gain_.size(); ++i) blocks.push_back(block(i));
       V h = run(blocks, x);
-      V logits = remat::linear(remat::layer_norm(h, g_.back(), s_.back()), w_.back(), b_.back());
+      const std::size_t last = gain_.size() - 1, last_weight = weight_.size() - 1;
+      V logits = remat::linear(remat::layer_norm(h, gain(last), shift(last)), weight(last_weight), bias(last_weight));
       return remat::cross_entropy(logits, data_.labels);
     }
   }
@@ -138,7 +139,6 @@ class Model {
   const Data& data_;
   std::vector<Parameter<float>> weight_, bias_, gain_, shift_;
   remat::Tape<float> tape_;
-  std::vector<V> w_, b_, g_, s_;
 };
 
 template <class W>
@@ -167,9 +167,11 @@ const Plain& plain(const Data& data, int threads) {
   return found->second;
 }
 
-enum class Means { dtr, dtr_eq, local, sequential, planner };
+enum class Means { plain, dtr, dtr_eq, local, sequential, planner };
 const char* means_name(Means m) {
   switch (m) {
+    case Means::plain:
+      return "plain";
     case Means::dtr:
       return "dtr_h_DTR";
     case Means::dtr_eq:
@@ -225,6 +227,8 @@ void budget_step(benchmark::State& state, Means means, double fraction) {
   Runner run;
   remat::Schedule schedule;
   switch (means) {
+    case Means::plain:  // no budget: the reference row
+      break;
     case Means::dtr:
     case Means::dtr_eq:
     case Means::local:
@@ -286,20 +290,23 @@ void budget_step(benchmark::State& state, Means means, double fraction) {
 }
 
 template <class W>
+void register_one(const std::string& name, Means means, double fraction) {
+  benchmark::RegisterBenchmark(name.c_str(), budget_step<W>, means, fraction)
+      ->ArgName("threads")
+      ->Arg(1)
+      ->Arg(2)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
+template <class W>
 void register_workload() {
-  // W1 fails at both with memory_budget_error, by every means: its peak is the end of the backward, where
-  // its weight gradients (66.7 MB of the 70.9 MB) are live together, and no recomputation shrinks them.
+  register_one<W>(std::string("budget_step/") + W::name + "/plain/budget_none", Means::plain, 1.0);
   for (double fraction : {0.5, 0.25})
-    for (Means means : {Means::dtr, Means::dtr_eq, Means::local, Means::sequential, Means::planner}) {
-      const std::string name = std::string("budget_step/") + W::name + "/" + means_name(means) + "/budget_" +
-                               std::to_string(static_cast<int>(std::lround(fraction * 100))) + "pct";
-      benchmark::RegisterBenchmark(name.c_str(), budget_step<W>, means, fraction)
-          ->ArgName("threads")
-          ->Arg(1)
-          ->Arg(2)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
-    }
+    for (Means means : {Means::dtr, Means::dtr_eq, Means::local, Means::sequential, Means::planner})
+      register_one<W>(std::string("budget_step/") + W::name + "/" + means_name(means) + "/budget_" +
+                          std::to_string(static_cast<int>(std::lround(fraction * 100))) + "pct",
+                      means, fraction);
 }
 
 }  // namespace
