@@ -443,3 +443,26 @@ TEST(AdversarialBudget, CustomOpThrowingUnderABudgetLeavesTheTapeAsItWas) {
 }
 
 }  // namespace adversarial_budget_test
+
+// An op reading a value evicted under a budget, after the budget was set to 0: the op regenerates it (it read a
+// null buffer before the fix, a SIGSEGV), and the result is bitwise the unbudgeted one.
+TEST(AdversarialBudget, OpReadingEvictedValueAfterBudgetZero) {
+  const std::size_t v = 4 * 8 * sizeof(double);
+  auto run = [&](bool budget) {
+    remat::Tape<double> tape;
+    if (budget) tape.set_memory_budget(3 * v);
+    auto x = tape.constant(remat_test::random_matrix<double>(4, 8, 41));
+    remat::Var<double> a = remat::sin(x);
+    remat::Var<double> y = a;
+    for (int i = 0; i < 6; ++i) y = remat::sin(y);
+    if (budget) {
+      EXPECT_GT(tape.memory().evictions, 0u);
+      tape.set_memory_budget(0);
+    }
+    remat::Matrix<double> s = remat::add(y, a).value();
+    return s;
+  };
+  const remat::Matrix<double> plain = run(false), budgeted = run(true);
+  ASSERT_EQ(plain.size(), budgeted.size());
+  EXPECT_EQ(std::memcmp(plain.data(), budgeted.data(), sizeof(double) * static_cast<std::size_t>(plain.size())), 0);
+}

@@ -143,11 +143,12 @@ class Evictor {
   }
 
   /// Whether an op reading `inputs` and allocating `bytes` needs evictions or regenerations.
+  /// An evicted input needs regenerating even with no budget now: set_memory_budget(0) leaves what was
+  /// evicted evicted, and an op reading it would read no buffer. Without evictions every input is resident.
   bool needs_work(const std::int32_t* inputs, int arity, std::size_t bytes) const {
-    if (!active()) return false;
     for (int k = 0; k < arity; ++k)
       if (!graph_[inputs[k]].value) return true;
-    return buffers_.current_live_bytes() + bytes > budget_;
+    return active() && buffers_.current_live_bytes() + bytes > budget_;
   }
 
   /// One tick of the logical clock: node `id` is read or written now.
