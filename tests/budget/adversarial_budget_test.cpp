@@ -151,8 +151,9 @@ std::function<Step<T>()> block_step(int regions) {
         else if (regions == 2)
           h = remat::checkpoint(layer, remat::policies::dots_saveable)(h);
         else
-          h = remat::checkpoint([=](Var<T> v) { return remat::checkpoint(layer, remat::policies::nothing_saveable)(layer(v)); },
-                                remat::policies::save_only_these_names({"q"}))(h);
+          h = remat::checkpoint(
+              [=](Var<T> v) { return remat::checkpoint(layer, remat::policies::nothing_saveable)(layer(v)); },
+              remat::policies::save_only_these_names({"q"}))(h);
       }
       return remat::cross_entropy(h, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
     };
@@ -241,9 +242,8 @@ TEST(AdversarialBudget, BudgetLoweredBelowLiveBytesRaisedAndZeroedMidRecording) 
   plain.backward(pl);
   const std::size_t v = 4 * 8 * sizeof(double);
   // (A budget set to 0 after evictions, followed by an op that reads an evicted value, crashes: not here.)
-  for (auto budgets : std::vector<std::vector<std::size_t>>{{60 * v, 12 * v, 60 * v, 10 * v},
-                                                            {12 * v, 0, 10 * v, 14 * v},
-                                                            {40 * v, 10 * v, 9 * v, 30 * v}}) {
+  for (auto budgets : std::vector<std::vector<std::size_t>>{
+           {60 * v, 12 * v, 60 * v, 10 * v}, {12 * v, 0, 10 * v, 14 * v}, {40 * v, 10 * v, 9 * v, 30 * v}}) {
     Tape<double> tape;
     Var<double> x, loss;
     try {
