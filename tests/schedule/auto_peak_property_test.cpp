@@ -28,6 +28,7 @@ struct RandomChain {
   std::vector<int> kinds;                     // per hidden layer
   std::vector<remat::Index> width;            // width[0] input, width[i] output of layer i (the loss layer excluded)
   bool parameters = false;                    // weights as Parameters (not tape-owned) or tape variables (tape-owned)
+  bool in_layer = false;                      // Parameters recorded by each layer where it uses them, not before
   bool input_variable = false;                // x_0 receives a gradient
   std::vector<remat::Matrix<float>> weights;  // in order of use
   std::vector<int> labels;
@@ -48,6 +49,7 @@ struct RandomChain {
     parameters = uniform(0, 1) == 1;
     input_variable = uniform(0, 1) == 1;
     std::uint64_t seed = static_cast<std::uint64_t>(uniform(1, 1 << 30));
+    in_layer = parameters && (seed & 1) != 0;  // from the seed: the chains of the other draws stay as they were
     auto add = [&](remat::Index m, remat::Index n, float scale) {
       weights.push_back(remat_test::random_matrix<float>(m, n, seed++) * scale);
     };
@@ -99,43 +101,45 @@ struct Outcome {
 Outcome run(const RandomChain& c, std::size_t budget) {
   remat::Tape<float> tape;
   std::vector<remat::Parameter<float>> params;
-  std::vector<remat::Var<float>> w;
+  std::vector<remat::Var<float>> before;  // weights recorded before the chain
   params.reserve(c.weights.size());
   for (const auto& m : c.weights) {
     if (c.parameters) {
       params.emplace_back(m);
-      w.push_back(tape.variable(params.back()));
+      if (!c.in_layer) before.push_back(tape.variable(params.back()));
     } else {
-      w.push_back(tape.variable(m));
+      before.push_back(tape.variable(m));
     }
   }
+  // Weight k as a layer records it: the Var recorded before the chain, or a new leaf of its Parameter.
+  auto w = [&](std::size_t k) { return c.in_layer ? tape.variable(params[k]) : before[k]; };
   std::vector<Layer> layers;
   std::size_t next = 0;
   for (int kind : c.kinds) {
     const std::size_t k = next;
     switch (kind) {
       case 0:
-        layers.push_back([&w, k](remat::Var<float> h) { return remat::tanh(remat::linear(h, w[k], w[k + 1])); });
+        layers.push_back([&w, k](remat::Var<float> h) { return remat::tanh(remat::linear(h, w(k), w(k + 1))); });
         next += 2;
         break;
       case 4:
         layers.push_back([&w, k](remat::Var<float> h) {
-          return remat::softplus(remat::linear(h, w[k], w[k + 1])) *
-                 remat::sigmoid(remat::linear(h, w[k + 2], w[k + 3]));
+          return remat::softplus(remat::linear(h, w(k), w(k + 1))) *
+                 remat::sigmoid(remat::linear(h, w(k + 2), w(k + 3)));
         });
         next += 4;
         break;
       case 1:
         layers.push_back([&w, k](remat::Var<float> h) {
-          return h + remat::linear(remat::gelu(remat::linear(remat::layer_norm(h, w[k], w[k + 1]), w[k + 2], w[k + 3])),
-                                   w[k + 4], w[k + 5]);
+          return h + remat::linear(remat::gelu(remat::linear(remat::layer_norm(h, w(k), w(k + 1)), w(k + 2), w(k + 3))),
+                                   w(k + 4), w(k + 5));
         });
         next += 6;
         break;
       case 2:
         layers.push_back([&w, k](remat::Var<float> h) {
-          auto a = remat::relu(remat::matmul(h, w[k]));
-          auto b = remat::matmul(remat::square(h), w[k + 1]);
+          auto a = remat::relu(remat::matmul(h, w(k)));
+          auto b = remat::matmul(remat::square(h), w(k + 1));
           return a + b;
         });
         next += 2;
@@ -147,7 +151,7 @@ Outcome run(const RandomChain& c, std::size_t budget) {
   }
   const std::size_t head = next;
   layers.push_back([&w, &c, head](remat::Var<float> h) {
-    return remat::cross_entropy(remat::linear(h, w[head], w[head + 1]), c.labels);
+    return remat::cross_entropy(remat::linear(h, w(head), w(head + 1)), c.labels);
   });
 
   Outcome o;
@@ -163,7 +167,10 @@ Outcome run(const RandomChain& c, std::size_t budget) {
   o.loss = loss.item();
   tape.backward(loss);
   o.memory = tape.memory();
-  for (auto& v : w) o.grads.emplace_back(v.grad());
+  if (c.in_layer)
+    for (auto& p : params) o.grads.emplace_back(p.grad());
+  else
+    for (auto& v : before) o.grads.emplace_back(v.grad());
   if (c.input_variable) o.grads.emplace_back(x0.grad());
   return o;
 }

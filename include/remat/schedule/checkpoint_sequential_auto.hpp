@@ -105,7 +105,9 @@ namespace detail {
 /// gradient is freed after its backward, and a residual of x̄_i once the last backward reading it has run.
 /// `peak` is o_b: the most that B_i holds beyond the model's terms (allocated gradients and temporaries
 /// minus the residuals already freed; at least 0). `left` is g: gradients of nodes recorded before the chain
-/// (weights) and of leaves inside the layer, which stay until the sweep passes them, after the chain.
+/// (weights) and of tape variables recorded inside the layer, which stay until the sweep passes them, after
+/// the chain. A Parameter's leaf recorded inside the layer gives its gradient to the Parameter when the sweep
+/// passes it (Tape::backward), at the end of B_i: in o_b, not in g.
 /// The layer's output (its value may be held by a handle) and, in a layer with checkpoint regions of its
 /// own (whose replays hold values too), every residual are taken to stay until the end of B_i: an upper
 /// bound either way.
@@ -135,6 +137,8 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
   std::int64_t live = 0, peak = 0;
   for (std::int32_t j = end - 1; j >= begin; --j) {
     const Node<T>& n = state.node(j);
+    if (n.is_leaf() && n.parameter && (work[at(j)] & 1))  // backward() hands it to its Parameter here
+      live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.shape));
     if (n.is_leaf() || !n.requires_grad) continue;
     if (work[at(j)] & 1) {
       for (int k = 0; k < n.arity; ++k) {
@@ -146,7 +150,7 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
           if (work[at(w)] & 1) continue;
           work[at(w)] |= 1;
           live += b;
-          if (in.is_leaf()) r.left += static_cast<std::size_t>(b);
+          if (in.is_leaf() && !in.parameter) r.left += static_cast<std::size_t>(b);  // a tape variable's stays
         } else if (std::find(outside_with_grad.begin(), outside_with_grad.end(), w) == outside_with_grad.end()) {
           outside_with_grad.push_back(w);  // its gradient was not allocated by a later layer's B
           live += b;
@@ -178,9 +182,11 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 /// **The budget is a bound on tape.memory().peak_bytes** from this call through the backward sweep: every
 /// tape buffer counts — the values live on the tape at the call (x_0, tape variables, anything recorded
 /// before), the chain's activations and kept tapes, the layers' intermediates while they run, activation
-/// and weight gradients, op temporaries (detail/buffers.hpp counts them all). What runs after the chain is
-/// not seen here: make the loss the last layer (a layer h ↦ cross_entropy(head(h), labels) returning the
-/// [1,1] loss) for the budget to bound the whole step; otherwise the head's bytes come on top.
+/// and weight gradients, op temporaries (detail/buffers.hpp counts them all). The backward is taken to be
+/// Tape::backward; Tape::gradient() keeps its targets' gradients, so a Parameter recorded inside a layer and
+/// named as a target holds its gradient to the end, on top. What runs after the chain is not seen here: make the loss
+/// the last layer (a layer h ↦ cross_entropy(head(h), labels) returning the [1,1] loss) for the budget to bound the
+/// whole step; otherwise the head's bytes come on top.
 ///
 /// The probe runs every layer once inside a checkpoint region that saves nothing (its values are freed
 /// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
