@@ -99,12 +99,13 @@ struct AutoScheduleReport {
 
 namespace detail {
 
-/// What B_i allocates beyond the model's x̄_i, δ_i, x_{i−1} and δ_{i−1}, found by following the sweep's
-/// rules (detail/sweep.hpp) over the layer's recorded nodes [begin, end) in reverse: an input's gradient
-/// buffer is allocated at its first contribution, an op's temporary while its backward runs, an op's own
-/// gradient is freed after its backward, and a residual of x̄_i once the last backward reading it has run.
-/// `peak` is o_b: the most that B_i holds beyond the model's terms (allocated gradients and temporaries
-/// minus the residuals already freed; at least 0). `left` is g: gradients of nodes recorded before the chain
+/// B_i's peak against the model's x̄_i + δ_i + x_{i−1} + δ_{i−1}, found by following the sweep's rules
+/// (detail/sweep.hpp) over the layer's recorded nodes [begin, end) in reverse: an input's gradient buffer
+/// (δ_{i−1} too) is allocated at its first contribution, an op's temporary while its backward runs, an op's
+/// own gradient (δ_i too) is freed after its backward, and a residual of x̄_i once the last backward reading
+/// it has run. `overhead` is o_b: B_i's peak minus those four terms — negative when B_i frees δ_i or
+/// residuals before it allocates as much (a tanh∘linear layer frees δ_i and tanh's output before the weight
+/// gradient is allocated). `left` is g: gradients of nodes recorded before the chain
 /// (weights) and of tape variables recorded inside the layer, which stay until the sweep passes them, after
 /// the chain. A Parameter's leaf recorded inside the layer gives its gradient to the Parameter when the sweep
 /// passes it (Tape::backward), at the end of B_i: in o_b, not in g.
@@ -112,7 +113,8 @@ namespace detail {
 /// own (whose replays hold values too), every residual are taken to stay until the end of B_i: an upper
 /// bound either way.
 struct BackwardBytes {
-  std::size_t peak = 0, left = 0;
+  std::int64_t overhead = 0;
+  std::size_t left = 0;
 };
 
 template <class T>
@@ -121,6 +123,7 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
                              std::vector<std::int32_t>& outside_with_grad) {
   BackwardBytes r;
   if (output < begin || output >= end) return r;  // the layer returned its input (or an outside value)
+  // (the model's terms then hold what B_i holds, nothing is allocated: o_b = 0 is an upper bound)
   const auto at = [begin](std::int32_t j) { return static_cast<std::size_t>(j - begin); };
   // work[j − begin]: bit 0 has a gradient; the rest: backward readers of its value still to run.
   work.assign(static_cast<std::size_t>(end - begin), 0);
@@ -133,8 +136,11 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
       if ((n.reads & reads_input(k)) && n.inputs[k] >= begin) work[at(n.inputs[k])] += 2;
     if (n.reads & reads_output) work[at(j)] += 2;
   }
-  work[at(output)] |= 1;  // δ_i: in the model
-  std::int64_t live = 0, peak = 0;
+  work[at(output)] |= 1;  // δ_i
+  const auto output_bytes = static_cast<std::int64_t>(Buffers<T>::bytes(state.node(output).shape));
+  const auto input_bytes = static_cast<std::int64_t>(Buffers<T>::bytes(state.node(input).shape));
+  std::int64_t live = output_bytes, peak = live;  // beyond x_{i−1} and x̄_i: δ_i, then what B_i allocates
+  bool input_gradient = false;
   for (std::int32_t j = end - 1; j >= begin; --j) {
     const Node<T>& n = state.node(j);
     if (n.is_leaf() && n.parameter && (work[at(j)] & 1))  // backward() hands it to its Parameter here
@@ -144,9 +150,12 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
         const Node<T>& in = state.node(w);
-        if (!in.requires_grad || w == input) continue;  // δ_{i−1} is in the model
+        if (!in.requires_grad) continue;
         const auto b = static_cast<std::int64_t>(Buffers<T>::bytes(in.shape));
-        if (w >= begin) {
+        if (w == input) {  // δ_{i−1}
+          if (!input_gradient) live += b;
+          input_gradient = true;
+        } else if (w >= begin) {
           if (work[at(w)] & 1) continue;
           work[at(w)] |= 1;
           live += b;
@@ -158,7 +167,7 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
         }
       }
       peak = std::max(peak, live + static_cast<std::int64_t>(Buffers<T>::bytes(n.scratch_shape)));
-      if (j != output) live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.shape));  // its gradient goes
+      live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.shape));  // its gradient goes (δ_i at the output)
     }
     if (nested) continue;
     auto release = [&](std::int32_t w) {  // one backward reader of w's value is done
@@ -170,7 +179,7 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
     if (n.reads & reads_output) release(j);
     if (n.extra_read) live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.extra_shape));
   }
-  r.peak = static_cast<std::size_t>(std::max<std::int64_t>(peak, 0));
+  r.overhead = peak - output_bytes - input_bytes;
   return r;
 }
 
@@ -224,7 +233,10 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   // Measured in bytes, then quantised.
   struct Measured {
     double flops;
-    std::size_t output, tape, forward, forward_all, backward, gradients;
+    std::size_t output, tape, forward, forward_all;
+    std::int64_t backward;  // o_b, may be negative
+    std::size_t gradients;
+    bool output_read;  // B_i reads x_i
   };
   std::vector<Measured> measured;
   measured.reserve(static_cast<std::size_t>(L));
@@ -232,6 +244,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   std::vector<std::uint8_t> read_in_layer;
   std::vector<std::int32_t> outside_with_grad;
   checkpoint([&](Var<T> v) {
+    const Var<T> chain_input = v;
     for (int i = 0; i < L; ++i) {
       const std::int32_t begin = state->size();
       const std::int32_t input = v.id();
@@ -249,21 +262,28 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       m.output = detail::Buffers<T>::bytes(v.shape());
       m.tape = m.output;
       std::size_t allocated = 0;  // every buffer the layer's forward allocated: Fall frees none of them
+      // A layer with checkpoint regions of its own: a value of the layer that an op of it reads may be the
+      // source of such a region's replay, held until the sweep leaves that region; not modelled op by op,
+      // so counted in ω_x̄ (an upper bound). Without regions of its own, all of a layer's ops are saved or
+      // dropped together by run_schedule's regions, so no value of a kept layer is a replay source.
       read_in_layer.assign(static_cast<std::size_t>(end - begin), 0);
-      for (std::int32_t j = begin; j < end; ++j) {
-        const detail::Node<T>& n = state->node(j);
-        for (int k = 0; k < n.arity; ++k)
-          if (n.inputs[k] >= begin) read_in_layer[static_cast<std::size_t>(n.inputs[k] - begin)] = 1;
-      }
+      for (std::int32_t j = begin; j < end; ++j)
+        if (state->node(j).region != state->node(begin).region) {
+          for (std::int32_t k = begin; k < end; ++k) {
+            const detail::Node<T>& n = state->node(k);
+            for (int a = 0; a < n.arity; ++a)
+              if (n.inputs[a] >= begin) read_in_layer[static_cast<std::size_t>(n.inputs[a] - begin)] = 1;
+          }
+          break;
+        }
       for (std::int32_t j = begin; j < end; ++j) {
         const detail::NodeCost c = state->cost(j);
         if (c.leaf) continue;
         const detail::Node<T>& n = state->node(j);
         allocated += c.bytes + detail::Buffers<T>::bytes(n.extra_shape) + detail::Buffers<T>::bytes(n.scratch_shape);
         m.flops += c.flops;
-        // ω_x̄: what the backward reads, and what an op of the layer reads (a kept layer's value that another
-        // op reads can be held as the source of a region's replay until the sweep leaves that region; not
-        // modelled op by op, so counted: an upper bound). The layer's output is counted above.
+        // ω_x̄: what the backward reads (and, in a layer with regions of its own, what its ops read: above).
+        // The layer's output is counted above.
         if ((c.value_read || read_in_layer[static_cast<std::size_t>(j - begin)]) && j != v.id()) m.tape += c.bytes;
         m.tape += c.extra_read_bytes;
       }
@@ -274,20 +294,30 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       m.forward_all = fall - m.tape;
       const detail::BackwardBytes back =
           detail::backward_bytes(*state, begin, end, input, v.id(), work, outside_with_grad);
-      m.backward = std::max(back.peak, back.left);
+      m.backward = back.overhead;
+      m.output_read =
+          v.id() >= begin && state->node(v.id()).requires_grad && (state->node(v.id()).reads & reads_output) != 0;
       m.gradients = back.left;
       measured.push_back(m);
     }
-    return v;
+    // The probe returns its input, not x_L: a region keeps what it returns, and the probe's x_L (with what its
+    // backward would read) would stay on the tape for the whole step, though no gradient ever reaches it.
+    return chain_input;
   })(x);
 
   // The chain in units of `unit` bytes, sizes rounded up. The unit comes from the chain, not the budget
   // (1/resolution of the sum of every measured size), so feasibility is monotone in the budget: every
   // budget from the least one up fits.
   std::size_t total = input_bytes;
-  for (const Measured& m : measured) total += m.output + m.tape + m.forward + m.forward_all + m.backward + m.gradients;
+  for (const Measured& m : measured)
+    total += m.output + m.tape + m.forward + m.forward_all +
+             static_cast<std::size_t>(std::max<std::int64_t>(m.backward, 0)) + m.gradients;
   const std::size_t unit = std::max<std::size_t>(1, total / static_cast<std::size_t>(resolution));
   auto units = [unit](std::size_t b) { return static_cast<std::int64_t>((b + unit - 1) / unit); };
+  auto signed_units = [&](std::int64_t b) {  // rounded up: toward zero below it
+    return b >= 0 ? units(static_cast<std::size_t>(b))
+                  : -static_cast<std::int64_t>(static_cast<std::size_t>(-b) / unit);
+  };
   Chain chain;
   chain.activation_size.push_back(units(input_bytes));
   std::int64_t all_units = chain.activation_size[0];
@@ -299,9 +329,13 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
     chain.forward_overhead.push_back(units(m.forward));
     chain.forward_all_overhead.push_back(units(m.forward_all));
     chain.gradient_size.push_back(units(m.gradients));
-    chain.backward_overhead.push_back(units(m.backward));
+    chain.output_read.push_back(m.output_read ? 1 : 0);
+    // B_i's peak is at least what it leaves (x_{i−1}, δ_{i−1}, g): Chain::validate's bound, kept after rounding.
+    chain.backward_overhead.push_back(std::max(
+        signed_units(m.backward), chain.gradient_size.back() - chain.tape_size.back() - chain.activation_size.back()));
     all_units += chain.activation_size.back() + chain.tape_size.back() + chain.forward_overhead.back() +
-                 chain.forward_all_overhead.back() + chain.backward_overhead.back() + chain.gradient_size.back();
+                 chain.forward_all_overhead.back() + std::max<std::int64_t>(chain.backward_overhead.back(), 0) +
+                 chain.gradient_size.back();
   }
   // Above 2·Σ of every size (which holds every value at once) more budget changes nothing: capped, so that
   // the planner's table stays about 2·resolution units whatever the budget.

@@ -26,15 +26,21 @@ namespace remat {
 /// output is allocated while its inputs are still held. Sizes are in any unit (bytes, or units of a
 /// quantised byte count); times in any unit (FLOPs, seconds).
 ///
-/// Three optional per-layer terms (empty = all zero) make the model count what a tape really allocates,
+/// Optional per-layer terms (empty = all zero) make the model count what a tape really allocates,
 /// so that its peak is the tape's peak (checkpoint_sequential_auto measures them):
 /// - forward_overhead o_f: the transient bytes F_i holds at its peak beyond its output (the layer's
 ///   intermediates while it runs): F_i peaks at held + ω_x + o_f;
 /// - forward_all_overhead o_f̄: the same for Fall_i beyond its tape: Fall_i peaks at held + ω_x̄ + o_f̄;
-/// - backward_overhead o_b: the transient bytes B_i holds at its peak beyond x̄_i, δ_i, x_{i−1} and
-///   δ_{i−1} (gradients of the layer's intermediates, op temporaries, the gradient_size bytes below);
+/// - backward_overhead o_b: B_i's peak minus x̄_i, δ_i, x_{i−1} and δ_{i−1}: the gradients of the layer's
+///   intermediates, op temporaries and the gradient_size bytes below, less what B_i frees before its peak
+///   (δ_i and residuals of x̄_i), so it may be negative, down to g − x̄_i − δ_i (B_i's peak is at least what it
+///   leaves);
 /// - gradient_size g: bytes B_i leaves allocated until the whole chain is done (gradients of weights
-///   recorded before the chain), so every operation after B_i also holds Σ_{j ≥ i} g_j.
+///   recorded before the chain), so every operation after B_i also holds Σ_{j ≥ i} g_j;
+/// - output_read: B_i reads x_i (tanh, sigmoid, exp: their backward reads their output). A tape keeps such
+///   an x_i, once a checkpoint region returned it, until B_i has run: the planner then counts x_kept as held
+///   through the left part of a split at x_kept. (The schedule's operations still free x_kept after the right
+///   part, as the model without this term does; its peak in that model is no higher.)
 struct Chain {
   std::vector<double> forward_time;                ///< u_f, L entries
   std::vector<double> backward_time;               ///< u_b, L entries
@@ -42,8 +48,9 @@ struct Chain {
   std::vector<std::int64_t> tape_size;             ///< ω_x̄, L entries, tape_size[i−1] ≥ activation_size[i]
   std::vector<std::int64_t> forward_overhead;      ///< o_f, L entries or empty (zeros)
   std::vector<std::int64_t> forward_all_overhead;  ///< o_f̄, L entries or empty (zeros)
-  std::vector<std::int64_t> backward_overhead;     ///< o_b, L entries or empty (zeros), o_b ≥ g
+  std::vector<std::int64_t> backward_overhead;     ///< o_b, L entries or empty (zeros), o_b ≥ g − ω_x̄ − ω_x
   std::vector<std::int64_t> gradient_size;         ///< g, L entries or empty (zeros)
+  std::vector<std::uint8_t> output_read;           ///< L entries or empty (zeros): B_i reads x_i, see above
 
   int length() const { return static_cast<int>(forward_time.size()); }
 
@@ -52,6 +59,7 @@ struct Chain {
   std::int64_t forward_all_overhead_of(int i) const { return term(forward_all_overhead, i); }
   std::int64_t backward_overhead_of(int i) const { return term(backward_overhead, i); }
   std::int64_t gradient_size_of(int i) const { return term(gradient_size, i); }
+  bool output_read_of(int i) const { return !output_read.empty() && output_read[static_cast<std::size_t>(i - 1)]; }
 
   /// Throws domain_error unless the vectors have consistent lengths and sizes are non-negative.
   void validate() const {
@@ -68,18 +76,22 @@ struct Chain {
       if (tape_size[i] < activation_size[i + 1])
         throw domain_error("Chain: tape_size[" + std::to_string(i) + "] must be ≥ activation_size[" +
                            std::to_string(i + 1) + "] (the tape contains the layer's output)");
+    if (!output_read.empty() && output_read.size() != L) throw domain_error("Chain: output_read needs 0 or L entries");
     for (const auto* v : {&forward_overhead, &forward_all_overhead, &backward_overhead, &gradient_size}) {
       if (!v->empty() && v->size() != L)
         throw domain_error(
             "Chain: forward_overhead, forward_all_overhead, backward_overhead and gradient_size need 0 or L "
             "entries");
-      for (auto e : *v)
-        if (e < 0) throw domain_error("Chain: overheads and gradient sizes must be non-negative");
+      if (v != &backward_overhead)
+        for (auto e : *v)
+          if (e < 0) throw domain_error("Chain: forward overheads and gradient sizes must be non-negative");
     }
     for (int i = 1; i <= static_cast<int>(L); ++i)
-      if (backward_overhead_of(i) < gradient_size_of(i))
+      if (backward_overhead_of(i) < gradient_size_of(i) - tape_size[static_cast<std::size_t>(i - 1)] -
+                                        activation_size[static_cast<std::size_t>(i)])
         throw domain_error("Chain: backward_overhead[" + std::to_string(i - 1) + "] must be ≥ gradient_size[" +
-                           std::to_string(i - 1) + "] (B_i allocates the gradients it leaves)");
+                           std::to_string(i - 1) + "] − tape_size[" + std::to_string(i - 1) + "] − activation_size[" +
+                           std::to_string(i) + "] (B_i's peak holds at least the gradients it leaves)");
   }
 
  private:
@@ -195,6 +207,11 @@ class Planner {
   std::int64_t fo(int i) const { return c_.forward_overhead_of(i); }
   std::int64_t fao(int i) const { return c_.forward_all_overhead_of(i); }
   std::int64_t bo(int i) const { return c_.backward_overhead_of(i); }
+  /// What a persistent split at x_kept leaves held for its left part: x_kept itself when B_kept reads it
+  /// (Chain::output_read), since a tape keeps a region's output for the backward that reads it.
+  std::int64_t kept_held(int kept, int right_first) const {
+    return right_first == kept + 1 && c_.output_read_of(kept) ? x(kept) : 0;
+  }
   /// δ_t held before B_t starts (δ_L only appears with B_L).
   std::int64_t delta(int t) const { return t < L_ ? x(t) : 0; }
   /// Σ_{j > t} g_j: the gradients B_{t+1} … B_L left, held by every operation of a sub-problem ending at t.
@@ -257,7 +274,9 @@ class Planner {
             if (right_handover && right_first < kept + 2) continue;  // x̄_{right_first−1} needs x_{right_first−2}
             const double right = solve({kept, right_first, last, tape, right_handover}, m - x(source));
             if (right == infinity) continue;
-            consider(forward + right + solve({source, first, right_first - 1, right_handover, d.handover}, m),
+            consider(forward + right +
+                         solve({source, first, right_first - 1, right_handover, d.handover},
+                               m - kept_held(kept, right_first)),
                      PlanNode::split_activation, kept, right_first, right_handover);
           }
       }
@@ -323,7 +342,8 @@ class Planner {
         break;
       case PlanNode::split_activation:
         right = build(out, {e.kept, e.right_first, d.last, d.tape, e.right_handover}, m - x(d.source));
-        left = build(out, {d.source, d.first, e.right_first - 1, e.right_handover, d.handover}, m);
+        left = build(out, {d.source, d.first, e.right_first - 1, e.right_handover, d.handover},
+                     m - kept_held(e.kept, e.right_first));
         break;
       case PlanNode::split_tape:
         if (e.kept < d.last)
