@@ -91,10 +91,11 @@ Var<T> run_schedule(const Layers& layers, const Schedule& schedule, Var<T> x) {
 
 /// What checkpoint_sequential_auto measured and planned.
 struct AutoScheduleReport {
-  Chain chain;                     ///< measured chain: times in FLOPs, sizes in units of `unit_bytes`
-  std::size_t unit_bytes = 0;      ///< sizes and budget were quantised to this many bytes (sizes rounded up)
-  std::size_t baseline_bytes = 0;  ///< tape bytes live at the call besides x_0, held throughout
-  Schedule schedule;               ///< the persistent optimal schedule that ran
+  Chain chain;                 ///< measured chain: times in FLOPs, sizes in units of `unit_bytes`
+  std::size_t unit_bytes = 0;  ///< sizes and budget were quantised to this many bytes (sizes rounded up)
+  std::size_t baseline_bytes =
+      0;  ///< held throughout: tape bytes live at the call besides x_0, 2 × tape-owned leaves recorded by the layers
+  Schedule schedule;  ///< the persistent optimal schedule that ran
 };
 
 namespace detail {
@@ -188,14 +189,15 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 /// Measures a chain of layers with a probe pass, plans the persistent schedule with the fewest recomputed
 /// FLOPs whose peak memory stays within `budget_bytes`, and runs it (run_schedule). Returns x_L.
 ///
-/// **The budget is a bound on tape.memory().peak_bytes** from this call through the backward sweep: every
-/// tape buffer counts — the values live on the tape at the call (x_0, tape variables, anything recorded
-/// before), the chain's activations and kept tapes, the layers' intermediates while they run, activation
-/// and weight gradients, op temporaries (detail/buffers.hpp counts them all). The backward is taken to be
-/// Tape::backward; Tape::gradient() keeps its targets' gradients, so a Parameter recorded inside a layer and
-/// named as a target holds its gradient to the end, on top. What runs after the chain is not seen here: make the loss
-/// the last layer (a layer h ↦ cross_entropy(head(h), labels) returning the [1,1] loss) for the budget to bound the
-/// whole step; otherwise the head's bytes come on top.
+/// **The budget is a bound on tape.memory().peak_bytes** from this call until the backward sweep has passed
+/// the chain: every tape buffer counts — the values live on the tape at the call (x_0, tape variables,
+/// anything recorded before), the chain's activations and kept tapes, the layers' intermediates while they
+/// run, activation and weight gradients, op temporaries (detail/buffers.hpp counts them all). The backward is
+/// taken to be Tape::backward; Tape::gradient() keeps its targets' gradients, so a Parameter recorded inside
+/// a layer and named as a target holds its gradient to the end, on top. Not seen: the backward of ops
+/// recorded before the call that computed x (it runs after the chain's; its gradients come on top), and what
+/// runs after the chain: make the loss the last layer (a layer h ↦ cross_entropy(head(h), labels) returning
+/// the [1,1] loss) for the budget to bound the whole step; otherwise the head's bytes come on top.
 ///
 /// The probe runs every layer once inside a checkpoint region that saves nothing (its values are freed
 /// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
@@ -228,7 +230,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   const std::size_t input_bytes = detail::Buffers<T>::bytes(x.shape());
   const std::size_t live_at_call = state->live_bytes();
   const bool input_owned = state->node(x.id()).value_owned();
-  const std::size_t baseline = live_at_call - std::min(live_at_call, input_owned ? input_bytes : 0);
+  std::size_t baseline = live_at_call - std::min(live_at_call, input_owned ? input_bytes : 0);
 
   // Measured in bytes, then quantised.
   struct Measured {
@@ -243,6 +245,12 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   std::vector<std::int32_t> work;
   std::vector<std::uint8_t> read_in_layer;
   std::vector<std::int32_t> outside_with_grad;
+  struct Span {
+    std::int32_t begin, end, input, output;
+  };
+  std::vector<Span> spans;
+  spans.reserve(static_cast<std::size_t>(L));
+  std::size_t owned_leaves = 0;  // bytes of tape-owned leaves (tape.variable(matrix), constants) the layers record
   checkpoint([&](Var<T> v) {
     const Var<T> chain_input = v;
     for (int i = 0; i < L; ++i) {
@@ -278,8 +286,11 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
         }
       for (std::int32_t j = begin; j < end; ++j) {
         const detail::NodeCost c = state->cost(j);
-        if (c.leaf) continue;
         const detail::Node<T>& n = state->node(j);
+        if (c.leaf) {
+          if (n.value_owned()) owned_leaves += detail::Buffers<T>::bytes(n.shape);
+          continue;
+        }
         allocated += c.bytes + detail::Buffers<T>::bytes(n.extra_shape) + detail::Buffers<T>::bytes(n.scratch_shape);
         m.flops += c.flops;
         // ω_x̄: what the backward reads (and, in a layer with regions of its own, what its ops read: above).
@@ -292,18 +303,31 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       m.forward = forward_peak - std::min(forward_peak, live_before + m.output);
       const std::size_t fall = std::min(m.forward + m.tape, std::max(allocated, m.tape));
       m.forward_all = fall - m.tape;
-      const detail::BackwardBytes back =
-          detail::backward_bytes(*state, begin, end, input, v.id(), work, outside_with_grad);
-      m.backward = back.overhead;
       m.output_read =
           v.id() >= begin && state->node(v.id()).requires_grad && (state->node(v.id()).reads & reads_output) != 0;
-      m.gradients = back.left;
+      spans.push_back({begin, end, input, v.id()});
       measured.push_back(m);
+    }
+    // B_i's bytes, walked in the sweep's order (B_L first): the gradient of a value recorded before the chain
+    // and read by several layers is allocated by the last of them, and stays.
+    for (int i = L - 1; i >= 0; --i) {
+      const Span& sp = spans[static_cast<std::size_t>(i)];
+      const detail::BackwardBytes back =
+          detail::backward_bytes(*state, sp.begin, sp.end, sp.input, sp.output, work, outside_with_grad);
+      measured[static_cast<std::size_t>(i)].backward = back.overhead;
+      measured[static_cast<std::size_t>(i)].gradients = back.left;
     }
     // The probe returns its input, not x_L: a region keeps what it returns, and the probe's x_L (with what its
     // backward would read) would stay on the tape for the whole step, though no gradient ever reaches it.
     return chain_input;
   })(x);
+
+  // x_L stays after B_L (the caller holds it; the model would free it with x̄_L): B_L leaves it, like g.
+  // Held throughout: twice the tape-owned leaves the layers record — the probe's copies stay until the sweep
+  // passes them, at the end of the step, and the real pass's from the layer's forward to its backward (an
+  // upper bound).
+  measured.back().gradients += measured.back().output;
+  baseline += 2 * owned_leaves;
 
   // The chain in units of `unit` bytes, sizes rounded up. The unit comes from the chain, not the budget
   // (1/resolution of the sum of every measured size), so feasibility is monotone in the budget: every
@@ -351,12 +375,13 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       (plan_schedule(chain, mid, true).feasible ? high : low) = mid;
     }
     const std::size_t least = baseline + static_cast<std::size_t>(high) * unit;
-    throw memory_budget_error("checkpoint_sequential_auto: no schedule of these " + std::to_string(L) +
-                                  " layers keeps the peak within the budget of " + std::to_string(budget_bytes) +
-                                  " bytes; the leanest needs " + std::to_string(least) + " bytes (" +
-                                  std::to_string(baseline) + " of them on the tape at the call): the least " +
-                                  "budget that works is " + std::to_string(least) + " bytes",
-                              budget_bytes, least, least);
+    throw memory_budget_error(
+        "checkpoint_sequential_auto: no schedule of these " + std::to_string(L) +
+            " layers keeps the peak within the budget of " + std::to_string(budget_bytes) +
+            " bytes; the leanest needs " + std::to_string(least) + " bytes (" + std::to_string(baseline) +
+            " of them held throughout: on the tape at the call, and tape-owned " +
+            "leaves the layers record): the least " + "budget that works is " + std::to_string(least) + " bytes",
+        budget_bytes, least, least);
   }
   Var<T> result = run_schedule(layers, schedule, std::move(x));
   if (report) *report = AutoScheduleReport{std::move(chain), unit, baseline, std::move(schedule)};
