@@ -93,8 +93,8 @@ Var<T> run_schedule(const Layers& layers, const Schedule& schedule, Var<T> x) {
 struct AutoScheduleReport {
   Chain chain;                 ///< measured chain: times in FLOPs, sizes in units of `unit_bytes`
   std::size_t unit_bytes = 0;  ///< sizes and budget were quantised to this many bytes (sizes rounded up)
-  std::size_t baseline_bytes =
-      0;  ///< held throughout: tape bytes live at the call besides x_0, 2 × tape-owned leaves recorded by the layers
+  /// Held throughout: tape bytes live at the call besides x_0, and 2 × the tape-owned leaves the layers record.
+  std::size_t baseline_bytes = 0;
   Schedule schedule;  ///< the persistent optimal schedule that ran
 };
 
@@ -210,7 +210,8 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 /// quantised to units of 1/resolution of their sum, rounded up, and the budget down, so the plan never
 /// exceeds the budget in the model and every budget from the least one up is feasible; the model bounds
 /// the tape from above (tests/schedule/auto_peak_property_test.cpp checks peak_bytes ≤ budget on random
-/// chains; the bound is loose by up to the values a kept layer's ops read, docs/schedules.md).
+/// chains; where the bound is loose, and two known overshoots of 28 and 105 B with layer_norm layers:
+/// docs/schedules.md, Limits).
 ///
 /// Costs one extra forward pass (the probe) and plan_schedule's time O(L³·resolution) (milliseconds for a
 /// dozen layers, seconds for 60). In a training loop whose shapes do not change, plan once: pass `report`
