@@ -546,12 +546,10 @@ TEST(AdversarialPlanner, DoubleTape) {
                 500, 3);
 }
 
-// KNOWN FAILURE, not fixed (found 2026-12-02; present before and after that day's exact model terms, with the
-// same least budget): a layer_norm(linear(h)) layer followed by tanh(linear(h)) overshoots the least budget by
-// 28 B (4,252 against 4,224 B; the overshoot is in the backward, which replays the linear output), and
-// RandomMixedChains' chain 38 (exp_linear, layer_norm, tanh_linear) by 105 B. Which model term is short is
-// not found yet. Disabled so that CI runs; docs/schedules.md and the issue tracker say so.
-TEST(AdversarialPlanner, DISABLED_RandomMixedChains) {
+// Found a layer_norm layer whose kept output held its row statistics (the op's extra buffer, which a tape
+// keeps with a region output whose backward reads it) beyond the model's ω_x: chain 38 (exp_linear,
+// layer_norm, tanh_linear) exceeded its budget by 105 B until the model counted ω_c (Chain::checkpoint_size).
+TEST(AdversarialPlanner, RandomMixedChains) {
   std::mt19937 rng(20261202);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int c = 0; c < 40; ++c) {
@@ -662,12 +660,10 @@ TEST(AdversarialPlannerMinimal, LossValueHeldThroughTheBackward) {
                       chain<double>({k_tanh_linear}, 20, {7, 4}, Hold::parameter_in_layer, false));
 }
 
-// KNOWN FAILURE, not fixed (found 2026-12-02; present before and after that day's exact model terms, with the
-// same least budget): a layer_norm(linear(h)) layer followed by tanh(linear(h)) overshoots the least budget by
-// 28 B (4,252 against 4,224 B; the overshoot is in the backward, which replays the linear output), and
-// RandomMixedChains' chain 38 (exp_linear, layer_norm, tanh_linear) by 105 B. Which model term is short is
-// not found yet. Disabled so that CI runs; docs/schedules.md and the issue tracker say so.
-TEST(AdversarialPlannerMinimal, DISABLED_LayerNormThenTanhLinear) {
+// The checkpoint x_1 = layer_norm(linear(x_0)) holds its row statistics ([20,2], 160 B) with its value until
+// B_1, which replays only the linear: without ω_c the model counted 560 B for it, and B_2 peaked 28 B over
+// the least budget (4,252 against 4,224 B).
+TEST(AdversarialPlannerMinimal, LayerNormThenTanhLinear) {
   // layer_norm(linear(h)) [20,7] → tanh(linear(h)) [20,9] → loss, weights tape variables before the chain,
   // x_0 a constant (found by RandomMixedChains; 28 B over at the least budget).
   check_least<float>("minimal layer_norm, tanh_linear",

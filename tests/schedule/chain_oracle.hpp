@@ -23,8 +23,9 @@ struct Simulation {
 };
 
 /// Runs `ops` in the cost model of issue 6 (with issue 13's forward, forward-all and backward overheads and gradient
-/// sizes: F_i peaks o_f above its output, Fall_i o_f̄ above its tape, B_i o_b above δ_{i−1}, and B_i leaves g_i held)
-/// and reports total time and peak memory (or the first violation).
+/// sizes: F_i peaks o_f above its output, Fall_i o_f̄ above its tape, B_i o_b above δ_{i−1}, and B_i leaves g_i held;
+/// an activation held weighs its checkpoint size ω_c, its gradient ω_x) and reports total time and peak memory
+/// (or the first violation).
 inline Simulation simulate(const remat::Chain& c, const std::vector<remat::ScheduleOperation>& ops) {
   const int L = c.length();
   enum Status { none, activation, tape };
@@ -35,7 +36,7 @@ inline Simulation simulate(const remat::Chain& c, const std::vector<remat::Sched
   auto overhead = [](const std::vector<std::int64_t>& v, std::size_t u) { return v.empty() ? 0 : v[u - 1]; };
   auto size = [&](int j) -> std::int64_t {
     const auto u = static_cast<std::size_t>(j);
-    return status[u] == activation ? c.activation_size[u] : status[u] == tape ? c.tape_size[u - 1] : 0;
+    return status[u] == activation ? c.checkpoint_size_of(j) : status[u] == tape ? c.tape_size[u - 1] : 0;
   };
   auto memory = [&] {
     std::int64_t m = (delta >= 0 ? c.activation_size[static_cast<std::size_t>(delta)] : 0) + gradients;
@@ -61,6 +62,7 @@ inline Simulation simulate(const remat::Chain& c, const std::vector<remat::Sched
         r.peak = std::max(r.peak, memory() + (all ? c.tape_size[u - 1] + overhead(c.forward_all_overhead, u)
                                                   : c.activation_size[u] + overhead(c.forward_overhead, u)));
         status[u] = all ? tape : activation;
+        r.peak = std::max(r.peak, memory());  // what F_i leaves: ω_c may exceed ω_x + o_f
         r.time += c.forward_time[u - 1];
         break;
       }
@@ -106,7 +108,7 @@ inline double brute_force_optimum(const remat::Chain& c, std::int64_t budget) {
     for (int j = k + 1; j <= L; ++j) m += term(c.gradient_size, static_cast<std::size_t>(j));
     for (int j = 0; j <= k; ++j) {
       const int v = status(s, j);
-      if (v == 1) m += c.activation_size[static_cast<std::size_t>(j)];
+      if (v == 1) m += c.checkpoint_size_of(j);
       if (v == 2) m += c.tape_size[static_cast<std::size_t>(j - 1)];
     }
     return m;
@@ -139,7 +141,7 @@ inline double brute_force_optimum(const remat::Chain& c, std::int64_t budget) {
     for (int j = 1; j <= k; ++j) {
       if (status(s, j - 1) == 0 || status(s, j) != 0) continue;
       const auto u = static_cast<std::size_t>(j);
-      if (j < k && m + c.activation_size[u] + term(c.forward_overhead, u) <= budget)
+      if (j < k && m + std::max(c.activation_size[u] + term(c.forward_overhead, u), c.checkpoint_size_of(j)) <= budget)
         relax(with(s, j, 1), c.forward_time[u - 1]);
       if (m + c.tape_size[u - 1] + term(c.forward_all_overhead, u) <= budget)
         relax(with(s, j, 2), c.forward_time[u - 1]);

@@ -83,8 +83,16 @@ TEST(RunSchedule, LayerEvaluationsFollowThePlan) {
 TEST(RunSchedule, RejectsNonPersistentAndMismatchedSchedules) {
   // A chain whose optimum (203, found by the exhaustive search of chain_oracle.hpp) frees a checkpoint
   // before its sub-chain is done: regions cannot express it.
-  remat::Chain c{
-      {10, 10, 10, 3, 8, 1}, {2, 19, 19, 11, 4, 15}, {6, 4, 2, 6, 4, 2, 4}, {10, 8, 7, 4, 6, 9}, {}, {}, {}, {}, {}};
+  remat::Chain c{{10, 10, 10, 3, 8, 1},
+                 {2, 19, 19, 11, 4, 15},
+                 {6, 4, 2, 6, 4, 2, 4},
+                 {10, 8, 7, 4, 6, 9},
+                 {},
+                 {},
+                 {},
+                 {},
+                 {},
+                 {}};
   const auto free_plan = remat::plan_schedule(c, 26);
   const auto persistent_plan = remat::plan_schedule(c, 26, true);
   EXPECT_EQ(free_plan.time, 203);

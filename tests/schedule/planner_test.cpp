@@ -76,6 +76,15 @@ TEST(Planner, RejectsInconsistentChains) {
   c = uniform_chain(3, 1, 2, 1, 1);
   c.activation_size.pop_back();
   EXPECT_THROW(remat::plan_schedule(c, 100), remat::domain_error);
+  c = uniform_chain(3, 1, 2, 1, 2);
+  c.checkpoint_size = {1, 1, 0, 1};  // below its activation
+  EXPECT_THROW(remat::plan_schedule(c, 100), remat::domain_error);
+  c.checkpoint_size = {1, 1, 3, 1};  // above its layer's tape
+  EXPECT_THROW(remat::plan_schedule(c, 100), remat::domain_error);
+  c.checkpoint_size = {1, 1};
+  EXPECT_THROW(remat::plan_schedule(c, 100), remat::domain_error);
+  c.checkpoint_size = {1, 2, 2, 2};
+  EXPECT_TRUE(remat::plan_schedule(c, 100).feasible);
 }
 
 /// Budgets from the least feasible one to "store everything".
@@ -106,7 +115,7 @@ TEST(Planner, MatchesExhaustiveSearchOnUniformChains) {
 }
 
 /// A random heterogeneous chain of L layers; with `overheads`, also random issue-13 terms (o_f, o_f̄, g, o_b).
-remat::Chain random_chain(std::mt19937& rng, int L, bool overheads) {
+remat::Chain random_chain(std::mt19937& rng, int L, bool overheads, bool checkpoint_sizes = false) {
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   remat::Chain c;
   for (int i = 0; i < L; ++i) {
@@ -121,6 +130,13 @@ remat::Chain random_chain(std::mt19937& rng, int L, bool overheads) {
     c.forward_all_overhead.push_back(uniform(0, 3));
     c.gradient_size.push_back(uniform(0, 3));
     c.backward_overhead.push_back(c.gradient_size.back() + uniform(0, 6));
+  }
+  if (checkpoint_sizes) {  // between the activation and its layer's tape (x_0: up to 3 more)
+    for (int i = 0; i <= L; ++i) {
+      const std::int64_t x = c.activation_size[static_cast<std::size_t>(i)];
+      const std::int64_t most = i == 0 ? x + 3 : c.tape_size[static_cast<std::size_t>(i - 1)];
+      c.checkpoint_size.push_back(x + uniform(0, static_cast<int>(most - x)));
+    }
   }
   return c;
 }
@@ -202,6 +218,41 @@ TEST(Planner, MatchesExhaustiveSearchWithOverheadsAndGradients) {
       cases, matched, 100.0 * matched / cases, persistent_matched, 100.0 * persistent_matched / cases,
       100 * persistent_worst_gap);
   EXPECT_GE(matched, cases * 98 / 100);
+}
+
+TEST(Planner, MatchesExhaustiveSearchWithCheckpointSizes) {
+  // An activation kept as a checkpoint weighs ω_c (its op's extra buffers with it), its gradient ω_x: the
+  // planned schedule's peak, in the simulator that counts the two apart, stays within the budget.
+  std::mt19937 rng(20261202);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int cases = 0, matched = 0, persistent_matched = 0, heavier = 0;
+  for (int chain = 0; chain < 300; ++chain) {
+    const remat::Chain c = random_chain(rng, uniform(1, 7), true, true);
+    remat::Chain light = c;  // the same chain whose checkpoints weigh their activation
+    light.checkpoint_size.clear();
+    std::int64_t low, high;
+    budgets(c, low, high);
+    high += 20;
+    for (int k = 0; k < 4; ++k, ++cases) {
+      const std::int64_t M = low + (high - low) * k / 3;
+      const double optimum = remat_test::brute_force_optimum(c, M);
+      ASSERT_LT(optimum, std::numeric_limits<double>::infinity());
+      const double planned = planned_time(c, M);  // checks the peak in the simulator
+      const double persistent = planned_time(c, M, true);
+      ASSERT_GE(planned, optimum);
+      ASSERT_GE(persistent, optimum);
+      if (planned == optimum) ++matched;
+      if (persistent == optimum) ++persistent_matched;
+      if (remat_test::brute_force_optimum(light, M) < optimum) ++heavier;
+    }
+    EXPECT_FALSE(remat::plan_schedule(c, low - 1).feasible) << "chain " << chain;
+  }
+  std::printf(
+      "chains with checkpoint sizes: %d cases, planner optimal in %d (%.2f%%); persistent-only in %d (%.2f%%); "
+      "the optimum costs more than with ω_c = ω_x in %d\n",
+      cases, matched, 100.0 * matched / cases, persistent_matched, 100.0 * persistent_matched / cases, heavier);
+  EXPECT_GE(matched, cases * 98 / 100);
+  EXPECT_GT(heavier, cases / 10) << "the test must draw chains where ω_c changes the optimum";
 }
 
 }  // namespace

@@ -201,7 +201,8 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 ///
 /// The probe runs every layer once inside a checkpoint region that saves nothing (its values are freed
 /// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
-/// bytes ω_x; the bytes a kept layer holds ω_x̄ (output + residuals + op extras + values its own ops read,
+/// bytes ω_x; the bytes it holds as a checkpoint ω_c (ω_x and its op's extra buffer when the op's backward
+/// reads it); the bytes a kept layer holds ω_x̄ (output + residuals + op extras + values its own ops read,
 /// which a region's replay may hold as sources); the peak bytes of its forward beyond its input and output
 /// (o_f, read from the tape's own peak counter; o_f̄ for Fall from it and from all the layer allocated);
 /// what its backward allocates beyond δ_i and δ_{i−1} (o_b and the weight gradients it leaves, g, from the
@@ -210,8 +211,7 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 /// quantised to units of 1/resolution of their sum, rounded up, and the budget down, so the plan never
 /// exceeds the budget in the model and every budget from the least one up is feasible; the model bounds
 /// the tape from above (tests/schedule/auto_peak_property_test.cpp checks peak_bytes ≤ budget on random
-/// chains; where the bound is loose, and two known overshoots of 28 and 105 B with layer_norm layers:
-/// docs/schedules.md, Limits).
+/// chains; where the bound is loose: docs/schedules.md, Limits).
 ///
 /// Costs one extra forward pass (the probe) and plan_schedule's time O(L³·resolution) (milliseconds for a
 /// dozen layers, seconds for 60). In a training loop whose shapes do not change, plan once: pass `report`
@@ -236,7 +236,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   // Measured in bytes, then quantised.
   struct Measured {
     double flops;
-    std::size_t output, tape, forward, forward_all;
+    std::size_t output, checkpoint, tape, forward, forward_all;
     std::int64_t backward;  // o_b, may be negative
     std::size_t gradients;
     bool output_read;  // B_i reads x_i
@@ -269,6 +269,8 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       const std::int32_t end = state->size();
       Measured m{};
       m.output = detail::Buffers<T>::bytes(v.shape());
+      // Kept as a checkpoint, x_i keeps its op's extra buffer if its backward reads it (layer_norm's statistics).
+      m.checkpoint = m.output + (v.id() >= begin ? state->cost(v.id()).extra_read_bytes : 0);
       m.tape = m.output;
       std::size_t allocated = 0;  // every buffer the layer's forward allocated: Fall frees none of them
       // A layer with checkpoint regions of its own: a value of the layer that an op of it reads may be the
@@ -335,7 +337,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   // budget from the least one up fits.
   std::size_t total = input_bytes;
   for (const Measured& m : measured)
-    total += m.output + m.tape + m.forward + m.forward_all +
+    total += m.output + m.checkpoint + m.tape + m.forward + m.forward_all +
              static_cast<std::size_t>(std::max<std::int64_t>(m.backward, 0)) + m.gradients;
   const std::size_t unit = std::max<std::size_t>(1, total / static_cast<std::size_t>(resolution));
   auto units = [unit](std::size_t b) { return static_cast<std::int64_t>((b + unit - 1) / unit); };
@@ -345,11 +347,13 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   };
   Chain chain;
   chain.activation_size.push_back(units(input_bytes));
+  chain.checkpoint_size.push_back(chain.activation_size[0]);  // x_0's extra, if any, is in the baseline
   std::int64_t all_units = chain.activation_size[0];
   for (const Measured& m : measured) {
     chain.forward_time.push_back(std::max(m.flops, 1.0));
     chain.backward_time.push_back(2 * std::max(m.flops, 1.0));
     chain.activation_size.push_back(units(m.output));
+    chain.checkpoint_size.push_back(units(m.checkpoint));
     chain.tape_size.push_back(units(m.tape));
     chain.forward_overhead.push_back(units(m.forward));
     chain.forward_all_overhead.push_back(units(m.forward_all));
@@ -358,9 +362,9 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
     // B_i's peak is at least what it leaves (x_{i−1}, δ_{i−1}, g): Chain::validate's bound, kept after rounding.
     chain.backward_overhead.push_back(std::max(
         signed_units(m.backward), chain.gradient_size.back() - chain.tape_size.back() - chain.activation_size.back()));
-    all_units += chain.activation_size.back() + chain.tape_size.back() + chain.forward_overhead.back() +
-                 chain.forward_all_overhead.back() + std::max<std::int64_t>(chain.backward_overhead.back(), 0) +
-                 chain.gradient_size.back();
+    all_units += chain.activation_size.back() + chain.checkpoint_size.back() + chain.tape_size.back() +
+                 chain.forward_overhead.back() + chain.forward_all_overhead.back() +
+                 std::max<std::int64_t>(chain.backward_overhead.back(), 0) + chain.gradient_size.back();
   }
   // Above 2·Σ of every size (which holds every value at once) more budget changes nothing: capped, so that
   // the planner's table stays about 2·resolution units whatever the budget.

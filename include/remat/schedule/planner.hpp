@@ -41,6 +41,9 @@ namespace remat {
 ///   an x_i, once a checkpoint region returned it, until B_i has run: the planner then counts x_kept as held
 ///   through the left part of a split at x_kept. (The schedule's operations still free x_kept after the right
 ///   part, as the model without this term does; its peak in that model is no higher.)
+/// - checkpoint_size ω_c ≥ ω_x: the bytes x_i holds while it is kept as a checkpoint — its value and what its
+///   op keeps with it for its backward (layer_norm's row statistics: a tape keeps a region output's extra
+///   buffer with its value). Used wherever x_i is held; δ_i stays activation_size.
 struct Chain {
   std::vector<double> forward_time;                ///< u_f, L entries
   std::vector<double> backward_time;               ///< u_b, L entries
@@ -51,6 +54,7 @@ struct Chain {
   std::vector<std::int64_t> backward_overhead;     ///< o_b, L entries or empty (zeros), o_b ≥ g − ω_x̄ − ω_x
   std::vector<std::int64_t> gradient_size;         ///< g, L entries or empty (zeros)
   std::vector<std::uint8_t> output_read;           ///< L entries or empty (zeros): B_i reads x_i, see above
+  std::vector<std::int64_t> checkpoint_size;       ///< ω_c, L + 1 entries or empty (= ω_x), see above
 
   int length() const { return static_cast<int>(forward_time.size()); }
 
@@ -60,6 +64,10 @@ struct Chain {
   std::int64_t backward_overhead_of(int i) const { return term(backward_overhead, i); }
   std::int64_t gradient_size_of(int i) const { return term(gradient_size, i); }
   bool output_read_of(int i) const { return !output_read.empty() && output_read[static_cast<std::size_t>(i - 1)]; }
+  /// ω_c of activation i (0…L): activation_size[i] when checkpoint_size is empty.
+  std::int64_t checkpoint_size_of(int i) const {
+    return (checkpoint_size.empty() ? activation_size : checkpoint_size)[static_cast<std::size_t>(i)];
+  }
 
   /// Throws domain_error unless the vectors have consistent lengths and sizes are non-negative.
   void validate() const {
@@ -77,6 +85,13 @@ struct Chain {
         throw domain_error("Chain: tape_size[" + std::to_string(i) + "] must be ≥ activation_size[" +
                            std::to_string(i + 1) + "] (the tape contains the layer's output)");
     if (!output_read.empty() && output_read.size() != L) throw domain_error("Chain: output_read needs 0 or L entries");
+    if (!checkpoint_size.empty()) {
+      if (checkpoint_size.size() != L + 1) throw domain_error("Chain: checkpoint_size needs 0 or L + 1 entries");
+      for (std::size_t i = 0; i <= L; ++i)
+        if (checkpoint_size[i] < activation_size[i] || (i > 0 && tape_size[i - 1] < checkpoint_size[i]))
+          throw domain_error("Chain: checkpoint_size[" + std::to_string(i) + "] must be ≥ activation_size[" +
+                             std::to_string(i) + "] and ≤ tape_size[" + std::to_string(i) + " − 1]");
+    }
     for (const auto* v : {&forward_overhead, &forward_all_overhead, &backward_overhead, &gradient_size}) {
       if (!v->empty() && v->size() != L)
         throw domain_error(
@@ -200,11 +215,15 @@ class Planner {
     bool solved = false;
   };
 
-  std::int64_t x(int i) const { return c_.activation_size[static_cast<std::size_t>(i)]; }
+  /// x_i held (as a checkpoint, a source, the activation a forward reads): ω_c. Gradient sizes: delta().
+  std::int64_t x(int i) const { return c_.checkpoint_size_of(i); }
+  std::int64_t activation(int i) const { return c_.activation_size[static_cast<std::size_t>(i)]; }
   std::int64_t a(int i) const { return c_.tape_size[static_cast<std::size_t>(i - 1)]; }
   double f(int i) const { return c_.forward_time[static_cast<std::size_t>(i - 1)]; }
   double b(int i) const { return c_.backward_time[static_cast<std::size_t>(i - 1)]; }
   std::int64_t fo(int i) const { return c_.forward_overhead_of(i); }
+  /// F_i's peak beyond what was held: its output and intermediates while it runs, then its checkpoint.
+  std::int64_t forward_peak(int i) const { return std::max(x(i), activation(i) + fo(i)); }
   std::int64_t fao(int i) const { return c_.forward_all_overhead_of(i); }
   std::int64_t bo(int i) const { return c_.backward_overhead_of(i); }
   /// What a persistent split at x_kept leaves held for its left part: x_kept itself when B_kept reads it
@@ -213,7 +232,7 @@ class Planner {
     return right_first == kept + 1 && c_.output_read_of(kept) ? x(kept) : 0;
   }
   /// δ_t held before B_t starts (δ_L only appears with B_L).
-  std::int64_t delta(int t) const { return t < L_ ? x(t) : 0; }
+  std::int64_t delta(int t) const { return t < L_ ? activation(t) : 0; }
   /// Σ_{j > t} g_j: the gradients B_{t+1} … B_L left, held by every operation of a sub-problem ending at t.
   std::int64_t gradients_after(int t) const { return gradients_after_[static_cast<std::size_t>(t)]; }
 
@@ -253,14 +272,15 @@ class Planner {
     if (tape && source == last - 1) {
       // first == last here: B_last reads x̄_last, δ_last, x_{last−1} and allocates δ_{last−1}.
       // o_b(last) on top: the gradients of its intermediates, op temporaries, the weight gradients it leaves.
-      if (!d.handover && 2 * x(last - 1) + a(last) + x(last) + bo(last) + gradients_after(last) <= m)
+      if (!d.handover &&
+          x(last - 1) + activation(last - 1) + a(last) + activation(last) + bo(last) + gradients_after(last) <= m)
         consider(b(last), PlanNode::backward, 0, 0, false);
     } else {
       // Running F_{source+1} … F_kept: `peak` is what it adds at most, `forward` its time.
       std::int64_t peak = 0;
       double forward = 0;
       for (int kept = source + 1; kept <= last - 1; ++kept) {
-        peak = std::max(peak, x(kept) + fo(kept) + (kept > source + 1 ? x(kept - 1) : 0));
+        peak = std::max(peak, forward_peak(kept) + (kept > source + 1 ? x(kept - 1) : 0));
         forward += f(kept);
         if (held + peak > m) break;
         if (kept < first) {
@@ -285,7 +305,7 @@ class Planner {
         const int kept = first - 1;
         peak = 0;
         for (int j = source + 1; j <= kept - 1; ++j)
-          peak = std::max(peak, x(j) + fo(j) + (j > source + 1 ? x(j - 1) : 0));
+          peak = std::max(peak, forward_peak(j) + (j > source + 1 ? x(j - 1) : 0));
         peak = std::max(peak, (kept - 1 > source ? x(kept - 1) : 0) + a(kept) + fao(kept));
         if (held + peak <= m) {
           double run = 0;
@@ -299,7 +319,7 @@ class Planner {
       forward = 0;
       for (int kept = source + 1; kept <= last; ++kept) {
         if (kept > source + 1)
-          peak = std::max(peak, x(kept - 1) + fo(kept - 1) + (kept - 1 > source + 1 ? x(kept - 2) : 0));
+          peak = std::max(peak, forward_peak(kept - 1) + (kept - 1 > source + 1 ? x(kept - 2) : 0));
         forward += f(kept);
         if (held + peak > m || (tape && kept == last)) break;
         if (kept < first) continue;
