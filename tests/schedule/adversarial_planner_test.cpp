@@ -476,10 +476,9 @@ TEST(AdversarialPlanner, ConstantRecordedInsideALayer) {
   }
 }
 
-// Outside the promise as documented (docs/schedules.md, Limits; checkpoint_sequential_auto's comment): the
-// backward of what was recorded before the chain runs after the chain's and is not modelled. Disabled, not
-// fixed: kept to check the day it is modelled (peak 34,332 B against a budget of 26,594 B in the minimal case).
-TEST(AdversarialPlanner, DISABLED_InputComputedBeforeTheChain) {
+// The backward of what was recorded before the chain runs after the chain's: before it was bounded
+// (detail::after_chain_bytes), the minimal case peaked at 34,332 B against a budget of 26,594 B.
+TEST(AdversarialPlanner, InputComputedBeforeTheChain) {
   // x_0 = tanh(A · W0) recorded before the chain: the sweep goes on through those ops after the chain's
   // backward, allocating A's and W0's gradients.
   for (remat::Index width : {8, 64}) {
@@ -497,6 +496,41 @@ TEST(AdversarialPlanner, DISABLED_InputComputedBeforeTheChain) {
     };
     check<float>("input computed before chain width=" + std::to_string(width), b, 500, 4);
   }
+}
+
+TEST(AdversarialPlanner, InputComputedBeforeTheChainInARegionOrWithAWeightTheChainShares) {
+  // x_0 from a checkpoint region that saves nothing (its replay, after the chain's backward, regenerates
+  // what it dropped); or x_0 = tanh(A · W) with W [8,8] also a weight of the chain's first layer (its
+  // gradient is allocated by the chain's B_1 and only added to before the call's ops).
+  for (int variant = 0; variant < 2; ++variant)
+    for (Hold hold : {Hold::variable, Hold::parameter}) {
+      Builder<float> b = [variant, hold](Model<float>& m) {
+        m.hold = hold;
+        remat::Var<float> a = m.tape->variable(remat_test::random_matrix<float>(32, 8, 5));
+        m.extra.push_back(a);
+        const std::size_t k = m.add(8, 8, 0.3);
+        m.add(1, 8, 0.1);
+        if (variant == 0) {  // 8 → 64 → 8 inside the region: its replay regenerates two [32,64] values
+          const std::size_t up = m.add(8, 64, 0.3);
+          m.add(64, 8, 0.3);
+          auto f = [&m, k, up](remat::Var<float> h) {
+            remat::Var<float> wide = remat::tanh(remat::matmul(remat::tanh(h), m.w(up)));
+            return remat::tanh(remat::linear(remat::matmul(wide, m.w(up + 1)), m.w(k), m.w(k + 1)));
+          };
+          m.x0 = remat::checkpoint(f)(a);
+        } else {
+          m.x0 = remat::tanh(remat::matmul(a, m.w(k)));
+          m.layers.push_back(
+              [&m, k](remat::Var<float> h) { return remat::tanh(remat::linear(h, m.w(k), m.w(k + 1))); });
+        }
+        add_layer(m, k_sigmoid_linear, 8, 8);
+        add_layer(m, k_layer_norm, 8, 8);
+        add_loss(m, 8);
+      };
+      check<float>(std::string(variant == 0 ? "input from a region" : "input shares a weight") +
+                       (hold == Hold::variable ? " var" : " param"),
+                   b, 500, 4);
+    }
 }
 
 TEST(AdversarialPlanner, WeightsDominateAndActivationsDominate) {
@@ -636,10 +670,9 @@ TEST(AdversarialPlannerMinimal, ConstantInsideOneLayer) {
   check_least<float>("minimal constant inside 1 layer", b);
 }
 
-// Outside the promise as documented (docs/schedules.md, Limits; checkpoint_sequential_auto's comment): the
-// backward of what was recorded before the chain runs after the chain's and is not modelled. Disabled, not
-// fixed: kept to check the day it is modelled (peak 34,332 B against a budget of 26,594 B in the minimal case).
-TEST(AdversarialPlannerMinimal, DISABLED_InputComputedBeforeTheChainOneLayer) {
+// The backward of what was recorded before the chain runs after the chain's: before it was bounded
+// (detail::after_chain_bytes), the minimal case peaked at 34,332 B against a budget of 26,594 B.
+TEST(AdversarialPlannerMinimal, InputComputedBeforeTheChainOneLayer) {
   // x_0 = A · 2 with A a tape variable [32,64]; the chain is the loss layer alone.
   Builder<float> b = [](Model<float>& m) {
     m.hold = Hold::variable;

@@ -95,6 +95,9 @@ struct AutoScheduleReport {
   std::size_t unit_bytes = 0;  ///< sizes and budget were quantised to this many bytes (sizes rounded up)
   /// Held throughout: tape bytes live at the call besides x_0, and 2 × the tape-owned leaves the layers record.
   std::size_t baseline_bytes = 0;
+  /// The peak bound after the chain's backward, in bytes: the baseline, x_0, the gradients the chain leaves
+  /// and the backward of the ops recorded before the call (detail::after_chain_bytes).
+  std::size_t after_chain_bytes = 0;
   Schedule schedule;  ///< the persistent optimal schedule that ran
 };
 
@@ -116,6 +119,7 @@ namespace detail {
 struct BackwardBytes {
   std::int64_t overhead = 0;
   std::size_t left = 0;
+  std::int64_t peak = 0;  ///< the walk's peak: overhead + δ_i + δ_{i−1}
 };
 
 template <class T>
@@ -137,9 +141,11 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
       if ((n.reads & reads_input(k)) && n.inputs[k] >= begin) work[at(n.inputs[k])] += 2;
     if (n.reads & reads_output) work[at(j)] += 2;
   }
-  work[at(output)] |= 1;  // δ_i
+  work[at(output)] |= 1;                    // δ_i
+  for (std::int32_t w : outside_with_grad)  // gradients a later B allocated (counted in its g): not again
+    if (w >= begin && w < end) work[at(w)] |= 1;
   const auto output_bytes = static_cast<std::int64_t>(Buffers<T>::bytes(state.node(output).shape));
-  const auto input_bytes = static_cast<std::int64_t>(Buffers<T>::bytes(state.node(input).shape));
+  const auto input_bytes = input < 0 ? 0 : static_cast<std::int64_t>(Buffers<T>::bytes(state.node(input).shape));
   std::int64_t live = output_bytes, peak = live;  // beyond x_{i−1} and x̄_i: δ_i, then what B_i allocates
   bool input_gradient = false;
   for (std::int32_t j = end - 1; j >= begin; --j) {
@@ -181,7 +187,30 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
     if (n.extra_read) live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.extra_shape));
   }
   r.overhead = peak - output_bytes - input_bytes;
+  r.peak = peak;
   return r;
+}
+
+/// The peak bound of the sweep after the chain's backward, through the ops recorded before the call
+/// ([0, chain_begin)) that computed x_0: `held` (the baseline, x_0 and the gradients the chain leaves) plus
+/// their backward's walk by the sweep's rules (backward_bytes from δ_0; gradients the chain's B allocated are
+/// not counted again), plus every value or extra of those ops that a backward will read and that has no
+/// buffer now (dropped by a checkpoint region there, or evicted): their replays regenerate them, counted all
+/// at once (an upper bound). `held` alone
+/// when x_0 gets no gradient.
+template <class T>
+std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begin, std::int32_t input, std::size_t held,
+                              std::vector<std::int32_t>& work, std::vector<std::int32_t>& outside_with_grad) {
+  if (!state.node(input).requires_grad) return held;
+  const BackwardBytes tail = backward_bytes(state, 0, chain_begin, -1, input, work, outside_with_grad);
+  std::size_t regenerated = 0;
+  for (std::int32_t j = 0; j < chain_begin; ++j) {
+    const Node<T>& n = state.node(j);
+    if (n.is_leaf()) continue;
+    if (!n.value && (n.evicted || (n.level > 0 && n.holds() > 0))) regenerated += Buffers<T>::bytes(n.shape);
+    if (!n.extra && n.extra_read) regenerated += Buffers<T>::bytes(n.extra_shape);
+  }
+  return held + static_cast<std::size_t>(std::max<std::int64_t>(tail.peak, 0)) + regenerated;
 }
 
 }  // namespace detail
@@ -194,10 +223,12 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 /// anything recorded before), the chain's activations and kept tapes, the layers' intermediates while they
 /// run, activation and weight gradients, op temporaries (detail/buffers.hpp counts them all). The backward is
 /// taken to be Tape::backward; Tape::gradient() keeps its targets' gradients, so a Parameter recorded inside
-/// a layer and named as a target holds its gradient to the end, on top. Not seen: the backward of ops
-/// recorded before the call that computed x (it runs after the chain's; its gradients come on top), and what
-/// runs after the chain: make the loss the last layer (a layer h ↦ cross_entropy(head(h), labels) returning
-/// the [1,1] loss) for the budget to bound the whole step; otherwise the head's bytes come on top.
+/// a layer and named as a target holds its gradient to the end, on top. The backward of the ops recorded
+/// before the call that computed x runs after the chain's: it is bounded too (its gradients and
+/// temporaries by the sweep's rules, and, if some of those ops lie in checkpoint regions that dropped
+/// values, all those values at once). Not seen: what runs after the chain: make the loss the last layer (a
+/// layer h ↦ cross_entropy(head(h), labels) returning the [1,1] loss) for the budget to bound the whole
+/// step; otherwise the head's bytes come on top.
 ///
 /// The probe runs every layer once inside a checkpoint region that saves nothing (its values are freed
 /// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
@@ -232,6 +263,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   const std::size_t live_at_call = state->live_bytes();
   const bool input_owned = state->node(x.id()).value_owned();
   std::size_t baseline = live_at_call - std::min(live_at_call, input_owned ? input_bytes : 0);
+  const std::int32_t chain_begin = state->size();  // the ops recorded before the call: [0, chain_begin)
 
   // Measured in bytes, then quantised.
   struct Measured {
@@ -331,6 +363,10 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   // upper bound).
   measured.back().gradients += measured.back().output;
   baseline += 2 * owned_leaves;
+  std::size_t gradients = 0;
+  for (const Measured& m : measured) gradients += m.gradients;
+  const std::size_t after_chain = detail::after_chain_bytes(
+      *state, chain_begin, x.id(), baseline + input_bytes + gradients, work, outside_with_grad);
 
   // The chain in units of `unit` bytes, sizes rounded up. The unit comes from the chain, not the budget
   // (1/resolution of the sum of every measured size), so feasibility is monotone in the budget: every
@@ -373,23 +409,27 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
           ? std::min<std::int64_t>(static_cast<std::int64_t>((budget_bytes - baseline) / unit), 2 * all_units)
           : -1;
   Schedule schedule = plan_schedule(chain, budget, /*persistent=*/true);
-  if (!schedule.feasible) {
-    std::int64_t low = std::max<std::int64_t>(budget, 0), high = 2 * all_units;  // high always fits
+  if (!schedule.feasible || budget_bytes < after_chain) {
+    // The least budget of the chain's schedules (high always fits; low never does), then of the whole step.
+    std::int64_t low = schedule.feasible ? -1 : std::max<std::int64_t>(budget, 0);
+    std::int64_t high = schedule.feasible ? budget : 2 * all_units;
     while (high - low > 1) {
       const std::int64_t mid = low + (high - low) / 2;
       (plan_schedule(chain, mid, true).feasible ? high : low) = mid;
     }
-    const std::size_t least = baseline + static_cast<std::size_t>(high) * unit;
+    const std::size_t leanest = baseline + static_cast<std::size_t>(high) * unit;
+    const std::size_t least = std::max(leanest, after_chain);
     throw memory_budget_error(
         "checkpoint_sequential_auto: no schedule of these " + std::to_string(L) +
             " layers keeps the peak within the budget of " + std::to_string(budget_bytes) +
-            " bytes; the leanest needs " + std::to_string(least) + " bytes (" + std::to_string(baseline) +
-            " of them held throughout: on the tape at the call, and tape-owned " +
-            "leaves the layers record): the least " + "budget that works is " + std::to_string(least) + " bytes",
+            " bytes; the leanest needs " + std::to_string(leanest) + " bytes (" + std::to_string(baseline) +
+            " of them held throughout: on the tape at the call, and tape-owned leaves the layers record), and " +
+            "the backward of the ops recorded before the call, after the chain's, " + std::to_string(after_chain) +
+            " bytes: the least budget that works is " + std::to_string(least) + " bytes",
         budget_bytes, least, least);
   }
   Var<T> result = run_schedule(layers, schedule, std::move(x));
-  if (report) *report = AutoScheduleReport{std::move(chain), unit, baseline, std::move(schedule)};
+  if (report) *report = AutoScheduleReport{std::move(chain), unit, baseline, after_chain, std::move(schedule)};
   return result;
 }
 
