@@ -533,6 +533,46 @@ TEST(AdversarialPlanner, InputComputedBeforeTheChainInARegionOrWithAWeightTheCha
     }
 }
 
+/// x_0 = checkpoint_sequential_auto(first chain of 4 tanh(linear) layers 8 → 48 → 48 → 48 → 8, a [32,8])
+/// recorded on `tape`, its weights tape variables, at `budget` (its least budget if 0: found on a scratch
+/// tape). The second chain's call then sees the first chain's regions before it.
+remat::Var<float> first_chain(remat::Tape<float>& tape, std::size_t budget, std::vector<remat::Var<float>>& grads) {
+  if (budget == 0) {
+    remat::Tape<float> scratch;
+    std::vector<remat::Var<float>> unused;
+    try {
+      first_chain(scratch, 1, unused);
+    } catch (const remat::memory_budget_error& e) {
+      budget = e.least_budget_bytes();
+    }
+  }
+  remat::Var<float> a = tape.variable(remat_test::random_matrix<float>(32, 8, 15));
+  grads.push_back(a);
+  std::vector<std::function<remat::Var<float>(remat::Var<float>)>> layers;
+  const remat::Index widths[] = {8, 48, 48, 48, 8};
+  for (int i = 0; i < 4; ++i) {
+    remat::Var<float> w = tape.variable(remat_test::random_matrix<float>(widths[i], widths[i + 1], 20 + i) * 0.3f);
+    remat::Var<float> b = tape.variable(remat_test::random_matrix<float>(1, widths[i + 1], 30 + i) * 0.1f);
+    grads.push_back(w);
+    grads.push_back(b);
+    layers.push_back([w, b](remat::Var<float> h) { return remat::tanh(remat::linear(h, w, b)); });
+  }
+  return remat::checkpoint_sequential_auto(layers, a, budget);
+}
+
+TEST(AdversarialPlanner, InputFromAnotherAutoChain) {
+  // Two checkpoint_sequential_auto calls in a row: the second one's budget bounds the first one's backward
+  // (its regions replay after the second chain's backward) by the largest of its regions.
+  Builder<float> b = [](Model<float>& m) {
+    m.hold = Hold::variable;
+    m.x0 = first_chain(*m.tape, 0, m.extra);
+    add_layer(m, k_tanh_linear, 8, 16);
+    add_layer(m, k_layer_norm, 16, 16);
+    add_loss(m, 16);
+  };
+  check<float>("input from another auto chain", b, 500, 4);
+}
+
 TEST(AdversarialPlanner, WeightsDominateAndActivationsDominate) {
   const std::vector<int> kinds{k_tanh_linear, k_layer_norm, k_relu_linear, k_sigmoid_linear, k_two_branches};
   for (Hold hold : {Hold::variable, Hold::parameter, Hold::parameter_in_layer}) {

@@ -135,6 +135,7 @@ class TapeState {
 
   // ---- nodes, for Var and Tape ----
   const Node<T>& node(std::int32_t id) const { return graph_[id]; }
+  const Region& region(std::int32_t id) const { return graph_.region(id); }
   std::int32_t size() const { return graph_.size(); }
   std::string node_name(std::int32_t id) const { return graph_.node_name(id); }
   void acquire_handle(std::int32_t id) { lifetime_.acquire_handle(id); }

@@ -194,23 +194,37 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 /// The peak bound of the sweep after the chain's backward, through the ops recorded before the call
 /// ([0, chain_begin)) that computed x_0: `held` (the baseline, x_0 and the gradients the chain leaves) plus
 /// their backward's walk by the sweep's rules (backward_bytes from δ_0; gradients the chain's B allocated are
-/// not counted again), plus every value or extra of those ops that a backward will read and that has no
-/// buffer now (dropped by a checkpoint region there, or evicted): their replays regenerate them, counted all
-/// at once (an upper bound). `held` alone
+/// not counted again), plus what their checkpoint regions' replays regenerate: the values and extras a
+/// backward will read that have no buffer now, summed per outermost region (the sweep replays one at a
+/// time and frees what it regenerated when it leaves it), the largest region's; evicted values all at once.
+/// An upper bound. `held` alone
 /// when x_0 gets no gradient.
 template <class T>
 std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begin, std::int32_t input, std::size_t held,
                               std::vector<std::int32_t>& work, std::vector<std::int32_t>& outside_with_grad) {
   if (!state.node(input).requires_grad) return held;
   const BackwardBytes tail = backward_bytes(state, 0, chain_begin, -1, input, work, outside_with_grad);
-  std::size_t regenerated = 0;
+  // The sweep replays one outermost region at a time and frees what it regenerated when it leaves it: the
+  // largest of their dropped bytes (nested regions' included). Evicted values: all at once.
+  std::vector<std::size_t> dropped;
+  std::size_t evicted = 0;
   for (std::int32_t j = 0; j < chain_begin; ++j) {
     const Node<T>& n = state.node(j);
     if (n.is_leaf()) continue;
-    if (!n.value && (n.evicted || (n.level > 0 && n.holds() > 0))) regenerated += Buffers<T>::bytes(n.shape);
-    if (!n.extra && n.extra_read) regenerated += Buffers<T>::bytes(n.extra_shape);
+    if (n.evicted) {
+      evicted += Buffers<T>::bytes(n.shape);
+      continue;
+    }
+    std::size_t b = !n.value && n.level > 0 && n.holds() > 0 ? Buffers<T>::bytes(n.shape) : 0;
+    if (!n.extra && n.extra_read) b += Buffers<T>::bytes(n.extra_shape);
+    std::int32_t r = n.region;
+    if (b == 0 || r < 0) continue;  // outside every region nothing was dropped
+    while (state.region(r).parent >= 0) r = state.region(r).parent;
+    if (dropped.size() <= static_cast<std::size_t>(r)) dropped.resize(static_cast<std::size_t>(r) + 1, 0);
+    dropped[static_cast<std::size_t>(r)] += b;
   }
-  return held + static_cast<std::size_t>(std::max<std::int64_t>(tail.peak, 0)) + regenerated;
+  const std::size_t replayed = dropped.empty() ? 0 : *std::max_element(dropped.begin(), dropped.end());
+  return held + static_cast<std::size_t>(std::max<std::int64_t>(tail.peak, 0)) + replayed + evicted;
 }
 
 }  // namespace detail
