@@ -46,6 +46,9 @@ class SizeMap {
   }
   auto begin() { return entries_.begin(); }
   auto end() { return entries_.end(); }
+  auto begin() const { return entries_.begin(); }
+  auto end() const { return entries_.end(); }
+  std::size_t size() const { return entries_.size(); }
 
  private:
   std::vector<std::pair<std::size_t, V>> entries_;
@@ -188,7 +191,9 @@ class Buffers {
         --c.available;
       else
         ++c.missing;
+      if (++c.net > 0) c.high = std::max(c.high, static_cast<std::size_t>(c.net));
       count_in(simulated_live_, simulated_peak_, bytes(s));
+      simulated_high_ = std::max(simulated_high_, simulated_live_);
       return dummy();
     }
     if (shapes_only_) {
@@ -204,7 +209,9 @@ class Buffers {
   void free(T*& p, const Shape& s) noexcept {
     if (!p) return;
     if (simulating_) {
-      ++simulated(static_cast<std::size_t>(s.size())).available;
+      Simulated& c = simulated(static_cast<std::size_t>(s.size()));
+      ++c.available;
+      --c.net;
       simulated_live_ -= bytes(s);
     } else {
       if (!shapes_only_) pool_.release(p, static_cast<std::size_t>(s.size()));
@@ -224,10 +231,14 @@ class Buffers {
   void hand_over(T*& p, const Shape& s, T* replacement) noexcept {
     const auto count = static_cast<std::size_t>(s.size());
     if (simulating_) {
-      if (replacement)
-        ++simulated(count).available;
-      else
-        ++simulated(count).missing;
+      Simulated& c = simulated(count);
+      if (replacement) {
+        ++c.available;
+        --c.net;  // counted as a free: the replacement joins the free list
+      } else {
+        ++c.missing;
+        ++c.forced;
+      }
       simulated_live_ -= bytes(s);
     } else {
       if (!shapes_only_) pool_.exchange(count, replacement);  // shapes-only: the Parameter keeps its buffer
@@ -322,9 +333,11 @@ class Buffers {
 
   /// From now on allocate/free only count, starting from the pool's current free lists. Never throws.
   void begin_simulation() noexcept {
-    for (auto& [count, c] : simulated_) c = Simulated{pool_.available(count), 0};
+    for (auto& [count, c] : simulated_) c = Simulated{pool_.available(count)};
     simulated_live_ = live_bytes_;
     simulated_peak_ = peak_bytes_;
+    simulated_high_ = live_bytes_;
+    simulated_start_ = live_bytes_;
     simulating_ = true;
   }
   /// Ends the simulation; returns the peak live bytes the simulated sequence would reach.
@@ -352,6 +365,31 @@ class Buffers {
   }
   /// True between begin_simulation() and end_simulation().
   bool simulating() const { return simulating_; }
+
+  // ---- what the last simulated sequence needs, whatever the pool held (Sweep: skipping a dry run) ----
+  /// The allocate/free sequence never reads the pool, so what it needs of it is a property of the sequence
+  /// alone: per size, `high` buffers at once (the most allocated and not yet freed at any point: with A in
+  /// the free list it misses max(0, high − A) times) and `forced` hand-overs without a replacement (each
+  /// one a buffer the reservation adds whatever A is). The sequence also raises live bytes by at most
+  /// `rise` above where it started.
+  struct Demand {
+    std::size_t count = 0, high = 0, forced = 0;
+    bool operator==(const Demand& o) const { return count == o.count && high == o.high && forced == o.forced; }
+  };
+  /// Calls f(Demand) for every size prepared for simulation.
+  template <class F>
+  void for_each_simulated_demand(F&& f) const {
+    for (const auto& [count, c] : simulated_) f(Demand{count, c.high, c.forced});
+  }
+  /// How many sizes are prepared for simulation (Demands for_each_simulated_demand calls f with).
+  std::size_t simulated_sizes() const { return simulated_.size(); }
+  std::size_t simulated_rise() const { return simulated_high_ - simulated_start_; }
+  /// Whether a sequence with demand `d` would find every buffer in the pool now (the reservation after
+  /// its simulation would add none).
+  bool covers(const Demand& d) const { return d.forced == 0 && pool_.available(d.count) >= d.high; }
+  /// The peak a sequence that raises live bytes by at most `rise` leaves, run from now: what its
+  /// simulation's end_simulation() would return.
+  std::size_t peak_after_rise(std::size_t rise) const { return std::max(peak_bytes_, live_bytes_ + rise); }
   /// The live bytes at this point of the running sequence: simulated ones during a simulation.
   std::size_t current_live_bytes() const { return simulating_ ? simulated_live_ : live_bytes_; }
   std::size_t live_bytes() const { return live_bytes_; }
@@ -364,6 +402,9 @@ class Buffers {
   struct Simulated {
     std::size_t available = 0;  // buffers in the free list at this point of the simulated sequence
     std::size_t missing = 0;    // allocations the free list could not have served
+    std::size_t high = 0;       // the most of net, over the sequence so far (Demand)
+    std::size_t forced = 0;     // hand-overs without a replacement (Demand)
+    std::ptrdiff_t net = 0;     // allocated minus freed so far (negative: it freed buffers of before)
   };
 
   static void count_in(std::size_t& live, std::size_t& peak, std::size_t b) {
@@ -387,6 +428,7 @@ class Buffers {
   bool simulating_ = false;
   SizeMap<Simulated> simulated_;
   std::size_t simulated_live_ = 0, simulated_peak_ = 0;
+  std::size_t simulated_high_ = 0, simulated_start_ = 0;  // the most live bytes, where they started
 };
 
 }  // namespace remat::detail
