@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <utility>
 #include <vector>
@@ -19,20 +20,25 @@ namespace remat::detail {
 /// (a pool miss); it may throw std::bad_alloc to simulate exhaustion. Null in normal use.
 inline thread_local void (*allocation_hook)(std::size_t bytes) = nullptr;
 
-/// A map from a buffer size (elements) to V: a step uses a handful of distinct sizes (W0: 8), so a linear
-/// search of a flat vector, starting at the last size found, costs less than hashing on every allocate
-/// and free (bench/RESULTS.md §7.4). References stay valid until the next insertion.
+/// A map from a buffer size (elements) to V: a step uses a handful of distinct sizes (W0: 8), so a flat
+/// vector, searched linearly, costs less than hashing into a node-based map on every allocate and free
+/// (bench/RESULTS.md §7.4). In front of the search, a direct-mapped table from a hash of the size to where
+/// it was last found: a backward alternates between several sizes (W0: a weight's, a bias's and an
+/// activation's gradient per layer), which the single last-hit index it replaces served one time in three.
+/// A table slot is only a hint, checked against the entry (entries are never removed), so a collision
+/// costs the search, never a wrong entry. References stay valid until the next insertion.
 template <class V>
 class SizeMap {
  public:
   /// The entry for `count`, or null.
   V* find(std::size_t count) noexcept { return const_cast<V*>(std::as_const(*this).find(count)); }
   const V* find(std::size_t count) const noexcept {
+    std::uint32_t& hint = hints_[slot(count)];
+    if (hint != 0 && entries_[hint - 1].first == count) return &entries_[hint - 1].second;
     const std::size_t n = entries_.size();
-    if (last_ < n && entries_[last_].first == count) return &entries_[last_].second;
     for (std::size_t i = 0; i < n; ++i)
       if (entries_[i].first == count) {
-        last_ = i;
+        hint = static_cast<std::uint32_t>(i + 1);
         return &entries_[i].second;
       }
     return nullptr;
@@ -41,7 +47,7 @@ class SizeMap {
   V& operator[](std::size_t count) {
     if (V* v = find(count)) return *v;
     entries_.emplace_back(count, V{});
-    last_ = entries_.size() - 1;
+    hints_[slot(count)] = static_cast<std::uint32_t>(entries_.size());
     return entries_.back().second;
   }
   auto begin() { return entries_.begin(); }
@@ -51,8 +57,12 @@ class SizeMap {
   std::size_t size() const { return entries_.size(); }
 
  private:
+  static constexpr int hint_bits = 4;
+  static std::size_t slot(std::size_t count) {  // Fibonacci hashing: the top bits of count · 2^64/φ
+    return static_cast<std::size_t>((static_cast<std::uint64_t>(count) * 0x9E3779B97F4A7C15ull) >> (64 - hint_bits));
+  }
   std::vector<std::pair<std::size_t, V>> entries_;
-  mutable std::size_t last_ = 0;  // where the last find() succeeded
+  mutable std::uint32_t hints_[1u << hint_bits] = {};  // per slot: 1 + the index where a size of it was found, 0: none
 };
 
 /// Exact-size free lists: a training loop allocates the same shapes every step, so after the first step
