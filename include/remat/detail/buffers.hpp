@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <utility>
 #include <vector>
@@ -19,20 +20,25 @@ namespace remat::detail {
 /// (a pool miss); it may throw std::bad_alloc to simulate exhaustion. Null in normal use.
 inline thread_local void (*allocation_hook)(std::size_t bytes) = nullptr;
 
-/// A map from a buffer size (elements) to V: a step uses a handful of distinct sizes (W0: 8), so a linear
-/// search of a flat vector, starting at the last size found, costs less than hashing on every allocate
-/// and free (bench/RESULTS.md §7.4). References stay valid until the next insertion.
+/// A map from a buffer size (elements) to V: a step uses a handful of distinct sizes (W0: 8), so a flat
+/// vector, searched linearly, costs less than hashing into a node-based map on every allocate and free
+/// (bench/RESULTS.md §7.4). In front of the search, a direct-mapped table from a hash of the size to where
+/// it was last found: a backward alternates between several sizes (W0: a weight's, a bias's and an
+/// activation's gradient per layer), which the single last-hit index it replaces served one time in three.
+/// A table slot is only a hint, checked against the entry (entries are never removed), so a collision
+/// costs the search, never a wrong entry. References stay valid until the next insertion.
 template <class V>
 class SizeMap {
  public:
   /// The entry for `count`, or null.
   V* find(std::size_t count) noexcept { return const_cast<V*>(std::as_const(*this).find(count)); }
   const V* find(std::size_t count) const noexcept {
+    std::uint32_t& hint = hints_[slot(count)];
+    if (hint != 0 && entries_[hint - 1].first == count) return &entries_[hint - 1].second;
     const std::size_t n = entries_.size();
-    if (last_ < n && entries_[last_].first == count) return &entries_[last_].second;
     for (std::size_t i = 0; i < n; ++i)
       if (entries_[i].first == count) {
-        last_ = i;
+        hint = static_cast<std::uint32_t>(i + 1);
         return &entries_[i].second;
       }
     return nullptr;
@@ -41,15 +47,22 @@ class SizeMap {
   V& operator[](std::size_t count) {
     if (V* v = find(count)) return *v;
     entries_.emplace_back(count, V{});
-    last_ = entries_.size() - 1;
+    hints_[slot(count)] = static_cast<std::uint32_t>(entries_.size());
     return entries_.back().second;
   }
   auto begin() { return entries_.begin(); }
   auto end() { return entries_.end(); }
+  auto begin() const { return entries_.begin(); }
+  auto end() const { return entries_.end(); }
+  std::size_t size() const { return entries_.size(); }
 
  private:
+  static constexpr int hint_bits = 4;
+  static std::size_t slot(std::size_t count) {  // Fibonacci hashing: the top bits of count · 2^64/φ
+    return static_cast<std::size_t>((static_cast<std::uint64_t>(count) * 0x9E3779B97F4A7C15ull) >> (64 - hint_bits));
+  }
   std::vector<std::pair<std::size_t, V>> entries_;
-  mutable std::size_t last_ = 0;  // where the last find() succeeded
+  mutable std::uint32_t hints_[1u << hint_bits] = {};  // per slot: 1 + the index where a size of it was found, 0: none
 };
 
 /// Exact-size free lists: a training loop allocates the same shapes every step, so after the first step
@@ -188,7 +201,9 @@ class Buffers {
         --c.available;
       else
         ++c.missing;
+      if (++c.net > 0) c.high = std::max(c.high, static_cast<std::size_t>(c.net));
       count_in(simulated_live_, simulated_peak_, bytes(s));
+      simulated_high_ = std::max(simulated_high_, simulated_live_);
       return dummy();
     }
     if (shapes_only_) {
@@ -204,7 +219,9 @@ class Buffers {
   void free(T*& p, const Shape& s) noexcept {
     if (!p) return;
     if (simulating_) {
-      ++simulated(static_cast<std::size_t>(s.size())).available;
+      Simulated& c = simulated(static_cast<std::size_t>(s.size()));
+      ++c.available;
+      --c.net;
       simulated_live_ -= bytes(s);
     } else {
       if (!shapes_only_) pool_.release(p, static_cast<std::size_t>(s.size()));
@@ -224,10 +241,14 @@ class Buffers {
   void hand_over(T*& p, const Shape& s, T* replacement) noexcept {
     const auto count = static_cast<std::size_t>(s.size());
     if (simulating_) {
-      if (replacement)
-        ++simulated(count).available;
-      else
-        ++simulated(count).missing;
+      Simulated& c = simulated(count);
+      if (replacement) {
+        ++c.available;
+        --c.net;  // counted as a free: the replacement joins the free list
+      } else {
+        ++c.missing;
+        ++c.forced;
+      }
       simulated_live_ -= bytes(s);
     } else {
       if (!shapes_only_) pool_.exchange(count, replacement);  // shapes-only: the Parameter keeps its buffer
@@ -322,9 +343,11 @@ class Buffers {
 
   /// From now on allocate/free only count, starting from the pool's current free lists. Never throws.
   void begin_simulation() noexcept {
-    for (auto& [count, c] : simulated_) c = Simulated{pool_.available(count), 0};
+    for (auto& [count, c] : simulated_) c = Simulated{pool_.available(count)};
     simulated_live_ = live_bytes_;
     simulated_peak_ = peak_bytes_;
+    simulated_high_ = live_bytes_;
+    simulated_start_ = live_bytes_;
     simulating_ = true;
   }
   /// Ends the simulation; returns the peak live bytes the simulated sequence would reach.
@@ -352,6 +375,31 @@ class Buffers {
   }
   /// True between begin_simulation() and end_simulation().
   bool simulating() const { return simulating_; }
+
+  // ---- what the last simulated sequence needs, whatever the pool held (Sweep: skipping a dry run) ----
+  /// The allocate/free sequence never reads the pool, so what it needs of it is a property of the sequence
+  /// alone: per size, `high` buffers at once (the most allocated and not yet freed at any point: with A in
+  /// the free list it misses max(0, high − A) times) and `forced` hand-overs without a replacement (each
+  /// one a buffer the reservation adds whatever A is). The sequence also raises live bytes by at most
+  /// `rise` above where it started.
+  struct Demand {
+    std::size_t count = 0, high = 0, forced = 0;
+    bool operator==(const Demand& o) const { return count == o.count && high == o.high && forced == o.forced; }
+  };
+  /// Calls f(Demand) for every size prepared for simulation.
+  template <class F>
+  void for_each_simulated_demand(F&& f) const {
+    for (const auto& [count, c] : simulated_) f(Demand{count, c.high, c.forced});
+  }
+  /// How many sizes are prepared for simulation (Demands for_each_simulated_demand calls f with).
+  std::size_t simulated_sizes() const { return simulated_.size(); }
+  std::size_t simulated_rise() const { return simulated_high_ - simulated_start_; }
+  /// Whether a sequence with demand `d` would find every buffer in the pool now (the reservation after
+  /// its simulation would add none).
+  bool covers(const Demand& d) const { return d.forced == 0 && pool_.available(d.count) >= d.high; }
+  /// The peak a sequence that raises live bytes by at most `rise` leaves, run from now: what its
+  /// simulation's end_simulation() would return.
+  std::size_t peak_after_rise(std::size_t rise) const { return std::max(peak_bytes_, live_bytes_ + rise); }
   /// The live bytes at this point of the running sequence: simulated ones during a simulation.
   std::size_t current_live_bytes() const { return simulating_ ? simulated_live_ : live_bytes_; }
   std::size_t live_bytes() const { return live_bytes_; }
@@ -364,6 +412,9 @@ class Buffers {
   struct Simulated {
     std::size_t available = 0;  // buffers in the free list at this point of the simulated sequence
     std::size_t missing = 0;    // allocations the free list could not have served
+    std::size_t high = 0;       // the most of net, over the sequence so far (Demand)
+    std::size_t forced = 0;     // hand-overs without a replacement (Demand)
+    std::ptrdiff_t net = 0;     // allocated minus freed so far (negative: it freed buffers of before)
   };
 
   static void count_in(std::size_t& live, std::size_t& peak, std::size_t b) {
@@ -387,6 +438,7 @@ class Buffers {
   bool simulating_ = false;
   SizeMap<Simulated> simulated_;
   std::size_t simulated_live_ = 0, simulated_peak_ = 0;
+  std::size_t simulated_high_ = 0, simulated_start_ = 0;  // the most live bytes, where they started
 };
 
 }  // namespace remat::detail

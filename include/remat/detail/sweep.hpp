@@ -7,14 +7,27 @@
 // from a backward leaves the tape exactly as it was. Under a memory budget the dry run also makes every
 // eviction and regeneration the real pass will make (detail/eviction.hpp: the same calls, deterministic),
 // so a budget the backward cannot meet throws memory_budget_error from it, before anything changed.
+//
+// Skipping the dry run. A training loop runs the same backward on the same graph every step, and the dry
+// run then learns what the last one learned. Without a budget, what the sweep allocates and frees is a
+// function of the graph and of its nodes' state alone (which values, extras and gradients are there, the
+// lifetime counters, the regions, which gradients are wanted and kept, the Parameters' gradients), never
+// of the pool: prepare() writes all of that as a signature, and when it equals the one of the last dry
+// run and the pool already holds what that dry run found the sweep needs of it (Buffers::Demand), the
+// dry run would reserve nothing and predict the peak its sequence's rise gives: the sweep skips it. The
+// real pass then still never reaches the system allocator. With assertions on, the dry run runs anyway
+// and must find what the skip assumed, so every test checks the signature is complete.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -60,7 +73,7 @@ class Sweep {
   /// run's pass, counted in the tape's own figures and kept (no callback is called). Under a memory budget
   /// that the sweep cannot meet, throws memory_budget_error naming `what` from the dry run, before any change.
   void run(std::int32_t loss, SweepMode mode, const char* what = "backward") {
-    prepare(mode);
+    prepare(loss, mode);
     if (buffers_.shapes_only()) {
       if (evictor_.active()) {
         simulate(loss, mode);
@@ -69,12 +82,24 @@ class Sweep {
       count_only(loss, mode);
       return;
     }
+    if (redundant_) {
+      ++dry_runs_skipped_;
+      predicted_peak_ = buffers_.peak_after_rise(cached_rise_);
+      evictor_.clear_failure();
+      check_skip(loss, mode);
+      pass(loss, mode);
+      return;
+    }
     simulate(loss, mode);
     if (evictor_.failed()) evictor_.throw_failure(what);
+    remember_dry_run();
     buffers_.reserve_simulated();
     pass(loss, mode);
     assert(!evictor_.failed() && "the real pass met the budget its dry run met");
   }
+
+  /// Backwards whose dry run was skipped as redundant (tests).
+  std::size_t dry_runs_skipped() const { return dry_runs_skipped_; }
 
   /// The exception the first throwing gradient-ready callback of the last run threw (null if none); clears it.
   std::exception_ptr take_callback_error() noexcept { return std::exchange(callback_error_, nullptr); }
@@ -106,8 +131,8 @@ class Sweep {
     bool assigned;
   };
 
-  /// Everything that may allocate or throw, before the tape changes.
-  void prepare(SweepMode mode) {
+  /// Everything that may allocate or throw, before the tape changes; and the signature.
+  void prepare(std::int32_t loss, SweepMode mode) {
     const auto count = static_cast<std::size_t>(graph_.size());
     entering_.clear();
     leaving_.clear();
@@ -133,19 +158,142 @@ class Sweep {
     uses_.reserve(longest);
     snapshot_.resize(count);
     if (evictor_.active()) evictor_.reserve(count);  // the exact heuristic's walk
+    const std::size_t words =
+        signature_header + signature_words * count + 3 * graph_.regions.size() + graph_.region_sources.size();
+    signature_.resize(words);
+    if (cached_signature_.capacity() < words) cached_signature_.reserve(words);  // remember_dry_run cannot throw
+    std::uint64_t* sig = signature_.data();
+    bool signable = true;
+    *sig++ = static_cast<std::uint32_t>(loss) | std::uint64_t(mode.retain_graph) << 32 |
+             std::uint64_t(mode.accumulate) << 33;
+    *sig++ = count;
+    *sig++ = graph_.regions.size();
+    *sig++ = graph_.region_sources.size();
+    const std::uint8_t *wanted_bits = wanted.data(), *keep_bits = keep.data();
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
-      buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
-      if (n.extra_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.extra_shape.size()));
-      if (n.scratch_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.scratch_shape.size()));
       if (n.is_variable) ++variables;
       if (n.parameter && n.parameter->grad_defined && n.parameter->grad_size != n.shape.size())
         throw shape_error("backward: the gradient of the Parameter recorded as node #" + std::to_string(i) + " has " +
                           std::to_string(n.parameter->grad_size) + " elements but its value is " + to_string(n.shape) +
                           "; call zero_grad() after resizing a parameter");
+      signable = sign_node(n, wanted_bits[i], keep_bits[i], sig) && signable;
+      sig += signature_words;
     }
+    for (const Region& r : graph_.regions) {
+      *sig++ = static_cast<std::uint32_t>(r.begin) | std::uint64_t(static_cast<std::uint32_t>(r.end)) << 32;
+      *sig++ = static_cast<std::uint32_t>(r.depth) | std::uint64_t(r.replays) << 32;
+      *sig++ = static_cast<std::uint32_t>(r.sources_begin) | std::uint64_t(static_cast<std::uint32_t>(r.sources_end))
+                                                                 << 32;
+    }
+    for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
+    assert(sig == signature_.data() + words);
+    signable_ = signable;
+    redundant_ = dry_run_redundant();
+    // A redundant dry run's sizes are those of the dry run it repeats, already prepared (and the safety
+    // net's dry run, check_skip, finds them there).
+    if (!redundant_)
+      for (const Node<T>& n : graph_.nodes) {
+        buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
+        if (n.extra_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.extra_shape.size()));
+        if (n.scratch_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.scratch_shape.size()));
+      }
+    if (cached_demand_.capacity() < buffers_.simulated_sizes())  // remember_dry_run cannot throw
+      cached_demand_.reserve(2 * buffers_.simulated_sizes());
     stash_.reserve(variables);
     prepare_ready_callbacks(mode);
+  }
+
+  // ---- the signature of a sweep (see the top of this file) ----
+  static constexpr std::size_t signature_header = 4, signature_words = 7;
+  // sign_node copies runs of adjacent fields as bytes (W0 signs 261 nodes a step: each instruction here is
+  // one in a thousandth of its bookkeeping). Exact: no padding inside these runs.
+  static_assert(std::is_standard_layout_v<Node<T>>);
+  static_assert(offsetof(Node<T>, inputs) + 2 * sizeof(std::int32_t) == offsetof(Node<T>, inputs[2]));
+  static_assert(offsetof(Node<T>, is_variable) == offsetof(Node<T>, arity) + 1 &&
+                offsetof(Node<T>, requires_grad) == offsetof(Node<T>, arity) + 2 &&
+                offsetof(Node<T>, reads) == offsetof(Node<T>, arity) + 3);
+  static_assert(offsetof(Node<T>, replay_reads) == offsetof(Node<T>, backward_reads) + 4);
+  static_assert(offsetof(Node<T>, extra_read) == offsetof(Node<T>, pending) + 1);
+
+  /// Writes node i's signature_words: every field of the node, of its Parameter and of wanted/keep that
+  /// the sweep's allocations and frees depend on (not those only its kernels read: values, grad_assigned,
+  /// the evictor's clock and costs, which matter only under a budget). False if the node cannot be signed
+  /// so (then the signature is not used).
+  bool sign_node(const Node<T>& n, std::uint8_t wanted_bit, std::uint8_t keep_bit, std::uint64_t* sig) const {
+    const auto extra = static_cast<std::uint64_t>(n.extra_shape.size());
+    const auto scratch = static_cast<std::uint64_t>(n.scratch_shape.size());
+    std::uint32_t input2, kind;  // input 2; arity, is_variable, requires_grad, reads
+    std::memcpy(&input2, &n.inputs[2], sizeof input2);
+    std::memcpy(&kind, &n.arity, sizeof kind);
+    std::uint16_t holds;  // pending, extra_read
+    std::memcpy(&holds, &n.pending, sizeof holds);
+    std::uint64_t state = std::uint64_t(static_cast<std::uint8_t>(n.level)) | std::uint64_t(holds) << 8 |
+                          std::uint64_t(n.value != nullptr) << 24 | std::uint64_t(n.extra != nullptr) << 25 |
+                          std::uint64_t(n.grad != nullptr) << 26 | std::uint64_t(n.evicted) << 27 |
+                          std::uint64_t(n.handles > 0) << 28 | std::uint64_t(wanted_bit != 0) << 29 |
+                          std::uint64_t(keep_bit != 0) << 30;
+    const void* identity = n.op;
+    if (const ParameterStorage<T>* p = n.parameter.get()) {
+      // What add_to_parameter does with a leaf's gradient: add to the Parameter's, or hand it over with
+      // or without the Parameter's previous buffer in exchange; and which leaves share a Parameter (the
+      // first the sweep reaches hands over, the others add).
+      state |= std::uint64_t(1) << 31 | std::uint64_t(p->grad_defined) << 32 |
+               std::uint64_t(p->grad != nullptr && p->grad_size == n.shape.size()) << 33;
+      identity = p;
+    }
+    sig[0] = static_cast<std::uint64_t>(n.shape.size());
+    sig[1] = extra | scratch << 32;
+    std::memcpy(&sig[2], &n.inputs[0], 2 * sizeof(std::int32_t));
+    sig[3] = input2 | std::uint64_t(kind) << 32;
+    std::memcpy(&sig[4], &n.backward_reads, 2 * sizeof(std::int32_t));  // and replay_reads
+    sig[5] = state;
+    sig[6] = reinterpret_cast<std::uintptr_t>(identity);
+    // Pins and regeneration reads are those of a memory budget's evictions (none outside a sweep without
+    // evicted values): such a sweep is not signed.
+    return (extra | scratch) >> 32 == 0 && (n.pins | n.regen_reads) == 0;
+  }
+
+  /// Whether this sweep's dry run would find what the last one found, and the pool holds all of it.
+  bool dry_run_redundant() const {
+    if (!cache_valid_ || !signable_ || evictor_.active()) return false;
+    if (signature_.size() != cached_signature_.size() ||
+        std::memcmp(signature_.data(), cached_signature_.data(), signature_.size() * sizeof(std::uint64_t)) != 0)
+      return false;
+    for (const typename Buffers<T>::Demand& d : cached_demand_)
+      if (!buffers_.covers(d)) return false;
+    return true;
+  }
+
+  /// The safety net of a skipped dry run, with assertions on: the dry run runs all the same and must find
+  /// exactly what the skip assumed (every test that repeats a backward checks the signature is complete).
+  void check_skip([[maybe_unused]] std::int32_t loss, [[maybe_unused]] SweepMode mode) noexcept {
+#ifndef NDEBUG
+    const std::size_t assumed_peak = predicted_peak_;
+    simulate(loss, mode);
+    assert(predicted_peak_ == assumed_peak && "a skipped dry run would have predicted another peak");
+    assert(buffers_.simulated_rise() == cached_rise_ && "a skipped dry run would have found another rise");
+    std::size_t k = 0;
+    buffers_.for_each_simulated_demand([&](const typename Buffers<T>::Demand& d) {
+      [[maybe_unused]] const bool same =
+          k < cached_demand_.size() ? d == cached_demand_[k] : d.high == 0 && d.forced == 0;
+      assert(same && "a skipped dry run would have found another demand on the pool");
+      assert(buffers_.covers(d) && "a skipped dry run would have reserved buffers");
+      ++k;
+    });
+#endif
+  }
+
+  /// After a dry run: what it found, for dry_run_redundant() (not under a budget: that dry run also
+  /// evicts). Never throws: prepare() reserved room for all of it.
+  void remember_dry_run() noexcept {
+    cache_valid_ = false;
+    if (evictor_.active() || !signable_) return;
+    cached_demand_.clear();
+    buffers_.for_each_simulated_demand([&](const typename Buffers<T>::Demand& d) { cached_demand_.push_back(d); });
+    cached_rise_ = buffers_.simulated_rise();
+    cached_signature_.assign(signature_.begin(), signature_.end());  // within capacity
+    cache_valid_ = true;
   }
 
   bool ready_callbacks_active(SweepMode mode) const {
@@ -207,7 +355,9 @@ class Sweep {
     static std::atomic<std::uint64_t> serial{0};
     return ++serial;
   }
-  bool simulating() const { return simulation_ != 0; }
+  bool simulating() const {
+    return simulation_ != 0;
+  }
 
   void pass(std::int32_t loss, SweepMode mode) noexcept {
     running_ = !simulating();
@@ -428,6 +578,12 @@ class Sweep {
   std::uint64_t simulation_ = 0;  // serial of the running dry run, 0 outside one
   std::size_t replayed_bytes_ = 0, replayed_ops_ = 0;
   std::size_t predicted_peak_ = 0;
+  // Skipping the dry run (see the top of this file).
+  std::vector<std::uint64_t> signature_, cached_signature_;          // this sweep's; the last remembered dry run's
+  std::vector<typename Buffers<T>::Demand> cached_demand_;           // what that dry run needed of the pool
+  std::size_t cached_rise_ = 0;                                      // and how far it raised live bytes
+  bool cache_valid_ = false, signable_ = false, redundant_ = false;  // redundant_: this run's, from prepare()
+  std::size_t dry_runs_skipped_ = 0;
 };
 
 }  // namespace remat::detail

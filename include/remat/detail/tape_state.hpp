@@ -309,6 +309,9 @@ class TapeState {
   }
   void release_cached_memory() { buffers_.trim(); }
 
+  /// Backwards that skipped their dry run as redundant (detail/sweep.hpp; tests).
+  std::size_t dry_runs_skipped() const { return sweep_.dry_runs_skipped(); }
+
   MemoryStats memory() const {
     MemoryStats m;
     m.live_bytes = buffers_.live_bytes();
