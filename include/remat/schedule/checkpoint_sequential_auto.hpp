@@ -197,8 +197,7 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 /// not counted again), plus what their checkpoint regions' replays regenerate: the values and extras a
 /// backward will read that have no buffer now, summed per outermost region (the sweep replays one at a
 /// time and frees what it regenerated when it leaves it), the largest region's; evicted values all at once.
-/// An upper bound. `held` alone
-/// when x_0 gets no gradient.
+/// An upper bound. `held` alone when x_0 gets no gradient.
 template <class T>
 std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begin, std::int32_t input, std::size_t held,
                               std::vector<std::int32_t>& work, std::vector<std::int32_t>& outside_with_grad) {
@@ -239,10 +238,10 @@ std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begi
 /// taken to be Tape::backward; Tape::gradient() keeps its targets' gradients, so a Parameter recorded inside
 /// a layer and named as a target holds its gradient to the end, on top. The backward of the ops recorded
 /// before the call that computed x runs after the chain's: it is bounded too (its gradients and
-/// temporaries by the sweep's rules, and, if some of those ops lie in checkpoint regions that dropped
-/// values, all those values at once). Not seen: what runs after the chain: make the loss the last layer (a
-/// layer h ↦ cross_entropy(head(h), labels) returning the [1,1] loss) for the budget to bound the whole
-/// step; otherwise the head's bytes come on top.
+/// temporaries by the sweep's rules, and, if some of those ops lie in checkpoint regions, the largest
+/// outermost region's dropped values: detail::after_chain_bytes). Not seen: what runs after the chain: make the loss
+/// the last layer (a layer h ↦ cross_entropy(head(h), labels) returning the [1,1] loss) for the budget to bound the
+/// whole step; otherwise the head's bytes come on top.
 ///
 /// The probe runs every layer once inside a checkpoint region that saves nothing (its values are freed
 /// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
