@@ -182,7 +182,7 @@ bool bitwise_equal(const remat::Matrix<float>& a, const remat::Matrix<float>& b)
 TEST(CheckpointSequentialAutoProperty, PeakWithinBudgetOnRandomChains) {
   std::mt19937 rng(20261201);
   constexpr int chains = 300;
-  int cases = 0, optimal = 0, above_plain = 0;
+  int cases = 0, optimal = 0, above_plain = 0, non_persistent = 0;
   double worst_gap = 0, tightest = 1, loosest = 0;
   for (int chain = 0; chain < chains; ++chain) {
     const RandomChain c(rng);
@@ -216,6 +216,7 @@ TEST(CheckpointSequentialAutoProperty, PeakWithinBudgetOnRandomChains) {
       // schedule's operations replayed in the oracle's own simulator (peak within the budget, same time).
       const remat::Chain& model = planned.report.chain;
       const remat::Schedule& s = planned.report.schedule;
+      if (!remat::detail::persistent(s)) ++non_persistent;
       const auto sim = remat_test::simulate(model, s.operations);
       ASSERT_TRUE(sim.valid) << where << ": " << sim.error;
       EXPECT_EQ(sim.time, s.time) << where;
@@ -228,10 +229,13 @@ TEST(CheckpointSequentialAutoProperty, PeakWithinBudgetOnRandomChains) {
   }
   std::printf(
       "checkpoint_sequential_auto on %d random chains, %d budgets: peak/budget in [%.3f, %.3f]; executed "
-      "(persistent) schedule optimal among all schedules in %d (%.1f%%), worst gap %.1f%%; least budget above "
-      "the plain peak for %d chains\n",
-      chains, cases, tightest, loosest, optimal, 100.0 * optimal / cases, 100 * worst_gap, above_plain);
-  EXPECT_GE(optimal, cases * 98 / 100);  // 598 of 600 on this seed: only non-persistent optima are missed
+      "schedule optimal among all schedules in %d (%.1f%%), worst gap %.1f%%; %d of the schedules non-persistent "
+      "(run by a chain region); least budget above the plain peak for %d chains\n",
+      chains, cases, tightest, loosest, optimal, 100.0 * optimal / cases, 100 * worst_gap, non_persistent, above_plain);
+  // Every executed schedule is the exhaustive optimum. Planning persistent schedules only (nested regions),
+  // 598 of 600 were: the two non-persistent optima were missed.
+  EXPECT_EQ(optimal, cases);
+  EXPECT_GE(non_persistent, 1);
 }
 
 }  // namespace auto_peak_property_test

@@ -25,8 +25,11 @@ TEST(RunSchedule, LayerEvaluationsFollowThePlan) {
   std::mt19937 rng(7);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   constexpr int width = 8;
-  int checked = 0;
-  for (int trial = 0; trial < 40; ++trial) {
+  int checked = 0, non_persistent = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    // Even trials plan persistent schedules (nested regions run them), odd ones any schedule (a chain
+    // region runs the non-persistent ones by their operations).
+    const bool persistent = trial % 2 == 0;
     const int L = uniform(1, 9);
     remat::Chain c;
     for (int i = 0; i < L; ++i) {
@@ -39,8 +42,9 @@ TEST(RunSchedule, LayerEvaluationsFollowThePlan) {
     for (auto v : c.activation_size) total += v;
     for (auto v : c.tape_size) total += v;
     const remat::Schedule schedule =
-        remat::plan_schedule(c, uniform(static_cast<int>(total / 3), static_cast<int>(total)), true);
+        remat::plan_schedule(c, uniform(static_cast<int>(total / 3), static_cast<int>(total)), persistent);
     if (!schedule.feasible) continue;
+    if (!remat::detail::persistent(schedule)) ++non_persistent;
 
     remat::Tape<float> tape;
     std::vector<remat::Var<float>> weights;
@@ -77,12 +81,14 @@ TEST(RunSchedule, LayerEvaluationsFollowThePlan) {
     EXPECT_TRUE(bitwise_equal(x0.grad(), plain_x0.grad()));
     ++checked;
   }
-  EXPECT_GE(checked, 20);
+  EXPECT_GE(checked, 40);
+  EXPECT_GE(non_persistent, 5);  // 11 on this seed
+  std::printf("%d schedules run, %d of them non-persistent\n", checked, non_persistent);
 }
 
-TEST(RunSchedule, RejectsNonPersistentAndMismatchedSchedules) {
+TEST(RunSchedule, RunsANonPersistentOptimum) {
   // A chain whose optimum (203, found by the exhaustive search of chain_oracle.hpp) frees a checkpoint
-  // before its sub-chain is done: regions cannot express it.
+  // before its sub-chain is done: nested regions cannot express it, a chain region runs its operations.
   remat::Chain c{{10, 10, 10, 3, 8, 1},
                  {2, 19, 19, 11, 4, 15},
                  {6, 4, 2, 6, 4, 2, 4},
@@ -97,13 +103,66 @@ TEST(RunSchedule, RejectsNonPersistentAndMismatchedSchedules) {
   const auto persistent_plan = remat::plan_schedule(c, 26, true);
   EXPECT_EQ(free_plan.time, 203);
   EXPECT_GT(persistent_plan.time, free_plan.time);
+  ASSERT_FALSE(remat::detail::persistent(free_plan));
+
+  constexpr int L = 6, width = 6;
+  auto run = [&](const remat::Schedule* schedule, std::vector<remat::Matrix<float>>& grads) {
+    remat::Tape<float> tape;
+    std::vector<remat::Var<float>> weights;
+    for (int i = 0; i < L; ++i)
+      weights.push_back(tape.variable(remat_test::random_matrix<float>(width, width, static_cast<std::uint64_t>(i))));
+    std::vector<std::function<remat::Var<float>(remat::Var<float>)>> layers;
+    for (int i = 0; i < L; ++i)
+      layers.push_back([&weights, i](remat::Var<float> x) {
+        return remat::square(
+            remat_test::layer_counting_tanh(remat::matmul(x, weights[static_cast<std::size_t>(i)]), i));
+      });
+    auto x0 = tape.variable(remat_test::random_matrix<float>(3, width, 99));
+    evaluations.assign(static_cast<std::size_t>(L), 0);
+    remat::Var<float> y = x0;
+    if (schedule) {
+      y = remat::run_schedule(layers, *schedule, x0);
+    } else {
+      for (const auto& layer : layers) y = layer(y);
+    }
+    tape.backward(remat::sum(y));
+    grads.clear();
+    for (auto& w : weights) grads.push_back(w.grad());
+    grads.push_back(x0.grad());
+  };
+  std::vector<remat::Matrix<float>> plain, scheduled;
+  run(nullptr, plain);
+  run(&free_plan, scheduled);
+  EXPECT_EQ(evaluations, free_plan.forward_counts(L));
+  ASSERT_EQ(plain.size(), scheduled.size());
+  for (std::size_t k = 0; k < plain.size(); ++k) EXPECT_TRUE(bitwise_equal(plain[k], scheduled[k])) << k;
+}
+
+TEST(RunSchedule, RejectsMismatchedSchedulesAndNonPersistentOnesInsideRegions) {
+  remat::Chain c{{10, 10, 10, 3, 8, 1},
+                 {2, 19, 19, 11, 4, 15},
+                 {6, 4, 2, 6, 4, 2, 4},
+                 {10, 8, 7, 4, 6, 9},
+                 {},
+                 {},
+                 {},
+                 {},
+                 {},
+                 {}};
+  const auto free_plan = remat::plan_schedule(c, 26);
+  const auto persistent_plan = remat::plan_schedule(c, 26, true);
   remat::Tape<float> tape;
   auto x = tape.variable(remat::Matrix<float>::Ones(2, 2));
   std::vector<std::function<remat::Var<float>(remat::Var<float>)>> layers(
       6, [](remat::Var<float> v) { return remat::tanh(v); });
-  EXPECT_THROW(remat::run_schedule(layers, free_plan, x), remat::domain_error);
+  // Inside a checkpoint region the enclosing replay would not know the schedule's holds.
+  auto inside = remat::checkpoint([&](remat::Var<float> v) { return remat::run_schedule(layers, free_plan, v); });
+  const auto nodes = tape.size();
+  EXPECT_THROW(inside(x), remat::domain_error);
+  EXPECT_EQ(tape.size(), nodes);
   layers.pop_back();
   EXPECT_THROW(remat::run_schedule(layers, persistent_plan, x), remat::domain_error);
+  EXPECT_THROW(remat::run_schedule(layers, free_plan, x), remat::domain_error);
 }
 
 // W2 of DESIGN.md §6, reduced: blocks h ← h + Linear(4d→d)(gelu(Linear(d→4d)(layer_norm(h)))), head

@@ -40,15 +40,16 @@ namespace remat::detail {
 template <class T>
 struct NodeSnapshot {
   T *value, *extra, *grad;
-  std::int32_t backward_reads, replay_reads, pins, regen_reads;
+  std::int32_t backward_reads, replay_reads, pins, regen_reads, schedule_holds;
   bool grad_assigned, extra_read, evicted;
   std::uint64_t last_access;
   std::int32_t class_parent, class_size;
   double class_cost;
 
   static NodeSnapshot of(const Node<T>& n) {
-    return {n.value,         n.extra,      n.grad,    n.backward_reads, n.replay_reads, n.pins,       n.regen_reads,
-            n.grad_assigned, n.extra_read, n.evicted, n.last_access,    n.class_parent, n.class_size, n.class_cost};
+    return {n.value,   n.extra,       n.grad,           n.backward_reads, n.replay_reads,
+            n.pins,    n.regen_reads, n.schedule_holds, n.grad_assigned,  n.extra_read,
+            n.evicted, n.last_access, n.class_parent,   n.class_size,     n.class_cost};
   }
   void restore(Node<T>& n) const {
     n.value = value;
@@ -58,6 +59,7 @@ struct NodeSnapshot {
     n.replay_reads = replay_reads;
     n.pins = pins;
     n.regen_reads = regen_reads;
+    n.schedule_holds = schedule_holds;
     n.grad_assigned = grad_assigned;
     n.extra_read = extra_read;
     n.evicted = evicted;

@@ -18,6 +18,10 @@
 // whose op reads it (a regeneration read). An evicted value is one the rule still wants but that has no
 // buffer; it takes a regeneration read on each of its op's inputs, so what it is regenerated from stays.
 // When the rule stops wanting it, it stops being evicted and gives those reads back.
+//
+// A chain run by its schedule (ChainPlan, run_schedule with a non-persistent schedule) holds the
+// activations its schedule keeps at every level too (a schedule hold), from the operation that computes
+// one to the one that frees it: the schedule, not a region, says when such a checkpoint goes.
 #pragma once
 
 #include <cassert>
@@ -36,12 +40,14 @@ class Lifetime {
 
   // ---- the rule ----
   bool value_wanted(const Node<T>& n) const {
-    return n.handles > 0 || n.pins > 0 || n.regen_reads > 0 || (n.holds() > 0 && n.level <= level_);
+    return n.handles > 0 || n.pins > 0 || n.regen_reads > 0 || n.schedule_holds > 0 ||
+           (n.holds() > 0 && n.level <= level_);
   }
   bool extra_wanted(const Node<T>& n) const { return n.extra_read && (n.handles > 0 || n.level <= level_); }
   /// Kept for a reader (not only for a handle), and tape-owned: what memory().saved_bytes counts.
   bool saved_value(const Node<T>& n) const {
-    return n.value && n.value_owned() && (n.regen_reads > 0 || (n.holds() > 0 && n.level <= level_));
+    return n.value && n.value_owned() &&
+           (n.regen_reads > 0 || n.schedule_holds > 0 || (n.holds() > 0 && n.level <= level_));
   }
   bool saved_extra(const Node<T>& n) const { return n.extra && n.extra_read && n.level <= level_; }
 
@@ -82,6 +88,14 @@ class Lifetime {
   /// Node `id` was evicted and has a buffer again (regenerated): it gives back its regeneration reads.
   void mark_resident(std::int32_t id) noexcept {
     if (graph_[id].evicted) forget_eviction(id);
+  }
+
+  // ---- a chain schedule's holds ----
+  void add_schedule_hold(std::int32_t id) { ++graph_[id].schedule_holds; }
+  void release_schedule_hold(std::int32_t id) noexcept {
+    assert(graph_[id].schedule_holds > 0);
+    --graph_[id].schedule_holds;
+    settle(id);
   }
 
   // ---- the counters it reads ----

@@ -133,15 +133,16 @@ struct Node {
   std::uint32_t mark = 0;         // scratch for region analyses (stamp of the last analysis that marked it)
 
   // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021).
-  bool evicted = false;            // wanted by the lifetime rule but without a buffer: regenerated when read
-  std::int32_t pins = 0;           // running ops (forward, regeneration, backward) that read it now
-  std::int32_t regen_reads = 0;    // evicted values whose regeneration reads it
-  std::uint64_t last_access = 0;   // the tape's logical clock at its last read or write (staleness)
-  double cost = 0;                 // forward FLOP estimate + 1: the cost of regenerating it alone
-  std::int32_t class_parent = -1;  // union-find over evicted values (h_DTR^eq); -1: a root
-  std::int32_t class_size = 1;     // at a root: members of the class
-  double class_cost = 0;           // at a root: the summed cost of its members evicted now
-  std::int32_t first_use = -1;     // consumers, as edges id·max_inputs + k (input k of op id reads it), listed
+  bool evicted = false;             // wanted by the lifetime rule but without a buffer: regenerated when read
+  std::int32_t pins = 0;            // running ops (forward, regeneration, backward) that read it now
+  std::int32_t regen_reads = 0;     // evicted values whose regeneration reads it
+  std::int32_t schedule_holds = 0;  // an executed chain schedule keeps it (ChainPlan): at every level
+  std::uint64_t last_access = 0;    // the tape's logical clock at its last read or write (staleness)
+  double cost = 0;                  // forward FLOP estimate + 1: the cost of regenerating it alone
+  std::int32_t class_parent = -1;   // union-find over evicted values (h_DTR^eq); -1: a root
+  std::int32_t class_size = 1;      // at a root: members of the class
+  double class_cost = 0;            // at a root: the summed cost of its members evicted now
+  std::int32_t first_use = -1;      // consumers, as edges id·max_inputs + k (input k of op id reads it), listed
   std::int32_t next_use[max_inputs] = {-1, -1, -1};  // from first_use through next_use[k] of each consumer
   std::uint32_t evict_mark = 0;                      // scratch of the eviction scans (stamp)
   std::int8_t evict_memo = 0;                        // with evict_mark: 1 regenerable, 2 not
@@ -170,6 +171,23 @@ struct Region {
   std::int32_t sources_begin = 0, sources_end = 0;
   bool (*policy)(const void*, const OpInfo&) = nullptr;
   const void* policy_object = nullptr;
+  std::int32_t plan = -1;  // a chain executed by its schedule: index into Graph::chain_plans; -1 otherwise
+};
+
+/// A chain of layers recorded as one region whose backward follows a planned schedule's operations
+/// (run_schedule with a non-persistent schedule) instead of one replay: layer i (1…L) is the nodes
+/// [layer_begin[i − 1], layer_begin[i]) and returns node outputs[i]; outputs[0] is the chain's input.
+struct ChainPlan {
+  struct Operation {
+    enum Kind : std::uint8_t { forward, forward_all, backward, free_activation } kind;
+    std::int32_t layer;
+  };
+  std::vector<std::int32_t> layer_begin;  // L + 1 entries
+  std::vector<std::int32_t> outputs;      // L + 1 entries
+  std::vector<Operation> operations;      // from the first backward on
+  std::vector<std::uint8_t> held;         // L + 1: x_i kept by the forward pass for the first backward
+  std::vector<std::uint8_t> tapes;        // L + 1: layer i's residuals kept by it (its ops saved)
+  int length() const { return static_cast<int>(outputs.size()) - 1; }
 };
 
 /// The recorded graph: nodes, regions and the side stores their attributes index into. Every vector
@@ -181,6 +199,7 @@ struct Graph {
   std::vector<std::int32_t> open;            // open regions, outermost first
   std::vector<std::int32_t> region_sources;  // flat lists of replay sources, one range per region
   std::vector<std::int32_t> pending;         // values with Node::pending set
+  std::vector<ChainPlan> chain_plans;        // Region::plan indexes it
   std::vector<int> indices;                  // ops' integer side data (Attributes::indices_begin), flat
   std::vector<std::string> tags;             // names of tagged values, interned (kept across clear())
 

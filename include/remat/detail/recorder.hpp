@@ -179,7 +179,9 @@ class Recorder {
   }
 
   // ---- checkpoint regions ----
-  std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object) {
+  /// `plan`: a chain run by its schedule (Graph::chain_plans), -1 for a checkpoint region.
+  std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object,
+                           std::int32_t plan = -1) {
     if (graph_.open_depth() >= max_region_depth)
       throw tape_error("checkpoint: regions nested deeper than " + std::to_string(max_region_depth) + " levels");
     graph_.open.reserve(graph_.open.size() + 1);
@@ -189,6 +191,7 @@ class Recorder {
     r.depth = graph_.open_depth() + 1;
     r.policy = policy;
     r.policy_object = policy_object;
+    r.plan = plan;
     graph_.regions.push_back(r);
     graph_.open.push_back(static_cast<std::int32_t>(graph_.regions.size() - 1));
     return graph_.open.back();
@@ -220,12 +223,20 @@ class Recorder {
     r.replay_bytes = 0;
     for (std::int32_t m : members_)
       r.replay_bytes += Buffers<T>::bytes(graph_[m].shape) + Buffers<T>::bytes(graph_[m].extra_shape);
+    if (r.plan >= 0) {
+      // A chain run by its schedule may recompute any of its ops: every value they read from outside
+      // the chain, and every leaf inside it, is a source (within capacity: members_ holds `length`).
+      members_.clear();
+      for (std::int32_t i = r.begin; i < graph_.size(); ++i)
+        if (!graph_[i].is_leaf()) members_.push_back(i);
+    }
     hold_sources(r);
     if (graph_.open.empty()) lifetime_.release_pending();
   }
 
   /// Closes the innermost open region after its function threw: it returns nothing and never replays.
   void abort_region() noexcept {
+    graph_.region(graph_.open.back()).plan = -1;
     finish(graph_.region(graph_.open.back()));
     if (graph_.open.empty()) lifetime_.release_pending();
   }
@@ -386,6 +397,8 @@ class Recorder {
       for (int k = 0; k < n.arity; ++k) {
         Node<T>& w = graph_[n.inputs[k]];
         if (w.level >= r.depth || w.mark == stamp_) continue;
+        // A chain's own values are held by its schedule's operations, not until the sweep leaves it.
+        if (r.plan >= 0 && n.inputs[k] >= r.begin && !w.is_leaf()) continue;
         w.mark = stamp_;
         lifetime_.add_replay_read(n.inputs[k]);
         graph_.region_sources.push_back(n.inputs[k]);

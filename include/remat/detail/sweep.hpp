@@ -156,6 +156,10 @@ class Sweep {
     });
     members_.reserve(longest);
     uses_.reserve(longest);
+    std::size_t chain = 0;
+    for (const ChainPlan& plan : graph_.chain_plans) chain = std::max(chain, plan.outputs.size());
+    chain_held_.reserve(chain);
+    chain_tape_.reserve(chain);
     snapshot_.resize(count);
     if (evictor_.active()) evictor_.reserve(count);  // the exact heuristic's walk
     const std::size_t words =
@@ -188,6 +192,7 @@ class Sweep {
     }
     for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
     assert(sig == signature_.data() + words);
+    for (const Region& r : graph_.regions) signable = signable && r.plan < 0;  // a chain's schedule: not signed
     signable_ = signable;
     redundant_ = dry_run_redundant();
     // A redundant dry run's sizes are those of the dry run it repeats, already prepared (and the safety
@@ -365,23 +370,182 @@ class Sweep {
     replayed_ops_ = 0;
     if (!mode.accumulate) set_aside_accumulated_gradients();
     seed(loss);
-    auto enter = entering_.begin();
-    auto leave = leaving_.begin();
+    enter_ = entering_.begin();
+    leave_ = leaving_.begin();
     lifetime_.set_level(0);
-    for (std::int32_t i = graph_.size() - 1; i >= 0; --i) {
-      for (; enter != entering_.end() && graph_.region(*enter).end - 1 == i; ++enter) {
-        const Region& r = graph_.region(*enter);
-        lifetime_.set_level(r.depth);
-        if (r.replays && receives_gradient(r)) replay(r);
-      }
-      if (graph_[i].is_leaf())
-        finish_leaf(i, mode);
-      else
-        sweep_op(i, mode);
-      for (; leave != leaving_.end() && graph_.region(*leave).begin == i; ++leave) leave_region(*leave, mode);
-    }
+    sweep_nodes(graph_.size() - 1, 0, -1, mode);
     lifetime_.set_level(0);
     running_ = false;
+  }
+
+  /// Nodes hi down to lo, entering each region as its last node comes (and replaying it, or running its
+  /// chain's schedule) and leaving it after its first, except region `stop` (left by the caller).
+  void sweep_nodes(std::int32_t hi, std::int32_t lo, std::int32_t stop, SweepMode mode) noexcept {
+    for (std::int32_t i = hi; i >= lo; --i) {
+      bool scheduled = false;
+      for (; enter_ != entering_.end() && graph_.region(*enter_).end - 1 == i; ++enter_) {
+        const Region& r = graph_.region(*enter_);
+        lifetime_.set_level(r.depth);
+        if (r.plan >= 0) {
+          // The regions inside the chain are entered by its layers' backwards.
+          const std::int32_t chain = *enter_++;
+          if (receives_gradient(r)) {
+            run_chain(chain, mode);
+          } else {
+            sweep_nodes(i, r.begin, chain, mode);
+            release_forward_holds(r, mode);
+          }
+          i = r.begin;
+          scheduled = true;
+          break;
+        }
+        if (r.replays && receives_gradient(r)) replay(r);
+      }
+      if (!scheduled) {
+        if (graph_[i].is_leaf())
+          finish_leaf(i, mode);
+        else
+          sweep_op(i, mode);
+      }
+      for (; leave_ != leaving_.end() && graph_.region(*leave_).begin == i && *leave_ != stop; ++leave_)
+        leave_region(*leave_, mode);
+    }
+  }
+
+  // ---- a chain run by its schedule (ChainPlan) ----
+  // The forward pass kept what the schedule holds at its first backward: the activations in plan.held
+  // (schedule holds) and the full tapes of the layers whose ops the region saved. From there the sweep
+  // runs the schedule's operations: F_i recomputes layer i keeping only x_i, Fall_i keeps its residuals
+  // too, B_i is the ordinary sweep over layer i's nodes, and a free releases x_i. chain_held_[i] says
+  // whether this sweep holds x_i: 1 the forward pass's hold, 2 one an operation took.
+
+  void run_chain(std::int32_t rid, SweepMode mode) noexcept {
+    const Region& r = graph_.region(rid);
+    const ChainPlan& plan = graph_.chain_plans[static_cast<std::size_t>(r.plan)];
+    chain_held_.assign(plan.held.begin(), plan.held.end());  // within capacity
+    chain_tape_.assign(plan.tapes.begin(), plan.tapes.end());
+    for (const ChainPlan::Operation& op : plan.operations) {
+      switch (op.kind) {
+        case ChainPlan::Operation::forward:
+        case ChainPlan::Operation::forward_all:
+          hold_activation(plan, op.layer);
+          recompute_layer(plan, op.layer, op.kind == ChainPlan::Operation::forward_all, r.depth);
+          break;
+        case ChainPlan::Operation::backward: {
+          const std::int32_t begin = plan.layer_begin[static_cast<std::size_t>(op.layer - 1)],
+                             end = plan.layer_begin[static_cast<std::size_t>(op.layer)];
+          sweep_nodes(end - 1, begin, rid, mode);
+          chain_tape_[static_cast<std::size_t>(op.layer)] = 0;
+          release_activation(plan, op.layer, mode, r.depth);
+          if (mode.retain_graph) {
+            // The residuals' holds stay for the next backward; what this schedule recomputed goes.
+            lifetime_.set_level(r.depth - 1);
+            for (std::int32_t i = begin; i < end; ++i)
+              if (graph_[i].level >= r.depth) lifetime_.settle(i);
+            lifetime_.set_level(r.depth);
+          }
+          break;
+        }
+        case ChainPlan::Operation::free_activation:
+          release_activation(plan, op.layer, mode, r.depth);
+          break;
+      }
+    }
+    for (int i = 0; i <= plan.length(); ++i) release_activation(plan, i, mode, r.depth);
+  }
+
+  void hold_activation(const ChainPlan& plan, int i) noexcept {
+    std::uint8_t& held = chain_held_[static_cast<std::size_t>(i)];
+    if (held != 0) return;
+    lifetime_.add_schedule_hold(plan.outputs[static_cast<std::size_t>(i)]);
+    held = 2;
+  }
+  /// The schedule is done with x_i: its hold goes, at level depth − 1, where a value of the chain stays only
+  /// for a handle or a running op. With retain_graph the forward pass's hold stays for the next backward.
+  void release_activation(const ChainPlan& plan, int i, SweepMode mode, int depth) noexcept {
+    std::uint8_t& held = chain_held_[static_cast<std::size_t>(i)];
+    if (held == 0) return;
+    const bool physical = held == 2 || !mode.retain_graph;
+    held = 0;
+    if (!physical) return;
+    const std::int32_t id = plan.outputs[static_cast<std::size_t>(i)];
+    // x_i stays as a residual of its layer's tape if the schedule keeps that (x_i may be an earlier layer's
+    // output: a layer may return its input).
+    bool residual = false;
+    for (int k = i; k >= 1 && !residual; --k)
+      if (plan.layer_begin[static_cast<std::size_t>(k - 1)] <= id && id < plan.layer_begin[static_cast<std::size_t>(k)])
+        residual = chain_tape_[static_cast<std::size_t>(k)] != 0;
+    if (!residual) lifetime_.set_level(depth - 1);
+    lifetime_.release_schedule_hold(id);
+    lifetime_.set_level(depth);
+  }
+  /// A chain no gradient reaches: the forward pass's holds go unless retain_graph keeps them.
+  void release_forward_holds(const Region& r, SweepMode mode) noexcept {
+    if (mode.retain_graph) return;
+    const ChainPlan& plan = graph_.chain_plans[static_cast<std::size_t>(r.plan)];
+    lifetime_.set_level(r.depth - 1);
+    for (std::size_t i = 0; i < plan.held.size(); ++i)
+      if (plan.held[i]) lifetime_.release_schedule_hold(plan.outputs[i]);
+    lifetime_.set_level(r.depth);
+  }
+
+  /// F_i (`all` false: at level depth − 1, so that only x_i, held, stays) or Fall_i (at the chain's level:
+  /// the values layer i's backward reads stay too). Runs the layer's ops that what stays needs and that are
+  /// not there, freeing each transient after its last use, as a replay does.
+  void recompute_layer(const ChainPlan& plan, int i, bool all, int depth) noexcept {
+    const std::int32_t begin = plan.layer_begin[static_cast<std::size_t>(i - 1)],
+                       end = plan.layer_begin[static_cast<std::size_t>(i)],
+                       out = plan.outputs[static_cast<std::size_t>(i)];
+    const PresentNow present;
+    uses_.assign(static_cast<std::size_t>(end - begin), 0);  // within capacity
+    members_.clear();
+    auto target = [&](std::int32_t u) {
+      const Node<T>& n = graph_[u];
+      if (u == out && !present.value(n)) return true;
+      return all && n.level <= depth && ((n.holds() > 0 && !present.value(n)) || (n.extra_read && !present.extra(n)));
+    };
+    for (std::int32_t u = end - 1; u >= begin; --u) {
+      const Node<T>& n = graph_[u];
+      if (n.is_leaf() || (uses_[static_cast<std::size_t>(u - begin)] == 0 && !target(u))) continue;
+      members_.push_back(u);
+      for (int k = 0; k < n.arity; ++k) {
+        const std::int32_t w = n.inputs[k];
+        if (present.value(graph_[w]) || w < begin) continue;  // an absent input outside: regenerated
+        ++uses_[static_cast<std::size_t>(w - begin)];
+      }
+    }
+    std::reverse(members_.begin(), members_.end());
+    // F_i: what it computed goes after its last use unless held (below the chain's level, where only
+    // handles, running ops and the schedule's holds keep a value). Only layer i's own nodes: an input may be
+    // a residual of a tape the schedule keeps (x_{i−1} inside x̄_{i−1}).
+    auto done = [&](std::int32_t u) {
+      if (all) return;
+      lifetime_.set_level(depth - 1);
+      lifetime_.settle(u);
+      lifetime_.set_level(depth);
+    };
+    for (std::int32_t u : members_) {
+      const Node<T>& n = graph_[u];
+      evictor_.compute(u, false);
+      replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
+      ++replayed_ops_;
+      for (int k = 0; k < n.arity; ++k) {
+        const std::int32_t w = n.inputs[k];
+        if (w < begin) continue;
+        std::int32_t& left = uses_[static_cast<std::size_t>(w - begin)];
+        if (left > 0 && --left == 0) {
+          lifetime_.unpin(w);
+          done(w);
+        }
+      }
+      if (uses_[static_cast<std::size_t>(u - begin)] > 0) {
+        lifetime_.pin(u);
+      } else {
+        lifetime_.settle(u);
+        done(u);
+      }
+    }
+    if (all) chain_tape_[static_cast<std::size_t>(i)] = 1;
   }
 
   void set_aside_accumulated_gradients() noexcept {
@@ -568,6 +732,8 @@ class Sweep {
   Evictor<T>& evictor_;
   std::vector<std::int32_t> entering_, leaving_;  // regions by the order the sweep enters / leaves them
   std::vector<std::int32_t> members_, uses_;      // replay scratch
+  typename std::vector<std::int32_t>::const_iterator enter_, leave_;  // the pass's next region to enter / leave
+  std::vector<std::uint8_t> chain_held_, chain_tape_;                 // run_chain's scratch
   std::vector<NodeSnapshot<T>> snapshot_;
   std::vector<Stashed> stash_;
   std::vector<std::int32_t> first_leaf_;   // per node, see prepare_ready_callbacks

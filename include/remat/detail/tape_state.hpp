@@ -93,10 +93,23 @@ class TapeState {
   void set_training(bool training) { training_ = training; }
 
   // ---- checkpoint regions ----
-  std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object) {
+  std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object,
+                           std::int32_t plan = -1) {
     check_not_in_callback("checkpoint");
-    return recorder_.open_region(policy, policy_object);
+    return recorder_.open_region(policy, policy_object, plan);
   }
+
+  // ---- chains run by their schedule (run_schedule) ----
+  /// Stores `plan` for a region about to open; returns its index. Throws std::bad_alloc, unchanged.
+  std::int32_t add_chain_plan(ChainPlan plan) {
+    check_not_in_callback("run_schedule");
+    graph_.chain_plans.push_back(std::move(plan));
+    return static_cast<std::int32_t>(graph_.chain_plans.size() - 1);
+  }
+  ChainPlan& chain_plan(std::int32_t index) { return graph_.chain_plans[static_cast<std::size_t>(index)]; }
+  /// The forward pass keeps x_i for the schedule's first backward (ChainPlan::held). Never throws.
+  void add_schedule_hold(std::int32_t id) noexcept { lifetime_.add_schedule_hold(id); }
+  void release_schedule_hold(std::int32_t id) noexcept { lifetime_.release_schedule_hold(id); }
   /// True while `region` is the innermost open region (false once the tape was cleared or destroyed).
   bool region_is_innermost(std::int32_t region, std::uint32_t generation) const {
     return generation == generation_ && !graph_.open.empty() && graph_.open.back() == region;
@@ -293,6 +306,7 @@ class TapeState {
     graph_.region_sources.clear();
     graph_.pending.clear();
     graph_.indices.clear();
+    graph_.chain_plans.clear();
     ++generation_;
     residuals_freed_ = false;
     evictor_.reset_counters();
@@ -304,6 +318,7 @@ class TapeState {
     release_all();
     graph_.nodes.clear();
     graph_.regions.clear();
+    graph_.chain_plans.clear();
     ++generation_;
     buffers_.trim();
   }
@@ -477,6 +492,7 @@ class TapeState {
     const Node<T>& n = graph_[id];
     std::string why;
     if (n.replay_reads > 0) why = read_by_enclosing_replay(id) ? "allowed by policy, read by a replay" : "region input";
+    if (why.empty() && n.schedule_holds > 0) why = "checkpoint of a chain schedule";
     if (why.empty() && n.regen_reads > 0 && !(n.holds() > 0 && n.level <= lifetime_.level()))
       why = "read by the regeneration of an evicted value";
     if (why.empty()) {

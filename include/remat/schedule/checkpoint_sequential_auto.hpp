@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -64,10 +65,120 @@ Var<T> run_plan_node(const Layers& layers, const Schedule& schedule, int index, 
     case PlanNode::advance_tape:
       break;
   }
-  throw domain_error(
-      "run_schedule: the schedule frees a checkpoint before its sub-chain is done (non-persistent); checkpoint "
-      "regions keep their input until the backward sweep leaves them, so plan with plan_schedule(chain, budget, "
-      "/*persistent=*/true)");
+  assert(false && "run_plan_node: a persistent schedule has no advance and no split with right_first > kept + 1");
+  return x;
+}
+
+/// checkpoint_sequential_auto plans non-persistent schedules for chains up to this length.
+constexpr int non_persistent_layers = 16;
+
+/// Whether nested checkpoint regions can run `schedule`: no checkpoint is freed before its sub-chain is done.
+inline bool persistent(const Schedule& schedule) {
+  for (const PlanNode& n : schedule.nodes)
+    if (n.kind == PlanNode::advance || n.kind == PlanNode::advance_tape ||
+        (n.kind == PlanNode::split_activation && n.right_first != n.kept + 1))
+      return false;
+  return true;
+}
+
+/// The chain's plan for the tape (ChainPlan): the operations from the first backward on, what the forward
+/// pass must keep for it (held: activations; tapes: layers whose ops it saves). Throws std::bad_alloc.
+inline ChainPlan chain_plan_of(const Schedule& schedule, int L) {
+  ChainPlan plan;
+  plan.layer_begin.assign(static_cast<std::size_t>(L + 1), 0);
+  plan.outputs.assign(static_cast<std::size_t>(L + 1), -1);
+  plan.held.assign(static_cast<std::size_t>(L + 1), 0);
+  plan.tapes.assign(static_cast<std::size_t>(L + 1), 0);
+  std::size_t first_backward = 0;
+  for (; first_backward < schedule.operations.size(); ++first_backward) {
+    const ScheduleOperation& op = schedule.operations[first_backward];
+    const auto i = static_cast<std::size_t>(op.layer);
+    if (op.kind == ScheduleOperation::backward) break;
+    if (op.kind == ScheduleOperation::free_activation) plan.held[i] = 0;
+    if (op.kind == ScheduleOperation::forward || op.kind == ScheduleOperation::forward_all) plan.held[i] = 1;
+    if (op.kind == ScheduleOperation::forward_all) plan.tapes[i] = 1;
+  }
+  plan.held[0] = 0;  // x_0 is the caller's
+  for (std::size_t k = first_backward; k < schedule.operations.size(); ++k) {
+    const ScheduleOperation& op = schedule.operations[k];
+    ChainPlan::Operation o{};
+    o.layer = op.layer;
+    switch (op.kind) {
+      case ScheduleOperation::forward:
+        o.kind = ChainPlan::Operation::forward;
+        break;
+      case ScheduleOperation::forward_all:
+        o.kind = ChainPlan::Operation::forward_all;
+        break;
+      case ScheduleOperation::backward:
+        o.kind = ChainPlan::Operation::backward;
+        break;
+      case ScheduleOperation::free_activation:
+        o.kind = ChainPlan::Operation::free_activation;
+        break;
+    }
+    plan.operations.push_back(o);
+  }
+  return plan;
+}
+
+/// run_schedule for a non-persistent schedule: the chain is one region whose backward runs the schedule's
+/// operations (detail/sweep.hpp, run_chain). Only outside checkpoint regions (an enclosing region's replay
+/// would not know the schedule's holds).
+template <class Layers, class T>
+Var<T> run_chain_schedule(const Layers& layers, const Schedule& schedule, Var<T> x) {
+  TapeState<T>* state = x.state();
+  x.node("run_schedule");
+  if (state->open_depth() > 0)
+    throw domain_error(
+        "run_schedule: a non-persistent schedule (one that frees a checkpoint before its sub-chain is done) runs "
+        "only outside checkpoint regions; inside one, plan with plan_schedule(chain, budget, /*persistent=*/true)");
+  const int L = static_cast<int>(std::size(layers));
+  const std::int32_t index = state->add_chain_plan(chain_plan_of(schedule, L));
+  std::vector<std::int32_t> holds;
+  holds.reserve(static_cast<std::size_t>(L));
+  state->output_scratch().reserve(1);
+  bool save = false;
+  const SaveWhileFlagged policy{&save};
+  const std::uint32_t generation = state->generation();
+  const std::int32_t region = state->open_region(&call_policy<SaveWhileFlagged>, &policy, index);
+  state->add_ref();  // the state outlives a Tape destroyed inside a layer
+  struct Release {
+    TapeState<T>* s;
+    ~Release() { s->drop_ref(); }
+  } release{state};
+  try {
+    state->chain_plan(index).outputs[0] = x.id();
+    for (int i = 1; i <= L; ++i) {
+      state->chain_plan(index).layer_begin[static_cast<std::size_t>(i - 1)] = state->size();
+      save = state->chain_plan(index).tapes[static_cast<std::size_t>(i)] != 0;
+      x = layers[static_cast<std::size_t>(i - 1)](std::move(x));
+      save = false;
+      if (!state->region_is_innermost(region, generation))
+        throw tape_error("run_schedule: the tape was cleared or destroyed while a layer ran");
+      if (x.state() != state)
+        throw tape_error("run_schedule: layer " + std::to_string(i) + " returned a Var of another tape");
+      x.node("run_schedule");
+      state->chain_plan(index).outputs[static_cast<std::size_t>(i)] = x.id();
+      if (state->chain_plan(index).held[static_cast<std::size_t>(i)]) {
+        state->add_schedule_hold(x.id());
+        holds.push_back(x.id());  // within capacity
+      }
+    }
+    state->chain_plan(index).layer_begin[static_cast<std::size_t>(L)] = state->size();
+    std::vector<std::int32_t>& outputs = state->output_scratch();
+    outputs.clear();
+    outputs.push_back(x.id());  // within capacity
+    state->close_region(outputs);
+    return x;
+  } catch (...) {
+    save = false;
+    if (state->region_is_innermost(region, generation)) {
+      for (std::int32_t id : holds) state->release_schedule_hold(id);
+      state->abort_region();
+    }
+    throw;
+  }
 }
 
 }  // namespace detail
@@ -86,6 +197,7 @@ Var<T> run_schedule(const Layers& layers, const Schedule& schedule, Var<T> x) {
     throw domain_error("run_schedule: the schedule was planned for " +
                        std::to_string(schedule.nodes[static_cast<std::size_t>(schedule.root)].last) + " layers, not " +
                        std::to_string(L));
+  if (!detail::persistent(schedule)) return detail::run_chain_schedule(layers, schedule, std::move(x));
   return detail::run_plan_node(layers, schedule, schedule.root, std::move(x), static_cast<bool*>(nullptr));
 }
 
@@ -421,14 +533,17 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       budget_bytes >= baseline
           ? std::min<std::int64_t>(static_cast<std::int64_t>((budget_bytes - baseline) / unit), 2 * all_units)
           : -1;
-  Schedule schedule = plan_schedule(chain, budget, /*persistent=*/true);
+  // Non-persistent schedules run outside checkpoint regions only (run_schedule); their search is O(L⁵)
+  // against O(L³), so long chains plan persistent ones.
+  const bool persistent = state->open_depth() > 0 || L > detail::non_persistent_layers;
+  Schedule schedule = plan_schedule(chain, budget, persistent);
   if (!schedule.feasible || budget_bytes < after_chain) {
     // The least budget of the chain's schedules (high always fits; low never does), then of the whole step.
     std::int64_t low = schedule.feasible ? -1 : std::max<std::int64_t>(budget, 0);
     std::int64_t high = schedule.feasible ? budget : 2 * all_units;
     while (high - low > 1) {
       const std::int64_t mid = low + (high - low) / 2;
-      (plan_schedule(chain, mid, true).feasible ? high : low) = mid;
+      (plan_schedule(chain, mid, persistent).feasible ? high : low) = mid;
     }
     const std::size_t leanest = baseline + static_cast<std::size_t>(high) * unit;
     const std::size_t least = std::max(leanest, after_chain);
