@@ -183,12 +183,16 @@ Var<T> run_chain_schedule(const Layers& layers, const Schedule& schedule, Var<T>
 
 }  // namespace detail
 
-/// Runs `layers` (L callables Var<T> → Var<T>) on x following `schedule` (from plan_schedule(chain, budget,
-/// /*persistent=*/true) for a chain of the same L) and returns x_L. Each kept activation becomes a checkpoint
-/// region boundary, each kept full tape a layer whose ops the region saves; the backward sweep then replays
-/// exactly the forward operations of the schedule: layer i is evaluated schedule.forward_counts(L)[i − 1]
-/// times in all (first pass included). Gradients are bitwise those of the plain tape.
-/// Throws domain_error for an infeasible or non-persistent schedule, or one planned for another length.
+/// Runs `layers` (L callables Var<T> → Var<T>) on x following `schedule` (from plan_schedule for a chain of
+/// the same L) and returns x_L. A persistent schedule runs as nested checkpoint regions: each kept
+/// activation a region boundary, each kept full tape a layer whose ops the region saves. Any other one runs
+/// as one region carrying the schedule, whose backward performs its operations on the recorded ops
+/// (docs/schedules.md, "How a schedule runs on the tape"). Either way layer i's ops are evaluated
+/// schedule.forward_counts(L)[i − 1] times in all (first pass included; the layer functions are called once)
+/// and gradients are bitwise those of the plain tape. Throws domain_error for an infeasible schedule, one
+/// planned for another length, or a non-persistent one inside a checkpoint region (plan with
+/// persistent = true there); a non-persistent run throws tape_error for a layer returning a Var of another
+/// tape.
 template <class Layers, class T>
 Var<T> run_schedule(const Layers& layers, const Schedule& schedule, Var<T> x) {
   if (!schedule.feasible || schedule.root < 0) throw domain_error("run_schedule: the schedule is not feasible");
@@ -210,7 +214,7 @@ struct AutoScheduleReport {
   /// The peak bound after the chain's backward, in bytes: the baseline, x_0, the gradients the chain leaves
   /// and the backward of the ops recorded before the call (detail::after_chain_bytes).
   std::size_t after_chain_bytes = 0;
-  Schedule schedule;  ///< the persistent optimal schedule that ran
+  Schedule schedule;  ///< the optimal schedule that ran (persistent inside a region or for L > 16)
 };
 
 namespace detail {
@@ -340,8 +344,9 @@ std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begi
 
 }  // namespace detail
 
-/// Measures a chain of layers with a probe pass, plans the persistent schedule with the fewest recomputed
-/// FLOPs whose peak memory stays within `budget_bytes`, and runs it (run_schedule). Returns x_L.
+/// Measures a chain of layers with a probe pass, plans the schedule with the fewest recomputed FLOPs whose
+/// peak memory stays within `budget_bytes`, and runs it (run_schedule). Returns x_L. Any schedule outside
+/// checkpoint regions for L ≤ 16 (detail::non_persistent_layers); a persistent one otherwise.
 ///
 /// **The budget is a bound on tape.memory().peak_bytes** from this call until the backward sweep has passed
 /// the chain: every tape buffer counts — the values live on the tape at the call (x_0, tape variables,

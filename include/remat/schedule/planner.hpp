@@ -447,8 +447,8 @@ class Planner {
 /// (tests/schedule/planner_test.cpp; persistent only: 96.6%, worst gap 20%).
 ///
 /// `persistent` restricts the search to persistent schedules, which nested checkpoint regions can execute
-/// (a region keeps its input until the backward sweep leaves it): run_schedule() and
-/// checkpoint_sequential_auto() plan with it. Time O(L³·budget) persistent, O(L⁵·budget) otherwise, memory
+/// (a region keeps its input until the backward sweep leaves it); run_schedule() runs the others as one
+/// region carrying the schedule, outside checkpoint regions only, so plan with it inside one. Time O(L³·budget) persistent, O(L⁵·budget) otherwise, memory
 /// O(L²·budget) resp. O(L³·budget) table entries of 16 bytes at worst; measured here: L = 20, budget 150
 /// units: 15 ms persistent, 0.2 s otherwise; L = 60, budget 200: 2 s persistent. Quantise byte sizes (as
 /// checkpoint_sequential_auto does) to keep the budget to a few hundred units.
