@@ -154,6 +154,15 @@ TEST(ChainRegion, TheShapesOnlyEstimateIsTheRealRun) {
   EXPECT_GT(e.replayed_ops, 0u);
 }
 
+TEST(ChainRegion, IsNotDiagnosedAsARegionThatSavesNothing) {
+  // The chain region is the last region before the loss and replays at once; but the planner chose what it
+  // keeps, so the policy diagnostics (tape.diagnose) say nothing of it.
+  const remat::Schedule plan = non_persistent_plan();
+  remat::Tape<float> tape;
+  Model chained(tape, &plan);
+  EXPECT_TRUE(tape.diagnostics().empty());
+}
+
 TEST(ChainRegion, ALayerThatThrowsLeavesTheTapeUsable) {
   const remat::Schedule plan = non_persistent_plan();
   remat::Tape<float> tape;

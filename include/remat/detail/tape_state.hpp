@@ -366,11 +366,12 @@ class TapeState {
     std::int32_t last = -1;
     for (std::int32_t r = 0; r < static_cast<std::int32_t>(graph_.regions.size()); ++r) {
       const Region& g = graph_.region(r);
-      if (!g.open && g.depth == 1 && g.begin <= loss && g.replays) last = r;
+      if (!g.open && g.depth == 1 && g.begin <= loss && g.replays && g.plan < 0) last = r;
     }
     for (std::int32_t r = 0; r < static_cast<std::int32_t>(graph_.regions.size()); ++r) {
       const Region& g = graph_.region(r);
-      if (g.open || g.end == g.begin) continue;
+      // A chain run by its schedule: the planner chose what it keeps (the findings are about policies).
+      if (g.open || g.end == g.begin || g.plan >= 0) continue;
       CheckpointDiagnostic d = diagnostic_base(r);
       if (!region_needs_gradient(g)) {
         d.kind = CheckpointDiagnostic::Kind::needs_no_gradient;
