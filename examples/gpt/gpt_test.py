@@ -291,17 +291,20 @@ DIST = ["--layers", 3, "--width", 32, "--heads", 2, "--seq-len", 16, "--batch", 
 
 
 def case_distributed_equals_single_process():
-    """N ranks train on shards of the same global batch: after one step the loss, the gradient and the
-    parameters equal one process's to 1e-6 relative (float sums in another order), for checkpointed modes and
+    """N ranks train on shards of the same global batch: after one step the loss and the gradient equal one
+    process's to 1e-6 relative (float sums in another order), the parameters as below, for checkpointed modes and
     both attentions; the ranks' parameters are bitwise equal (the example compares their CRC-32 at the end
     and fails otherwise); only rank 0 prints; --timing reports the one reduction.
 
     The gradient: its norm before clipping (a gradient reduced twice, or weighed wrongly, changes it) and, per
     tensor, its direction (AdamW's first moment after one step is 0.1 × the gradient clipped to norm 1).
     The parameters: over the whole parameter vector, not per tensor. AdamW's first update is lr·g/(|g| + ε)
-    with ε = 1e-8, which turns the rounding of gradients near ε into update differences of ~1e-6 (the key
-    bias's gradient is 0 but for rounding: softmax ignores a constant added to every key), up to 6e-5 of a
-    small bias tensor's norm; the whole vector differs by 3e-7 (2 ranks, when written)."""
+    with ε = 1e-8, which turns the rounding of gradients near ε into update differences of up to lr·1 % (the
+    key bias's gradient is 0 but for rounding: softmax ignores a constant added to every key; some weights'
+    are ~1e-9), up to 5e-5 of a small bias tensor's norm: the whole vector differs by 3e-7 with OpenBLAS's
+    Haswell kernels and 1.5e-6 with its AVX-512 (Cooper Lake) ones on Zen 5 (2 ranks). So the parameters
+    whose gradient is ≥ 1e-6 (85 % of them) are compared at 1e-6 (they differ by 6e-9 either way), the
+    whole vector at 1e-5."""
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "corpus")
         write_corpus(data)
@@ -330,8 +333,15 @@ def case_distributed_equals_single_process():
             values, moments = read_state(state)
             flat = lambda tensors: [x for t in tensors for x in t]
             check(len(values) == len(s_values) and len(values) > 0, f"{what}: {len(values)} parameters in {state}")
+            # Where one process's gradient g = 10·m is ≥ 100·ε, AdamW's update lr·g/(|g| + ε) is insensitive
+            # to g's rounding; below, it is not: compared there only with the whole vector, at 1e-5.
+            steady = [abs(10 * m) >= 1e-6 for m in flat(s_moments)]
+            pick = lambda xs: [x for x, keep in zip(xs, steady) if keep]
+            difference = relative_difference(pick(flat(values)), pick(flat(s_values)))
+            check(difference <= 1e-6, f"{what}: parameters whose gradient is ≥ 1e-6 differ from one process's by "
+                                      f"{difference:g} (relative)")
             difference = relative_difference(flat(values), flat(s_values))
-            check(difference <= 1e-6, f"{what}: parameters differ from one process's by {difference:g} (relative)")
+            check(difference <= 1e-5, f"{what}: parameters differ from one process's by {difference:g} (relative)")
             worst = max((relative_difference(a, b), k) for k, (a, b) in enumerate(zip(moments, s_moments)))
             check(worst[0] <= 1e-6, f"{what}: the gradient of parameter {worst[1]} (optimizer order) differs from "
                                     f"one process's by {worst[0]:g} (relative)")

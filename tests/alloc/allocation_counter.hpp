@@ -10,6 +10,10 @@
 // Counting (remat_alloc::Count): every malloc-family call of any thread while a Count is active. Under
 // AddressSanitizer malloc cannot be interposed; the allocations are counted through
 // __sanitizer_install_malloc_and_free_hooks instead (operator new is still replaced: it calls malloc).
+// A call made from inside OpenBLAS (a frame of its stack lies in libopenblas's code) is OpenBLAS's and is
+// counted apart (Counts::blas_allocations, blas_frees): OpenBLAS 0.3.21's AVX-512 small-matrix sgemm
+// kernels (its SKYLAKEX and COOPERLAKE targets, chosen on Zen 4/5 and Intel AVX-512 machines unless
+// OPENBLAS_CORETYPE says otherwise) malloc and free a packing buffer on every call (docs/design.md §2.5).
 //
 // Fault injection (remat_alloc::Injection): on the calling thread, "allocation events" are counted and the
 // k-th one fails with std::bad_alloc. An event is
@@ -22,11 +26,13 @@
 #pragma once
 
 #include <execinfo.h>
+#include <link.h>
 #include <malloc.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -73,6 +79,7 @@ struct Counts {
   long this_thread = 0;   ///< those of the thread that made the Count
   long frees = 0;         ///< free calls with a non-null pointer
   std::size_t bytes = 0;  ///< bytes requested by those allocations
+  long blas_allocations = 0, blas_frees = 0;  ///< OpenBLAS's own (made inside it): not in the figures above
 };
 
 namespace detail {
@@ -81,7 +88,26 @@ namespace detail {
 inline std::atomic<bool> counting{false};
 inline std::atomic<long> allocations{0}, frees{0};
 inline std::atomic<std::size_t> bytes{0};
+inline std::atomic<long> blas_allocations{0}, blas_frees{0};
 inline bool trace = false;
+
+// OpenBLAS's code (its executable segments), found at start-up: it is linked, so loaded before any
+// dynamic initialiser runs.
+struct CodeRange {
+  std::uintptr_t begin = 0, end = 0;
+};
+inline CodeRange blas_code[8];
+inline int blas_ranges = 0;
+inline int find_blas(dl_phdr_info* info, std::size_t, void*) {
+  if (!info->dlpi_name || !std::strstr(info->dlpi_name, "openblas")) return 0;
+  for (int i = 0; i < info->dlpi_phnum && blas_ranges < 8; ++i) {
+    const ElfW(Phdr)& segment = info->dlpi_phdr[i];
+    if (segment.p_type != PT_LOAD || !(segment.p_flags & PF_X)) continue;
+    const std::uintptr_t begin = info->dlpi_addr + segment.p_vaddr;
+    blas_code[blas_ranges++] = CodeRange{begin, begin + segment.p_memsz};
+  }
+  return 0;
+}
 
 // Fault injection state of the calling thread (trivial types: no TLS constructor, no malloc).
 inline thread_local bool armed = false;        // events are counted
@@ -94,6 +120,23 @@ inline thread_local bool in_new = false;       // inside our operator new: its m
 inline thread_local bool pool_malloc = false;  // allocation_hook ran: the pool's next malloc is that event
 inline thread_local bool in_trace = false;
 inline thread_local long thread_allocations = 0;
+inline thread_local bool in_backtrace = false;
+
+/// Whether the allocation function running now was called from inside OpenBLAS: some frame of the first
+/// few (this function's, the counter's, the allocator's, then its caller's) lies in OpenBLAS's code.
+inline bool inside_blas() {
+  if (blas_ranges == 0 || in_backtrace) return false;
+  in_backtrace = true;
+  void* frames[10];
+  const int n = backtrace(frames, 10);
+  in_backtrace = false;
+  for (int f = 0; f < n; ++f)
+    for (int r = 0; r < blas_ranges; ++r) {
+      const auto pc = reinterpret_cast<std::uintptr_t>(frames[f]);
+      if (pc >= blas_code[r].begin && pc < blas_code[r].end) return true;
+    }
+  return false;
+}
 
 inline void print_trace(std::size_t size) {
   if (in_trace) return;
@@ -111,14 +154,19 @@ inline void print_trace(std::size_t size) {
 }
 
 inline void note_allocation(std::size_t size) {
-  if (!counting.load(std::memory_order_relaxed) || in_trace) return;
+  if (!counting.load(std::memory_order_relaxed) || in_trace || in_backtrace) return;
+  if (inside_blas()) {
+    blas_allocations.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   allocations.fetch_add(1, std::memory_order_relaxed);
   ++thread_allocations;
   bytes.fetch_add(size, std::memory_order_relaxed);
   if (trace) print_trace(size);
 }
 inline void note_free(const volatile void* p) {
-  if (p && counting.load(std::memory_order_relaxed) && !in_trace) frees.fetch_add(1, std::memory_order_relaxed);
+  if (!p || !counting.load(std::memory_order_relaxed) || in_trace || in_backtrace) return;
+  (inside_blas() ? blas_frees : frees).fetch_add(1, std::memory_order_relaxed);
 }
 
 /// One allocation event on this thread; true if it must fail.
@@ -158,14 +206,11 @@ inline void asan_free_hook(const volatile void* p) {
 
 struct Init {
   Init() {
+    dl_iterate_phdr(&find_blas, nullptr);
+    void* frames[2];
+    backtrace(frames, 2);  // loads libgcc before the first counted allocation
     const char* t = std::getenv("REMAT_ALLOC_TRACE");
-    if (t && *t && *t != '0') {
-#ifndef REMAT_ALLOC_ASAN
-      void* frames[2];
-      backtrace(frames, 2);  // loads libgcc before the first counted allocation
-#endif
-      trace = true;
-    }
+    if (t && *t && *t != '0') trace = true;
 #ifdef REMAT_ALLOC_ASAN
     __sanitizer_install_malloc_and_free_hooks(&asan_malloc_hook, &asan_free_hook);
 #endif
@@ -212,6 +257,8 @@ class Count {
     detail::allocations = 0;
     detail::frees = 0;
     detail::bytes = 0;
+    detail::blas_allocations = 0;
+    detail::blas_frees = 0;
     detail::thread_allocations = 0;
     detail::counting = true;
   }
@@ -220,7 +267,8 @@ class Count {
   ~Count() { detail::counting = false; }
   Counts stop() {
     detail::counting = false;
-    return Counts{detail::allocations.load(), detail::thread_allocations, detail::frees.load(), detail::bytes.load()};
+    return Counts{detail::allocations.load(), detail::thread_allocations,      detail::frees.load(),
+                  detail::bytes.load(),       detail::blas_allocations.load(), detail::blas_frees.load()};
   }
 };
 

@@ -38,10 +38,13 @@ struct StepRecord {
 std::string describe(const std::vector<StepRecord>& steps) {
   std::string s;
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    char line[200];
-    std::snprintf(line, sizeof line, "  step %zu: %ld allocations (%zu bytes), %ld frees; peak %zu B, cached %zu B\n",
+    char line[240];
+    std::snprintf(line, sizeof line,
+                  "  step %zu: %ld allocations (%zu bytes), %ld frees; peak %zu B, cached %zu B; OpenBLAS's own: %ld "
+                  "allocations, %ld frees\n",
                   i + 1, steps[i].counts.allocations, steps[i].counts.bytes, steps[i].counts.frees,
-                  steps[i].after_backward.peak_bytes, steps[i].after_step.cached_bytes);
+                  steps[i].after_backward.peak_bytes, steps[i].after_step.cached_bytes,
+                  steps[i].counts.blas_allocations, steps[i].counts.blas_frees);
     s += line;
   }
   return s;
@@ -52,9 +55,13 @@ void expect_steady(const std::vector<StepRecord>& steps, std::size_t first_stead
   SCOPED_TRACE("\n" + describe(steps) + "(REMAT_ALLOC_TRACE=1 prints where each allocation happens)");
   ASSERT_GT(steps.size(), first_steady + 3);
   EXPECT_GT(steps[0].counts.allocations, 0) << "the counter saw nothing in the first step";
+  ::testing::Test::RecordProperty("openblas_allocations_last_step",
+                                  std::to_string(steps.back().counts.blas_allocations));
   for (std::size_t i = first_steady; i < steps.size(); ++i) {
     EXPECT_EQ(steps[i].counts.allocations, 0) << "step " << i + 1;
     EXPECT_EQ(steps[i].counts.frees, 0) << "step " << i + 1;
+    // OpenBLAS's own packing buffers (allocation_counter.hpp), freed within the product that made them.
+    EXPECT_EQ(steps[i].counts.blas_allocations, steps[i].counts.blas_frees) << "step " << i + 1;
     EXPECT_EQ(steps[i].after_backward.peak_bytes, steps[first_steady].after_backward.peak_bytes) << "step " << i + 1;
     EXPECT_EQ(steps[i].after_step.cached_bytes, steps[first_steady].after_step.cached_bytes) << "step " << i + 1;
     EXPECT_EQ(steps[i].after_step.live_bytes, 0u) << "step " << i + 1;
