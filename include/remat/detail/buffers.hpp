@@ -405,6 +405,52 @@ class Buffers {
   std::size_t live_bytes() const { return live_bytes_; }
   std::size_t peak_bytes() const { return peak_bytes_; }
   void reset_peak() { peak_bytes_ = live_bytes_; }
+
+  // ---- a measured stretch (checkpoint_sequential_auto's probe) ----
+  /// What a stretch of recording measures: its peak, and the peak it would have reached had the buffers
+  /// freed in it that a region saving its ops keeps (retained: values a backward reads, op extras) stayed.
+  struct Measure {
+    std::size_t peak = 0, retained_peak = 0;
+    // The stretch's state (saved by begin_measure for an enclosing stretch): the peak before the current
+    // segment (a segment ends at each retained free), the retained bytes so far, whether measuring.
+    std::size_t earlier_peak = 0, retained = 0;
+    bool measuring = false;
+  };
+  /// Starts a stretch: peak_bytes() drops to live_bytes(). Returns what end_measure() restores.
+  Measure begin_measure() noexcept {
+    Measure saved{peak_bytes_, retained_peak_, earlier_peak_, retained_, measuring_};
+    peak_bytes_ = live_bytes_;
+    retained_peak_ = earlier_peak_ = retained_ = 0;
+    measuring_ = true;
+    return saved;
+  }
+  /// Ends the stretch begun by the begin_measure() that returned `saved` and returns its two peaks; an
+  /// enclosing stretch goes on with this one counted in it, and peak_bytes() keeps the larger peak.
+  Measure end_measure(const Measure& saved) noexcept {
+    Measure m;
+    m.peak = std::max(earlier_peak_, peak_bytes_);
+    m.retained_peak = std::max(retained_peak_, peak_bytes_ + retained_);
+    measuring_ = saved.measuring;
+    if (measuring_) {  // the enclosing stretch: its segment before this one, then this one's frees
+      retained_peak_ = std::max({saved.retained_peak, saved.peak + saved.retained, m.retained_peak + saved.retained});
+      earlier_peak_ = std::max({saved.earlier_peak, saved.peak, m.peak});
+      retained_ = saved.retained + retained_;
+      peak_bytes_ = live_bytes_;
+    } else {
+      retained_peak_ = earlier_peak_ = retained_ = 0;
+      peak_bytes_ = std::max(saved.peak, m.peak);
+    }
+    return m;
+  }
+  bool measuring() const { return measuring_; }
+  /// In a stretch, after freeing `b` bytes a saving region would have kept. Never throws.
+  void count_retained(std::size_t b) noexcept {
+    // live + retained only rises at an allocation: its peak over a segment is the segment's peak + retained.
+    earlier_peak_ = std::max(earlier_peak_, peak_bytes_);
+    retained_peak_ = std::max(retained_peak_, peak_bytes_ + retained_);
+    retained_ += b;
+    peak_bytes_ = live_bytes_;
+  }
   std::size_t cached_bytes() const { return pool_.cached_bytes(); }
   void trim() { pool_.trim(); }
 
@@ -435,6 +481,8 @@ class Buffers {
   bool shapes_only_;
   std::size_t live_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
+  bool measuring_ = false;  // a measured stretch (Measure)
+  std::size_t earlier_peak_ = 0, retained_ = 0, retained_peak_ = 0;
   bool simulating_ = false;
   SizeMap<Simulated> simulated_;
   std::size_t simulated_live_ = 0, simulated_peak_ = 0;

@@ -56,12 +56,12 @@ class Lifetime {
     Node<T>& n = graph_[id];
     if (n.value && !value_wanted(n)) free_value(n);
     if (n.evicted && !value_wanted(n)) forget_eviction(id);
-    if (n.extra && !extra_wanted(n)) buffers_.free(n.extra, n.extra_shape);
+    if (n.extra && !extra_wanted(n)) free_extra(n);
   }
   /// Frees the extra if the rule does not want it (after a regeneration wrote it). Never throws.
   void settle_extra(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
-    if (n.extra && !extra_wanted(n)) buffers_.free(n.extra, n.extra_shape);
+    if (n.extra && !extra_wanted(n)) free_extra(n);
   }
 
   // ---- evictions (a memory budget) ----
@@ -149,10 +149,17 @@ class Lifetime {
   }
 
   void free_value(Node<T>& n) noexcept {
-    if (n.value_owned())
-      buffers_.free(n.value, n.shape);
-    else
+    if (!n.value_owned()) {
       n.value = nullptr;  // a Parameter's storage is not the tape's to free
+      return;
+    }
+    buffers_.free(n.value, n.shape);
+    // A region that saved the node would have kept it for its readers (checkpoint_sequential_auto's probe).
+    if (n.holds() > 0 && buffers_.measuring()) buffers_.count_retained(Buffers<T>::bytes(n.shape));
+  }
+  void free_extra(Node<T>& n) noexcept {
+    buffers_.free(n.extra, n.extra_shape);
+    if (n.extra_read && buffers_.measuring()) buffers_.count_retained(Buffers<T>::bytes(n.extra_shape));
   }
 
  private:

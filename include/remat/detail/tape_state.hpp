@@ -424,19 +424,15 @@ class TapeState {
     diagnostics_handler_ = std::move(handler);
   }
 
-  /// For schedules (checkpoint_sequential_auto's probe): the live bytes now, and the peak of a stretch of
-  /// recording: begin_peak_measure() lowers peak_bytes to live_bytes and returns the previous peak, which
-  /// end_peak_measure(previous) puts back (the larger of the two stays) after returning the stretch's peak.
+  /// For schedules (checkpoint_sequential_auto's probe): the live bytes now, and the peaks of a stretch of
+  /// recording: begin_peak_measure() starts it (peak_bytes drops to live_bytes) and returns what
+  /// end_peak_measure(saved) restores (the larger peak stays) after returning the stretch's peak and the
+  /// peak it would have had if the values and extras it freed that a backward reads had stayed
+  /// (Buffers::Measure). Stretches nest.
   std::size_t live_bytes() const { return buffers_.live_bytes(); }
-  std::size_t begin_peak_measure() {
-    const std::size_t previous = buffers_.peak_bytes();
-    buffers_.reset_peak();
-    return previous;
-  }
-  std::size_t end_peak_measure(std::size_t previous) {
-    const std::size_t peak = buffers_.peak_bytes();
-    buffers_.restore_peak(std::max(previous, peak));
-    return peak;
+  typename Buffers<T>::Measure begin_peak_measure() noexcept { return buffers_.begin_measure(); }
+  typename Buffers<T>::Measure end_peak_measure(const typename Buffers<T>::Measure& saved) noexcept {
+    return buffers_.end_measure(saved);
   }
 
   /// For schedules: the cost of node `id` as checkpoint_sequential_auto's planner models it.

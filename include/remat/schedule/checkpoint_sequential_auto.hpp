@@ -365,14 +365,14 @@ std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begi
 /// bytes ω_x; the bytes it holds as a checkpoint ω_c (ω_x and its op's extra buffer when the op's backward
 /// reads it); the bytes a kept layer holds ω_x̄ (output + residuals + op extras + values its own ops read,
 /// which a region's replay may hold as sources); the peak bytes of its forward beyond its input and output
-/// (o_f, read from the tape's own peak counter; o_f̄ for Fall from it and from all the layer allocated);
-/// what its backward allocates beyond δ_i and δ_{i−1} (o_b and the weight gradients it leaves, g, from the
-/// recorded nodes by the sweep's rules: detail::backward_bytes); and the FLOP estimates of its ops (u_f;
-/// u_b = 2·u_f). The bytes already live on the tape at the call (besides x_0) are held throughout. Sizes are
-/// quantised to units of 1/resolution of their sum, rounded up, and the budget down, so the plan never
-/// exceeds the budget in the model and every budget from the least one up is feasible; the model bounds
-/// the tape from above (tests/schedule/auto_peak_property_test.cpp checks peak_bytes ≤ budget on random
-/// chains; where the bound is loose: docs/schedules.md, Limits).
+/// (o_f, read from the tape's own peak counter; o_f̄ for Fall from the same counter with the values and extras the probe
+/// freed that a backward reads counted as kept); what its backward allocates beyond δ_i and δ_{i−1} (o_b and the weight
+/// gradients it leaves, g, from the recorded nodes by the sweep's rules: detail::backward_bytes); and the FLOP
+/// estimates of its ops (u_f; u_b = 2·u_f). The bytes already live on the tape at the call (besides x_0) are held
+/// throughout. Sizes are quantised to units of 1/resolution of their sum, rounded up, and the budget down, so the plan
+/// never exceeds the budget in the model and every budget from the least one up is feasible; the model bounds the tape
+/// from above (tests/schedule/auto_peak_property_test.cpp checks peak_bytes ≤ budget on random chains; where the bound
+/// is loose: docs/schedules.md, Limits).
 ///
 /// Costs one extra forward pass (the probe) and plan_schedule's time O(L³·resolution) (milliseconds for a
 /// dozen layers, seconds for 60). In a training loop whose shapes do not change, plan once: pass `report`
@@ -420,21 +420,20 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       const std::int32_t begin = state->size();
       const std::int32_t input = v.id();
       const std::size_t live_before = state->live_bytes();
-      const std::size_t previous_peak = state->begin_peak_measure();
+      const auto saved_measure = state->begin_peak_measure();
       try {
         v = layers[static_cast<std::size_t>(i)](std::move(v));
       } catch (...) {
-        state->end_peak_measure(previous_peak);
+        state->end_peak_measure(saved_measure);
         throw;
       }
-      const std::size_t forward_peak = state->end_peak_measure(previous_peak);
+      const auto forward_peak = state->end_peak_measure(saved_measure);
       const std::int32_t end = state->size();
       Measured m{};
       m.output = detail::Buffers<T>::bytes(v.shape());
       // Kept as a checkpoint, x_i keeps its op's extra buffer if its backward reads it (layer_norm's statistics).
       m.checkpoint = m.output + (v.id() >= begin ? state->cost(v.id()).extra_read_bytes : 0);
       m.tape = m.output;
-      std::size_t allocated = 0;  // every buffer the layer's forward allocated: Fall frees none of them
       // A layer with checkpoint regions of its own: a value of the layer that an op of it reads may be the
       // source of such a region's replay, held until the sweep leaves that region; not modelled op by op,
       // so counted in ω_x̄ (an upper bound). Without regions of its own, all of a layer's ops are saved or
@@ -456,18 +455,17 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
           if (n.value_owned()) owned_leaves += detail::Buffers<T>::bytes(n.shape);
           continue;
         }
-        allocated += c.bytes + detail::Buffers<T>::bytes(n.extra_shape) + detail::Buffers<T>::bytes(n.scratch_shape);
         m.flops += c.flops;
         // ω_x̄: what the backward reads (and, in a layer with regions of its own, what its ops read: above).
         // The layer's output is counted above.
         if ((c.value_read || read_in_layer[static_cast<std::size_t>(j - begin)]) && j != v.id()) m.tape += c.bytes;
         m.tape += c.extra_read_bytes;
       }
-      // F_i: the tape's own peak counter, beyond what was live and the output. Fall_i keeps the residuals
-      // the probe freed, so it is bounded by the probe's peak plus them (≤ o_f + ω_x̄) and by all it allocated.
-      m.forward = forward_peak - std::min(forward_peak, live_before + m.output);
-      const std::size_t fall = std::min(m.forward + m.tape, std::max(allocated, m.tape));
-      m.forward_all = fall - m.tape;
+      // F_i: the tape's own peak counter, beyond what was live and the output. Fall_i frees what F_i frees
+      // except the values and extras a backward reads: the same counter with those counted as kept.
+      m.forward = forward_peak.peak - std::min(forward_peak.peak, live_before + m.output);
+      const std::size_t fall = forward_peak.retained_peak - std::min(forward_peak.retained_peak, live_before);
+      m.forward_all = fall - std::min(fall, m.tape);
       m.output_read =
           v.id() >= begin && state->node(v.id()).requires_grad && (state->node(v.id()).reads & reads_output) != 0;
       spans.push_back({begin, end, input, v.id()});
