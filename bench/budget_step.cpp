@@ -1,12 +1,11 @@
-// One training step of W1 and W2 (shared/DESIGN.md) under a memory budget of 50 % and 25 % of the plain
-// step's measured peak, by three means: the tape's runtime budget (Tape::set_memory_budget, Dynamic Tensor
-// Rematerialization, Kirisame et al. 2021) with each eviction heuristic; checkpoint_sequential with the
-// segment count whose peak is the largest at or below the budget (found with the shapes-only tape, whose
-// figures are the real run's); and checkpoint_sequential_auto's plan for the budget (planned once, then run
-// with run_schedule); and the plain step without a budget, the reference row. Each layer records its
-// Parameters where it uses them (Model::weight). After timing, one instrumented step reports the measured peak, the ops
-// recomputed (DTR's regenerations + checkpoint replays) and their ratio to the step's recorded ops N, and checks the
-// gradients bitwise against the plain step's.
+// One training step of W1, W2 and W3 (shared/DESIGN.md; W3 is examples/gpt's model) under a memory budget of 50 % and
+// 25 % of the plain step's measured peak, by three means: the tape's runtime budget (Tape::set_memory_budget, Dynamic
+// Tensor Rematerialization, Kirisame et al. 2021) with each eviction heuristic; checkpoint_sequential with the segment
+// count whose peak is the largest at or below the budget (found with the shapes-only tape, whose figures are the real
+// run's); and checkpoint_sequential_auto's plan for the budget (planned once, then run with run_schedule); and the
+// plain step without a budget, the reference row. Each layer records its Parameters where it uses them (Model::weight).
+// After timing, one instrumented step reports the measured peak, the ops recomputed (DTR's regenerations + checkpoint
+// replays) and their ratio to the step's recorded ops N, and checks the gradients bitwise against the plain step's.
 //
 //   build/bench/budget_step --benchmark_counters_tabular=true
 //   bench/run_budget.sh [build-dir] [repetitions]: the idle-machine run of docs/schedules.md's table
@@ -18,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <remat/remat.hpp>
@@ -25,6 +25,8 @@
 #include <remat/schedule/checkpoint_sequential_auto.hpp>
 
 #include "context.hpp"
+#include "gpt/gpt.hpp"
+#include "remat_gpt.hpp"
 #include "workloads.hpp"
 
 namespace bench {
@@ -58,7 +60,7 @@ struct Runner {
       case plain:
         break;
     }
-    for (const auto& layer : layers) x = layer(x);
+    for (std::size_t l = 0; l < layers.size(); ++l) x = layers[l](x);
     return x;
   }
 };
@@ -141,6 +143,45 @@ class Model {
   remat::Tape<float> tape_;
 };
 
+/// W3: the GPT of examples/gpt with docs/gpt.md's deterministic parameters, unfused attention, no dropout;
+/// its chain is the L blocks (gpt::Model::loss with a block runner), between the embeddings and the head.
+template <class W>
+class GptModel {
+ public:
+  explicit GptModel(const GptData& data, bool shapes = false)
+      : data_(data),
+        model_(gpt::Model<float>::deterministic(gpt_config(W::shape))),
+        tape_(shapes ? remat::Tape<float>(remat::shapes_only) : remat::Tape<float>()) {}
+
+  remat::Tape<float>& tape() { return tape_; }
+
+  std::size_t step(const Runner& run) {
+    tape_.clear();
+    for (Parameter<float>* p : model_.parameters()) p->zero_grad();
+    V loss = model_.loss(tape_, data_.ids, data_.targets, gpt::Attention::unfused, run);
+    std::size_t ops = 0;
+    for (std::int32_t i = 0; i < loss.state()->size(); ++i) ops += loss.state()->node(i).is_leaf() ? 0 : 1;
+    tape_.backward(loss);
+    return ops;
+  }
+
+  std::vector<remat::Matrix<float>> gradients() {
+    std::vector<remat::Matrix<float>> g;
+    for (Parameter<float>* p : model_.parameters()) g.emplace_back(p->grad());
+    return g;
+  }
+
+ private:
+  const GptData& data_;
+  gpt::Model<float> model_;
+  remat::Tape<float> tape_;
+};
+
+template <class W>
+using ModelOf = std::conditional_t<is_gpt<W>, GptModel<W>, Model<W>>;
+template <class W>
+using DataOf = std::decay_t<decltype(make_data(W::shape))>;
+
 template <class W>
 Index chain_length() {
   if constexpr (is_mlp<W>)
@@ -156,11 +197,11 @@ struct Plain {
   std::vector<remat::Matrix<float>> gradients;
 };
 template <class W>
-const Plain& plain(const Data& data, int threads) {
+const Plain& plain(const DataOf<W>& data, int threads) {
   static std::map<int, Plain> cache;
   auto found = cache.find(threads);
   if (found == cache.end()) {
-    Model<W> m(data);
+    ModelOf<W> m(data);
     m.step(Runner{});
     found = cache.emplace(threads, Plain{m.tape().memory().peak_bytes, m.gradients()}).first;
   }
@@ -189,11 +230,11 @@ const char* means_name(Means m) {
 /// The segment count whose step peak (counted on a shapes-only tape: the real run's figure) is the largest
 /// at or below `budget`; 0 if none is.
 template <class W>
-int segments_for(const Data& data, std::size_t budget) {
+int segments_for(const DataOf<W>& data, std::size_t budget) {
   int best = 0;
   std::size_t best_peak = 0;
   for (int s = 1; s <= chain_length<W>(); ++s) {
-    Model<W> m(data, /*shapes=*/true);
+    ModelOf<W> m(data, /*shapes=*/true);
     Runner r;
     r.kind = Runner::sequential;
     r.segments = s;
@@ -220,10 +261,10 @@ template <class W>
 void budget_step(benchmark::State& state, Means means, double fraction) {
   const int threads = static_cast<int>(state.range(0));
   set_threads(threads);
-  static const Data data = make_data(W::shape);
+  static const DataOf<W> data = make_data(W::shape);
   const Plain& reference = plain<W>(data, threads);
   const auto budget = static_cast<std::size_t>(fraction * static_cast<double>(reference.peak));
-  Model<W> model(data);
+  ModelOf<W> model(data);
   Runner run;
   remat::Schedule schedule;
   switch (means) {
@@ -316,6 +357,7 @@ int main(int argc, char** argv) {
   bench::add_blas_context();
   bench::register_workload<bench::W1>();
   bench::register_workload<bench::W2>();
+  bench::register_workload<bench::W3>();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/schedules.md's budget table (issue 13): W1 and W2 under a memory budget of 50 % and 25 % of the plain
+# docs/schedules.md's budget table (issue 13): W1, W2 and W3 under a memory budget of 50 % and 25 % of the plain
 # step's measured peak — DTR (Tape::set_memory_budget) with each heuristic, checkpoint_sequential, the planner
 # (checkpoint_sequential_auto) — and the plain step, at 1 and 2 threads (bench/budget_step.cpp). Waits for an
 # idle machine (1-minute load < 0.5), records uptime before and after, and runs `repetitions` randomly

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <remat/nn/linear.hpp>
@@ -175,20 +176,25 @@ class Model {
   /// `tape`. Throws remat::shape_error if ids.size() is not a positive multiple of seq_len,
   /// remat::domain_error for an id outside [0, V) or fused attention with dropout in training mode.
   Var<T> logits(remat::Tape<T>& tape, const std::vector<int>& ids, const Options& options = {}) {
-    const Index S = config_.seq_len;
-    if (ids.empty() || static_cast<Index>(ids.size()) % S != 0)
-      throw remat::shape_error("gpt::Model: " + std::to_string(ids.size()) +
-                               " ids are not a whole number of sequences of seq_len = " + std::to_string(S));
-    if (options.attention == Attention::fused && config_.dropout > 0 && tape.training())
-      throw remat::domain_error("gpt::Model: fused attention has no dropout; use unfused attention with dropout " +
-                                std::to_string(config_.dropout));
-    positions_.resize(ids.size());
-    for (std::size_t r = 0; r < ids.size(); ++r) positions_[r] = static_cast<int>(static_cast<Index>(r) % S);
-    Var<T> x = remat::embedding(tape.variable(token_embedding_), ids) +
-               remat::embedding(tape.variable(position_embedding_), positions_);
-    x = run_blocks(tape, x, options);
-    Var<T> normed = remat::layer_norm(x, tape.variable(lnf_gain_), tape.variable(lnf_bias_), 1e-5);
-    return remat::linear(normed, tape.variable(head_weight_), tape.variable(head_bias_));
+    return logits_with(tape, ids, options.attention,
+                       [&](std::vector<BlockVars>& w, Var<T> x) { return run_blocks(w, std::move(x), options); });
+  }
+
+  /// The logits with the L blocks recorded by the caller's `run_blocks(blocks, x)`: `blocks` is a sequence
+  /// of L callables Var<T> [B·S, H] → Var<T> [B·S, H] (size() and operator[], the sequence
+  /// checkpoint_sequential, run_schedule and checkpoint_sequential_auto take; each records one block, its
+  /// attention as `attention` says, nothing checkpointed inside), `x` the embeddings; it returns the
+  /// last block's output. Throws as logits(), and whatever run_blocks throws. E.g. a chain planned for a
+  /// memory budget (docs/schedules.md):
+  ///   model.logits(tape, ids, gpt::Attention::unfused, [&](const auto& blocks, remat::Var<float> x) {
+  ///     return remat::checkpoint_sequential_auto(blocks, x, budget_bytes); });
+  template <class RunBlocks>
+  Var<T> logits(remat::Tape<T>& tape, const std::vector<int>& ids, Attention attention, RunBlocks&& run) {
+    const Options inner{Recompute::none, attention};
+    return logits_with(tape, ids, attention, [&](std::vector<BlockVars>& w, Var<T> x) {
+      const BlockSequence blocks{this, w.data(), w.size(), &inner};
+      return run(static_cast<const BlockSequence&>(blocks), std::move(x));
+    });
   }
 
   /// Mean cross-entropy (nats per token) of predicting targets[r] at row r. Throws as logits(), and
@@ -196,6 +202,12 @@ class Model {
   Var<T> loss(remat::Tape<T>& tape, const std::vector<int>& ids, const std::vector<int>& targets,
               const Options& options = {}) {
     return remat::cross_entropy(logits(tape, ids, options), targets);
+  }
+  /// The same loss with the blocks recorded by `run_blocks` (the logits overload above).
+  template <class RunBlocks>
+  Var<T> loss(remat::Tape<T>& tape, const std::vector<int>& ids, const std::vector<int>& targets, Attention attention,
+              RunBlocks&& run_blocks) {
+    return remat::cross_entropy(logits(tape, ids, attention, std::forward<RunBlocks>(run_blocks)), targets);
   }
 
  private:
@@ -277,13 +289,32 @@ class Model {
     }
   };
 
-  Var<T> run_blocks(remat::Tape<T>& tape, Var<T> x, const Options& options) {
+  /// Checks the ids, records the embeddings, `run(block variables, x)` for the blocks, and the head.
+  template <class Run>
+  Var<T> logits_with(remat::Tape<T>& tape, const std::vector<int>& ids, Attention attention, Run&& run) {
+    const Index S = config_.seq_len;
+    if (ids.empty() || static_cast<Index>(ids.size()) % S != 0)
+      throw remat::shape_error("gpt::Model: " + std::to_string(ids.size()) +
+                               " ids are not a whole number of sequences of seq_len = " + std::to_string(S));
+    if (attention == Attention::fused && config_.dropout > 0 && tape.training())
+      throw remat::domain_error("gpt::Model: fused attention has no dropout; use unfused attention with dropout " +
+                                std::to_string(config_.dropout));
+    positions_.resize(ids.size());
+    for (std::size_t r = 0; r < ids.size(); ++r) positions_[r] = static_cast<int>(static_cast<Index>(r) % S);
+    Var<T> x = remat::embedding(tape.variable(token_embedding_), ids) +
+               remat::embedding(tape.variable(position_embedding_), positions_);
     std::vector<BlockVars>& w = block_vars_;  // scratch kept for its capacity; emptied before returning
     w.clear();
     for (Block<T>& b : blocks_) w.push_back(vars(tape, b));
-    x = run_blocks(w, std::move(x), options);
+    try {
+      x = run(w, std::move(x));
+    } catch (...) {
+      w.clear();
+      throw;
+    }
     w.clear();
-    return x;
+    Var<T> normed = remat::layer_norm(x, tape.variable(lnf_gain_), tape.variable(lnf_bias_), 1e-5);
+    return remat::linear(normed, tape.variable(head_weight_), tape.variable(head_bias_));
   }
 
   Var<T> run_blocks(const std::vector<BlockVars>& w, Var<T> x, const Options& options) const {

@@ -13,6 +13,8 @@
 #include "gpt/gpt.hpp"
 #include "gpt/memory_formula.hpp"
 #include "remat/remat.hpp"
+#include "remat/schedule/checkpoint_sequential.hpp"
+#include "remat/schedule/checkpoint_sequential_auto.hpp"
 
 namespace gpt_test {
 
@@ -155,6 +157,42 @@ TEST(Gpt, EveryRecomputeModeGivesBitwiseEqualLossAndGradients) {
         EXPECT_EQ(step.loss, reference.loss);
         for (std::size_t n = 0; n < step.grads.size(); ++n)
           EXPECT_TRUE(step.grads[n] == reference.grads[n]) << model.parameter_names()[n];
+      }
+    }
+  }
+}
+
+TEST(Gpt, TheCallersBlockRunnerGivesTheSameStep) {
+  // model.loss(tape, ids, targets, attention, run_blocks): a plain loop, run_schedule's planner under a
+  // budget, checkpoint_sequential; loss and gradients bitwise those of Recompute::none, and the planned run
+  // recomputes something and stays within its budget.
+  for (const auto attention : {gpt::Attention::unfused, gpt::Attention::fused}) {
+    gpt::Config c{16, 16, 2, 16, 3, 0.0};  // activations outweigh the weights: 3/4 of the plain peak fits
+    remat::nn::Generator generator(11);
+    auto model = gpt::Model<float>::random(c, generator);
+    const Batch batch = reference_batch(c, 4);
+    const Step<float> reference = run(model, batch, {gpt::Recompute::none, attention});
+    const std::size_t plain_peak = reference.after_backward.peak_bytes;
+    for (int runner = 0; runner < 3; ++runner) {
+      SCOPED_TRACE("runner " + std::to_string(runner));
+      for (auto* p : model.parameters()) p->zero_grad();
+      Tape<float> tape;
+      const std::size_t budget = plain_peak * 3 / 4;
+      Var<float> loss = model.loss(tape, batch.ids, batch.targets, attention, [&](const auto& blocks, Var<float> x) {
+        if (runner == 1) return remat::checkpoint_sequential_auto(blocks, x, budget);
+        if (runner == 2) return remat::checkpoint_sequential(blocks, 2, x);
+        for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l](x);
+        return x;
+      });
+      tape.backward(loss);
+      EXPECT_EQ(loss.item(), reference.loss);
+      for (std::size_t n = 0; n < model.parameters().size(); ++n)
+        EXPECT_TRUE(model.parameters()[n]->grad() == reference.grads[n]) << model.parameter_names()[n];
+      EXPECT_EQ(tape.memory().replayed_ops > 0, runner > 0);
+      if (runner == 0) {
+        EXPECT_EQ(tape.memory().peak_bytes, plain_peak);
+      } else if (runner == 1) {
+        EXPECT_LE(tape.memory().peak_bytes, budget);
       }
     }
   }
