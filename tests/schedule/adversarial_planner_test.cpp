@@ -157,6 +157,9 @@ std::string describe_chain(const remat::AutoScheduleReport& r) {
          std::to_string(c.forward_overhead[i]) + "/" + std::to_string(c.forward_all_overhead[i]) + "/" +
          std::to_string(c.backward_overhead[i]) + "/" + std::to_string(c.gradient_size[i]) + "/" +
          std::to_string(c.output_read[i]) + "]";
+  s += "; schedule:";
+  static const char* const op_names[] = {" F", " Fall", " B", " free"};
+  for (const remat::ScheduleOperation& op : r.schedule.operations) s += op_names[op.kind] + std::to_string(op.layer);
   return s;
 }
 
@@ -232,14 +235,15 @@ enum Kind {
   k_region_dots,        // the same, dots_saveable
   k_region_names,       // the same with checkpoint_name, save_only_these_names
   k_exp_exp,            // exp(exp(0.1·h)) · 0.1: two ops reading their outputs
+  k_input_dropped,      // linear(softmax(h)), h's handle reassigned: no backward reads h, freed mid-layer
   kind_count
 };
 
 inline const char* kind_name(int k) {
-  static const char* names[] = {"tanh_linear",       "sigmoid_linear", "exp_linear",     "softmax_linear",
-                                "log_softmax",       "relu_linear",    "dropout",        "layer_norm",
-                                "identity",          "two_branches",   "square_product", "region_nothing",
-                                "region_everything", "region_dots",    "region_names",   "exp_exp"};
+  static const char* names[] = {
+      "tanh_linear",       "sigmoid_linear", "exp_linear",   "softmax_linear", "log_softmax",    "relu_linear",
+      "dropout",           "layer_norm",     "identity",     "two_branches",   "square_product", "region_nothing",
+      "region_everything", "region_dots",    "region_names", "exp_exp",        "input_dropped"};
   return names[k];
 }
 
@@ -277,6 +281,15 @@ void add_layer(Model<T>& m, int kind, remat::Index a, remat::Index b) {
           default:
             return remat::relu(z);
         }
+      });
+      break;
+    }
+    case k_input_dropped: {
+      const std::size_t k = m.add(a, b, 0.5);
+      m.add(1, b, 0.1);
+      m.layers.push_back([&m, k](V h) {
+        h = remat::softmax(h);  // the layer's input has no handle left, and no backward reads it
+        return remat::linear(h, m.w(k), m.w(k + 1));
       });
       break;
     }

@@ -11,6 +11,7 @@
 
 #include "random.hpp"
 #include "remat/remat.hpp"
+#include "remat/schedule/checkpoint_sequential_auto.hpp"
 
 namespace probe_measure_test {  // named: the directory's tests are one unity translation unit
 
@@ -156,6 +157,52 @@ TEST(ProbeMeasure, StretchesNest) {
   EXPECT_EQ(outer.retained_peak - before, saved_peak);
   EXPECT_GE(outer.peak, inner.peak);
   EXPECT_EQ(tape.memory().peak_bytes, outer.peak);
+}
+
+}  // namespace probe_measure_test
+
+namespace probe_measure_test {
+
+TEST(ProbeMeasure, ThePlannersForwardTermsBoundTheTapesForwardPeaks) {
+  // checkpoint_sequential_auto's F_i (ω_x + o_f) and Fall_i (ω_x̄ + o_f̄) against the layer run alone with its
+  // input held by a handle, as the real pass holds it: in a nothing_saveable region (F) and on a plain tape
+  // (Fall). Layers 2 and 3 drop their input's handle mid-layer (softmax reads only its output): in the probe
+  // that input is the previous layer's output, whose only other handle is the probe's.
+  const std::vector<Case> all = cases();
+  auto dropping = [](V h, const std::vector<V>& w) {
+    h = remat::softmax(h);
+    return remat::matmul(h, w[1]);
+  };
+  const std::vector<Layer> layers{all[0].layer, dropping, dropping};
+  remat::Tape<float> tape;
+  std::vector<V> w;
+  V x = record_leaves(tape, w);
+  std::vector<std::function<V(V)>> chain;
+  for (const Layer& l : layers) chain.push_back([&w, l](V h) { return l(std::move(h), w); });
+  remat::AutoScheduleReport report;
+  V y = remat::checkpoint_sequential_auto(chain, x, std::size_t(1) << 30, &report);
+  const std::size_t unit = report.unit_bytes;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    SCOPED_TRACE("layer " + std::to_string(i + 1));
+    std::size_t forward = 0, forward_all = 0;
+    for (bool saved : {false, true}) {
+      remat::Tape<float> alone;
+      std::vector<V> weights;
+      V input = record_leaves(alone, weights);
+      const std::size_t before = alone.memory().live_bytes;
+      V out = saved ? layers[i](input, weights)
+                    : remat::checkpoint([&](V h) { return layers[i](std::move(h), weights); },
+                                        remat::policies::nothing_saveable)(input);
+      (saved ? forward_all : forward) = alone.memory().peak_bytes - before;
+    }
+    const remat::Chain& c = report.chain;
+    const std::size_t f = unit * static_cast<std::size_t>(c.activation_size[i + 1] + c.forward_overhead[i]);
+    const std::size_t fall = unit * static_cast<std::size_t>(c.tape_size[i] + c.forward_all_overhead[i]);
+    EXPECT_GE(f, forward);
+    EXPECT_LE(f, forward + 3 * unit);
+    EXPECT_GE(fall, forward_all);
+    EXPECT_LE(fall, forward_all + 3 * unit);
+  }
 }
 
 }  // namespace probe_measure_test

@@ -404,6 +404,8 @@ class Buffers {
   std::size_t current_live_bytes() const { return simulating_ ? simulated_live_ : live_bytes_; }
   std::size_t live_bytes() const { return live_bytes_; }
   std::size_t peak_bytes() const { return peak_bytes_; }
+  /// memory().peak_bytes: in a measured stretch, its peak so far (peak_bytes() is its current segment's).
+  std::size_t reported_peak_bytes() const { return measuring_ ? std::max(earlier_peak_, peak_bytes_) : peak_bytes_; }
   void reset_peak() { peak_bytes_ = live_bytes_; }
 
   // ---- a measured stretch (checkpoint_sequential_auto's probe) ----
@@ -445,6 +447,7 @@ class Buffers {
   bool measuring() const { return measuring_; }
   /// In a stretch, after freeing `b` bytes a saving region would have kept. Never throws.
   void count_retained(std::size_t b) noexcept {
+    if (simulating_) return;  // an eviction's trial: the real pass frees it again
     // live + retained only rises at an allocation: its peak over a segment is the segment's peak + retained.
     earlier_peak_ = std::max(earlier_peak_, peak_bytes_);
     retained_peak_ = std::max(retained_peak_, peak_bytes_ + retained_);

@@ -330,7 +330,7 @@ class TapeState {
   MemoryStats memory() const {
     MemoryStats m;
     m.live_bytes = buffers_.live_bytes();
-    m.peak_bytes = buffers_.peak_bytes();
+    m.peak_bytes = buffers_.reported_peak_bytes();
     for (const Node<T>& n : graph_.nodes) {
       if (lifetime_.saved_value(n)) m.saved_bytes += Buffers<T>::bytes(n.shape);
       if (lifetime_.saved_extra(n)) m.saved_bytes += Buffers<T>::bytes(n.extra_shape);

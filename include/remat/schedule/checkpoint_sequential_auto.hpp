@@ -294,7 +294,8 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
     }
     if (nested) continue;
     auto release = [&](std::int32_t w) {  // one backward reader of w's value is done
-      if (w < begin || w == output) return;
+      // A leaf's value is not in x̄_i (a Parameter's is not the tape's; a tape-owned leaf is in the baseline).
+      if (w < begin || w == output || state.node(w).is_leaf()) return;
       if ((work[at(w)] -= 2) < 2) live -= static_cast<std::int64_t>(Buffers<T>::bytes(state.node(w).shape));
     };
     for (int k = 0; k < n.arity; ++k)
@@ -420,6 +421,9 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       const std::int32_t begin = state->size();
       const std::int32_t input = v.id();
       const std::size_t live_before = state->live_bytes();
+      // The real pass keeps x_{i−1} through layer i (a checkpoint, or a value pending for the regions); in the
+      // probe its only other handle is the layer's parameter, which the layer may drop before its peak.
+      const Var<T> layer_input = v;
       const auto saved_measure = state->begin_peak_measure();
       try {
         v = layers[static_cast<std::size_t>(i)](std::move(v));
