@@ -3,7 +3,8 @@
 // Tensor Rematerialization, Kirisame et al. 2021) with each eviction heuristic; checkpoint_sequential with the segment
 // count whose peak is the largest at or below the budget (found with the shapes-only tape, whose figures are the real
 // run's); and checkpoint_sequential_auto's plan for the budget (planned once, then run with run_schedule); and the
-// plain step without a budget, the reference row. Each layer records its Parameters where it uses them (Model::weight).
+// plain step without a budget, the reference row. W1's and W2's layers record their Parameters where they use them
+// (Model::weight); W3's model records every block's before the chain (gpt::Model), so they stay to the end.
 // After timing, one instrumented step reports the measured peak, the ops recomputed (DTR's regenerations + checkpoint
 // replays) and their ratio to the step's recorded ops N, and checks the gradients bitwise against the plain step's.
 //
