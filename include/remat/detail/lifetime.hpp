@@ -58,6 +58,21 @@ class Lifetime {
     if (n.evicted && !value_wanted(n)) forget_eviction(id);
     if (n.extra && !extra_wanted(n)) free_extra(n);
   }
+  /// Settles node `id` as if the level were `level` (below the current one: a chain region done with one
+  /// layer's values, detail/sweep.hpp), but what that releases — an evicted node's regeneration reads of its
+  /// inputs — settles at the current level: those inputs may belong to a tape the chain still keeps.
+  /// Never throws.
+  void settle_at(std::int32_t id, int level) noexcept {
+    const int current = level_;
+    level_ = level;
+    Node<T>& n = graph_[id];
+    const bool value = n.value && !value_wanted(n), evicted = n.evicted && !value_wanted(n),
+               extra = n.extra && !extra_wanted(n);
+    level_ = current;
+    if (value) free_value(n);
+    if (evicted) forget_eviction(id);
+    if (extra) free_extra(n);
+  }
   /// Frees the extra if the rule does not want it (after a regeneration wrote it). Never throws.
   void settle_extra(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
@@ -96,6 +111,12 @@ class Lifetime {
     assert(graph_[id].schedule_holds > 0);
     --graph_[id].schedule_holds;
     settle(id);
+  }
+  /// The same, settling `id` at `level` (settle_at).
+  void release_schedule_hold_at(std::int32_t id, int level) noexcept {
+    assert(graph_[id].schedule_holds > 0);
+    --graph_[id].schedule_holds;
+    settle_at(id, level);
   }
 
   // ---- the counters it reads ----

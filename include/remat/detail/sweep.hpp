@@ -439,10 +439,8 @@ class Sweep {
           release_activation(plan, op.layer, mode, r.depth);
           if (mode.retain_graph) {
             // The residuals' holds stay for the next backward; what this schedule recomputed goes.
-            lifetime_.set_level(r.depth - 1);
             for (std::int32_t i = begin; i < end; ++i)
-              if (graph_[i].level >= r.depth) lifetime_.settle(i);
-            lifetime_.set_level(r.depth);
+              if (graph_[i].level >= r.depth) lifetime_.settle_at(i, r.depth - 1);
           }
           break;
         }
@@ -475,9 +473,7 @@ class Sweep {
     for (int k = i; k >= 1 && !residual; --k)
       if (plan.layer_begin[static_cast<std::size_t>(k - 1)] <= id && id < plan.layer_begin[static_cast<std::size_t>(k)])
         residual = chain_tape_[static_cast<std::size_t>(k)] != 0;
-    if (!residual) lifetime_.set_level(depth - 1);
-    lifetime_.release_schedule_hold(id);
-    lifetime_.set_level(depth);
+    lifetime_.release_schedule_hold_at(id, residual ? depth : depth - 1);
   }
   /// A chain no gradient reaches: the forward pass's holds go unless retain_graph keeps them.
   void release_forward_holds(const Region& r, SweepMode mode) noexcept {
@@ -519,10 +515,7 @@ class Sweep {
     // handles, running ops and the schedule's holds keep a value). Only layer i's own nodes: an input may be
     // a residual of a tape the schedule keeps (x_{i−1} inside x̄_{i−1}).
     auto done = [&](std::int32_t u) {
-      if (all) return;
-      lifetime_.set_level(depth - 1);
-      lifetime_.settle(u);
-      lifetime_.set_level(depth);
+      if (!all) lifetime_.settle_at(u, depth - 1);
     };
     for (std::int32_t u : members_) {
       const Node<T>& n = graph_[u];
