@@ -153,22 +153,27 @@ V run_chain_on(Net& n, V x, const How& how, remat::AutoScheduleReport* report = 
   return x;
 }
 
-/// The chain's output is the loss when `head` is empty; otherwise loss = head(output).
-Result run(const Build& build, const How& how, const std::function<V(Net&, V)>& head = {}) {
-  Tape tape;
-  Net n;
-  n.tape = &tape;
-  build(n);
+/// Loss, backward, gradients and held values of a step recorded on `tape` for `n`.
+Result backward_step(Tape& tape, const Net& n, const V& loss) {
   Result r;
-  remat::AutoScheduleReport report;
-  V y = run_chain_on(n, n.x0, how, &report);
-  V loss = head ? head(n, y) : y;
   r.loss = loss.value();
   r.before_backward = tape.memory();
   tape.backward(loss);
   r.after = tape.memory();
   r.grads = gradients(n);
   for (const auto& h : n.held) r.held_values.emplace_back(h.value());
+  return r;
+}
+
+/// The chain's output is the loss when `head` is empty; otherwise loss = head(output).
+Result run(const Build& build, const How& how, const std::function<V(Net&, V)>& head = {}) {
+  Tape tape;
+  Net n;
+  n.tape = &tape;
+  build(n);
+  remat::AutoScheduleReport report;
+  V y = run_chain_on(n, n.x0, how, &report);
+  Result r = backward_step(tape, n, head ? head(n, y) : y);
   r.schedule = report.schedule;
   return r;
 }
@@ -470,10 +475,7 @@ TEST(ChainRegionAdversarial, TwoChainsInARowOnOneTape) {
         V mid = remat::checkpoint_sequential_auto(n.layers, n.x0, 1u << 20, &rep);
         loss = remat::run_schedule(l2, s5.back(), mid);
       }
-      Result r;
-      r.loss = loss.value();
-      tape.backward(loss);
-      r.grads = gradients(n);
+      Result r = backward_step(tape, n, loss);
       r.after = tape.memory();
       results.push_back(r);
     }
@@ -513,10 +515,7 @@ TEST(ChainRegionAdversarial, ChainOutputReceivesNoGradient) {
           V y2 = scheduled ? remat::run_schedule(n.layers, s, n.x0) : run_chain_on(n, n.x0, How{});
           loss = remat::sum(remat::detach(y) * other) + remat::sum(y2 * other);
         }
-        Result r;
-        r.loss = loss.value();
-        tape.backward(loss);
-        r.grads = gradients(n);
+        Result r = backward_step(tape, n, loss);
         r.after = tape.memory();
         results.push_back(r);
       }
@@ -581,11 +580,7 @@ TEST(ChainRegionAdversarial, AnInteriorValueUsedAfterTheChainIsATapeErrorAndTheT
     V y = remat::run_schedule(n.layers, s, n.x0);
     EXPECT_THROW(remat::sum(n.held[0]), remat::tape_error);
     V loss = remat::sum(y);
-    Result r;
-    r.loss = loss.value();
-    tape.backward(loss);
-    r.grads = gradients(n);
-    for (const auto& h : n.held) r.held_values.emplace_back(h.value());
+    Result r = backward_step(tape, n, loss);
     expect_same(plain, r, "after the tape_error" + describe(s));
   }
 }
@@ -696,10 +691,7 @@ int budgeted_run(const Build& b, const remat::Schedule& s, std::size_t budget, c
   try {
     b(n);
     V loss = remat::run_schedule(n.layers, s, n.x0);
-    Result r;
-    r.loss = loss.value();
-    tape.backward(loss);
-    r.grads = gradients(n);
+    Result r = backward_step(tape, n, loss);
     if (tape.memory().peak_bytes > budget || differs(r)) {
       std::fprintf(stderr, "budget %zu: peak %zu, gradients %s%s\n", budget, tape.memory().peak_bytes,
                    differs(r) ? "differ" : "equal", describe(s).c_str());
@@ -712,10 +704,7 @@ int budgeted_run(const Build& b, const remat::Schedule& s, std::size_t budget, c
     fresh.tape = &tape;
     b(fresh);
     V loss = run_chain_on(fresh, fresh.x0, How{});
-    Result r;
-    r.loss = loss.value();
-    tape.backward(loss);
-    r.grads = gradients(fresh);
+    Result r = backward_step(tape, fresh, loss);
     if (e.budget_bytes() != budget || differs(r)) {
       std::fprintf(stderr, "after refusing budget %zu: wrong\n", budget);
       return -1;
@@ -863,10 +852,7 @@ TEST(ChainRegionAdversarial, NestedSchedulesInsideALayer) {
   bad[1] = [l3, &s3](V h) { return remat::run_schedule(l3, s3[0], h); };
   EXPECT_THROW(remat::run_schedule(bad, s6[0], n.x0), remat::domain_error);
   V loss = remat::run_schedule(n.layers, s6[0], n.x0);
-  Result r;
-  r.loss = loss.value();
-  tape.backward(loss);
-  r.grads = gradients(n);
+  Result r = backward_step(tape, n, loss);
   r.grads.resize(plain.grads.size());  // l3's weights were recorded after
   expect_same(plain, r, "after the domain_error");
 }
@@ -903,10 +889,7 @@ TEST(ChainRegionAdversarial, ALayerThatClearsTheTapeOrReturnsAnotherTapesVar) {
     if (mode == 0) tape.clear();
     b(fresh);
     V loss = remat::run_schedule(fresh.layers, s.back(), fresh.x0);
-    Result r;
-    r.loss = loss.value();
-    tape.backward(loss);
-    r.grads = gradients(fresh);
+    Result r = backward_step(tape, fresh, loss);
     expect_same(plain, r, "after the tape_error");
     EXPECT_EQ(tape.memory().saved_bytes, 0u);
   }
@@ -976,10 +959,7 @@ TEST(ChainRegionAdversarial, AutoUnderARuntimeMemoryBudget) {
     b(n);
     remat::AutoScheduleReport rep;
     V loss = remat::checkpoint_sequential_auto(n.layers, n.x0, budget, &rep);
-    Result r;
-    r.loss = loss.value();
-    tape.backward(loss);
-    r.grads = gradients(n);
+    Result r = backward_step(tape, n, loss);
     EXPECT_LE(tape.memory().peak_bytes, budget);
     expect_same(plain, r, "auto under a runtime budget " + std::to_string(budget) + describe(rep.schedule));
   }
@@ -1044,10 +1024,7 @@ TEST(ChainRegionAdversarial, ALayerThrowingOnItsKthCallLeavesTheTapeUsable) {
         t->throw_at = 0;
         const How again = then == 1 ? How{} : how == 1 ? How{1, &schedules.back(), 0} : How{2, nullptr, 1u << 20};
         V loss = run_chain_on(n, n.x0, again);
-        Result r;
-        r.loss = loss.value();
-        tape.backward(loss);
-        r.grads = gradients(n);
+        Result r = backward_step(tape, n, loss);
         expect_same(plain, r, then ? "plain after the throw" : "scheduled after the throw");
         EXPECT_EQ(tape.memory().saved_bytes, 0u);
       }

@@ -176,11 +176,11 @@ class Lifetime {
     }
     buffers_.free(n.value, n.shape);
     // A region that saved the node would have kept it for its readers (checkpoint_sequential_auto's probe).
-    if (n.holds() > 0 && buffers_.measuring()) buffers_.count_retained(Buffers<T>::bytes(n.shape));
+    if (buffers_.measuring() && n.holds() > 0) buffers_.count_retained(Buffers<T>::bytes(n.shape));
   }
   void free_extra(Node<T>& n) noexcept {
     buffers_.free(n.extra, n.extra_shape);
-    if (n.extra_read && buffers_.measuring()) buffers_.count_retained(Buffers<T>::bytes(n.extra_shape));
+    if (buffers_.measuring() && n.extra_read) buffers_.count_retained(Buffers<T>::bytes(n.extra_shape));
   }
 
  private:
