@@ -15,4 +15,6 @@ cmake --build build --target gpt -j"$(nproc)"
 if [[ -z ${OMP_WAIT_POLICY:-} && -z ${GOMP_SPINCOUNT:-} ]]; then
   export OMP_WAIT_POLICY=PASSIVE
 fi
+# OpenBLAS falls back to slow generic kernels on a CPU it does not recognise: choose its fast ones then.
+source scripts/openblas-coretype.sh
 exec build/examples/gpt/gpt "$@"

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include <remat/threads.hpp>
 
@@ -23,6 +24,21 @@ inline int ranks_on_this_machine(int ranks) {
 /// `mpirun -np 2` on two cores runs two one-thread ranks instead of four threads on two cores.
 inline int default_threads(int ranks) {
   return std::max(1, remat::num_threads() / ranks_on_this_machine(ranks));
+}
+
+/// ", OpenBLAS <kernels>" for the run's header line ("" without OpenBLAS); when OpenBLAS runs its generic
+/// fallback kernels on a CPU with AVX2 or AVX-512, followed by a line naming the OPENBLAS_CORETYPE that
+/// selects the fast ones (scripts/train.sh sets it by itself). On stdout, so rank 0 alone prints it.
+inline std::string blas_kernels_text() {
+  const std::string kernels = remat::blas_kernels();
+  if (kernels.empty()) return {};
+  std::string text = ", OpenBLAS " + kernels + " kernels";
+  const std::string suggested = remat::suggested_openblas_coretype();
+  if (!suggested.empty())
+    text += "\nnote: OpenBLAS does not recognise this CPU and runs its generic " + kernels +
+            " kernels; its matrix products run 2-6x faster with OPENBLAS_CORETYPE=" + suggested +
+            " in the environment (docs/design.md §6)";
+  return text;
 }
 
 }  // namespace examples

@@ -360,9 +360,9 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   }
 
   std::printf(
-      "GPT L=%d H=%d heads=%d S=%d V=256: %zu parameters; dropout %g, attention %s, checkpoint %s, %d thread%s\n",
+      "GPT L=%d H=%d heads=%d S=%d V=256: %zu parameters; dropout %g, attention %s, checkpoint %s, %d thread%s%s\n",
       o.layers, o.width, o.heads, o.seq_len, parameter_count, o.dropout, o.attention.c_str(), o.checkpoint.c_str(),
-      o.threads, o.threads == 1 ? "" : "s");
+      o.threads, o.threads == 1 ? "" : "s", examples::blas_kernels_text().c_str());
   std::printf("corpus %s: %zu files, %zu bytes; train %zu / validation %zu bytes (every 20th block of %zu bytes)\n",
               corpus.directory.c_str(), corpus.files.size(), corpus.bytes.size(), corpus.train.bytes,
               corpus.validation.bytes, corpus.block);

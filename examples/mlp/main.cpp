@@ -324,9 +324,11 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
 
   const std::string shape = network_text(o, inputs);
   std::printf(
-      "MLP %s %s, dropout %g, Adam lr %g (%s), batch %d, %zu training / %ld test images, checkpoint %s, %d thread%s\n",
+      "MLP %s %s, dropout %g, Adam lr %g (%s), batch %d, %zu training / %ld test images, checkpoint %s, %d "
+      "thread%s%s\n",
       shape.c_str(), o.activation.c_str(), o.dropout, o.lr, o.schedule.c_str(), o.batch, n,
-      static_cast<long>(test.images.rows()), o.checkpoint.c_str(), o.threads, o.threads == 1 ? "" : "s");
+      static_cast<long>(test.images.rows()), o.checkpoint.c_str(), o.threads, o.threads == 1 ? "" : "s",
+      examples::blas_kernels_text().c_str());
   if (o.distributed)
     std::printf("data parallel: %d ranks, each trains on its shard of every global batch of %d\n", ranks.size, o.batch);
   if (!o.resume.empty())

@@ -5,21 +5,12 @@
 #include <atomic>
 #include <string>
 
+#include "remat/blas.hpp"  // OpenBLAS's thread functions (weak)
 #include "remat/errors.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-// OpenBLAS's own thread setting, declared weak: remat is header-only and does not link OpenBLAS. In a program
-// linked with the shared libopenblas (remat::blas, or -lopenblas) these resolve to OpenBLAS's functions;
-// otherwise they are null and remat leaves BLAS alone. (A static libopenblas.a contributes them only if
-// something else pulls in their object file: call openblas_set_num_threads yourself then.)
-extern "C" {
-void openblas_set_num_threads(int num_threads) __attribute__((weak));
-int openblas_get_num_threads(void) __attribute__((weak));
-int openblas_get_parallel(void) __attribute__((weak));  // 0 sequential, 1 pthreads, 2 OpenMP build
-}
 
 namespace remat {
 namespace detail {
