@@ -19,7 +19,7 @@ source bench/common.sh
 wait_for_idle
 uptime > "$results/mlp_epochs.uptime"
 
-base=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+base=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ${openblas_coretype:+OPENBLAS_CORETYPE=$openblas_coretype})  # bench/common.sh
 malloc=GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736
 run() {  # run <name> <threads>
   local line
