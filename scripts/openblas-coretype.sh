@@ -2,7 +2,7 @@
 # OpenBLAS falls back to its generic Prescott (SSE3) kernels because it does not recognise the CPU (Debian
 # 12's OpenBLAS 0.3.21 on Intel Xeon family 6 model 207, 2026), exports the newest kernel set the CPU's
 # instructions allow: the same choice as remat::suggested_openblas_coretype() (include/remat/blas.hpp).
-# Matrix products ran 2-6x faster with it there (bench/RESULTS.md §9). Set OPENBLAS_CORETYPE to choose.
+# The W0-W2 steps ran 2-5x faster with it there (bench/RESULTS.md §9). Set OPENBLAS_CORETYPE to choose.
 
 # Prints the kernel set to choose, or nothing when OpenBLAS (without OPENBLAS_CORETYPE) recognises the CPU.
 openblas_coretype_choice() {

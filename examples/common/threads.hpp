@@ -36,7 +36,7 @@ inline std::string blas_kernels_text() {
   const std::string suggested = remat::suggested_openblas_coretype();
   if (!suggested.empty())
     text += "\nnote: OpenBLAS does not recognise this CPU and runs its generic " + kernels +
-            " kernels; its matrix products run 2-6x faster with OPENBLAS_CORETYPE=" + suggested +
+            " kernels; training steps ran 2-5x faster on such a machine with OPENBLAS_CORETYPE=" + suggested +
             " in the environment (docs/design.md §6)";
   return text;
 }

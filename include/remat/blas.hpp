@@ -42,7 +42,7 @@ inline CpuFeatures cpu_features() {
 /// The OPENBLAS_CORETYPE to run instead of `kernels` on a CPU with `cpu`, or "" when `kernels` are not the
 /// fallback. OpenBLAS's DYNAMIC_ARCH build picks its kernels by the CPU's model number; for a model it does
 /// not know (0.3.21, Debian 12's, on Intel Xeon family 6 model 207, 2026) it falls back to "Prescott"
-/// (SSE3), whose products run 2–6 × slower than its AVX2 or AVX-512 kernels on the same CPU
+/// (SSE3), with which the W0–W2 steps took 2–5 × as long as with its AVX-512 kernels on the same CPU
 /// (bench/RESULTS.md §9). The suggestion is the newest kernel set the CPU's instructions allow.
 inline std::string_view suggested_openblas_coretype(std::string_view kernels, const CpuFeatures& cpu) {
   if (kernels != "Prescott") return {};
@@ -65,7 +65,7 @@ inline std::string blas_kernels() {
 /// When OpenBLAS runs its generic fallback kernels on a CPU with AVX2 or AVX-512 (it did not recognise the
 /// CPU), the OPENBLAS_CORETYPE value that selects the fast ones ("Haswell", "SkylakeX" or "Cooperlake");
 /// otherwise "". The variable is read when libopenblas loads, so it must be set before the program starts
-/// (scripts/train.sh does). Matrix products were 2–6 × faster with it on such a machine (bench/RESULTS.md §9).
+/// (scripts/train.sh does). The W0–W2 steps ran 2–5 × faster with it on such a machine (bench/RESULTS.md §9).
 inline std::string suggested_openblas_coretype() {
   return std::string(detail::suggested_openblas_coretype(blas_kernels(), detail::cpu_features()));
 }
