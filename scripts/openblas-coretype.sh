@@ -6,8 +6,9 @@
 
 # Prints the kernel set to choose, or nothing when OpenBLAS (without OPENBLAS_CORETYPE) recognises the CPU.
 openblas_coretype_choice() {
+  # The OpenMP build remat's CMake prefers, else the one the dynamic linker finds (both pick kernels alike).
   local library=/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0
-  [[ -r $library ]] || return 0
+  [[ -r $library ]] || library=libopenblas.so.0
   local kernels
   kernels=$(env -u OPENBLAS_CORETYPE python3 -c 'import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1]); lib.openblas_get_corename.restype = ctypes.c_char_p
