@@ -15,7 +15,7 @@ lib = ctypes.CDLL(sys.argv[1]); lib.openblas_get_corename.restype = ctypes.c_cha
 print(lib.openblas_get_corename().decode())' "$library" 2>/dev/null) || return 0
   [[ $kernels == Prescott ]] || return 0
   local flags
-  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 || true) "
   local choice=
   if [[ $flags == *" avx512f "* && $flags == *" avx512bw "* && $flags == *" avx512dq "* && $flags == *" avx512vl "* ]]; then
     choice=SkylakeX
