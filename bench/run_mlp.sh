@@ -19,7 +19,8 @@ source bench/common.sh
 wait_for_idle
 uptime > "$results/mlp_epochs.uptime"
 
-base=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ${openblas_coretype:+OPENBLAS_CORETYPE=$openblas_coretype})  # bench/common.sh
+base=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)  # and the kernels bench/common.sh chose
+[[ -z $openblas_coretype ]] || base+=(OPENBLAS_CORETYPE="$openblas_coretype")
 malloc=GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736
 run() {  # run <name> <threads>
   local line

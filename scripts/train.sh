@@ -18,4 +18,5 @@ if [[ -z ${OMP_WAIT_POLICY:-} && -z ${GOMP_SPINCOUNT:-} ]]; then
 fi
 # OpenBLAS falls back to slow generic kernels on a CPU it does not recognise: choose its fast ones then.
 source scripts/openblas-coretype.sh
+openblas_coretype_apply
 exec build/examples/mlp/mlp "$@"

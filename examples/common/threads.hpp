@@ -30,7 +30,7 @@ inline int default_threads(int ranks) {
 /// fallback kernels on a CPU with AVX2 or AVX-512, followed by a line naming the OPENBLAS_CORETYPE that
 /// selects the fast ones (scripts/train.sh sets it by itself). On stdout, so rank 0 alone prints it.
 inline std::string blas_kernels_text() {
-  const std::string kernels = remat::blas_kernels();
+  const std::string kernels = remat::openblas_corename();
   if (kernels.empty()) return {};
   std::string text = ", OpenBLAS " + kernels + " kernels";
   const std::string suggested = remat::suggested_openblas_coretype();

@@ -1,8 +1,10 @@
 // What remat knows of the BLAS behind Eigen's products: OpenBLAS's thread functions (remat/threads.hpp uses
-// them) and which of its kernels it runs, so that a program can tell its user when OpenBLAS fell back to
+// them) and which of its kernel sets it runs, so that a program can tell its user when OpenBLAS fell back to
 // generic kernels on a CPU it does not recognise (docs/design.md §6, "OpenBLAS's kernels").
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -15,6 +17,7 @@ void openblas_set_num_threads(int num_threads) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
 int openblas_get_parallel(void) __attribute__((weak));  // 0 sequential, 1 pthreads, 2 OpenMP build
 char* openblas_get_corename(void) __attribute__((weak));
+char* openblas_get_config(void) __attribute__((weak));
 }
 
 namespace remat {
@@ -39,35 +42,49 @@ inline CpuFeatures cpu_features() {
   return f;
 }
 
-/// The OPENBLAS_CORETYPE to run instead of `kernels` on a CPU with `cpu`, or "" when `kernels` are not the
-/// fallback. OpenBLAS's DYNAMIC_ARCH build picks its kernels by the CPU's model number; for a model it does
-/// not know (0.3.21, Debian 12's, on Intel Xeon family 6 model 207, 2026) it falls back to "Prescott"
-/// (SSE3), with which the W0–W2 steps took 2–5 × as long as with its AVX-512 kernels on the same CPU
-/// (bench/RESULTS.md §9). The suggestion is the newest kernel set the CPU's instructions allow.
-inline std::string_view suggested_openblas_coretype(std::string_view kernels, const CpuFeatures& cpu) {
-  if (kernels != "Prescott") return {};
+/// The OPENBLAS_CORETYPE to run instead of the kernel set `corename` on a CPU with `cpu`, or "" when
+/// `corename` is not the fallback. OpenBLAS's DYNAMIC_ARCH build picks its kernels by the CPU's vendor,
+/// family and model (OpenBLAS, driver/others/dynamic.c, get_coretype); for a model it does not know it falls
+/// back to "Prescott" (SSE3). Debian 12's 0.3.21 does so on Intel Xeon family 6 model 207, where the W0–W2
+/// steps took 2–5 × as long as with its AVX-512 kernels (bench/RESULTS.md §9). The suggestion is the newest
+/// kernel set the CPU's instructions allow.
+inline std::string_view suggested_openblas_coretype(std::string_view corename, const CpuFeatures& cpu) {
+  if (corename != "Prescott") return {};
   if (cpu.avx512_bf16) return "Cooperlake";
   if (cpu.avx512) return "SkylakeX";
   if (cpu.avx2_fma) return "Haswell";
   return {};
 }
 
+/// Whether the program's OpenBLAS chooses its kernels at run time (a DYNAMIC_ARCH build): only then does
+/// OPENBLAS_CORETYPE change them.
+inline bool openblas_dynamic_arch() {
+  if (openblas_get_config == nullptr) return false;
+  const char* config = openblas_get_config();
+  return config != nullptr && std::strstr(config, "DYNAMIC_ARCH") != nullptr;
+}
+
 }  // namespace detail
 
-/// The name of the kernel set OpenBLAS runs in this program ("Haswell", "SkylakeX", "Zen", ...; what
-/// OPENBLAS_CORETYPE sets), or "" when the program is not linked with the shared libopenblas.
-inline std::string blas_kernels() {
+/// OpenBLAS's name for the kernel set it runs in this program ("Haswell", "SkylakeX", "Zen", "Prescott",
+/// ...: the values OPENBLAS_CORETYPE takes), from openblas_get_corename(); "" when the program is not linked
+/// with the shared libopenblas. Throws std::bad_alloc.
+inline std::string openblas_corename() {
   if (openblas_get_corename == nullptr) return {};
   const char* name = openblas_get_corename();
   return name ? std::string(name) : std::string();
 }
 
-/// When OpenBLAS runs its generic fallback kernels on a CPU with AVX2 or AVX-512 (it did not recognise the
-/// CPU), the OPENBLAS_CORETYPE value that selects the fast ones ("Haswell", "SkylakeX" or "Cooperlake");
-/// otherwise "". The variable is read when libopenblas loads, so it must be set before the program starts
-/// (scripts/train.sh does). The W0–W2 steps ran 2–5 × faster with it on such a machine (bench/RESULTS.md §9).
+/// When OpenBLAS (a DYNAMIC_ARCH build) runs its generic Prescott fallback on a CPU with AVX2 or AVX-512
+/// because it did not recognise the CPU, and OPENBLAS_CORETYPE is not set, the value of OPENBLAS_CORETYPE
+/// that selects the fast kernels ("Haswell", "SkylakeX" or "Cooperlake"); otherwise "". OpenBLAS reads the
+/// variable when it loads, so it must be set before the program starts (scripts/openblas-coretype.sh does it
+/// for the examples' scripts and the benchmarks, with the same choice). The W0–W2 steps ran 2–5 × faster
+/// with it on such a machine (bench/RESULTS.md §9). Throws std::bad_alloc.
 inline std::string suggested_openblas_coretype() {
-  return std::string(detail::suggested_openblas_coretype(blas_kernels(), detail::cpu_features()));
+  const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+  if ((chosen != nullptr && *chosen != '\0') || !detail::openblas_dynamic_arch()) return {};
+  return std::string(detail::suggested_openblas_coretype(openblas_corename(), detail::cpu_features()));
 }
 
 }  // namespace remat
