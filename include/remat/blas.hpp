@@ -30,6 +30,8 @@ struct CpuFeatures {
   bool avx512_bf16 = false;  // and AVX-512 BF16: its Cooperlake kernels
 };
 
+/// This CPU's features, read with CPUID by the compiler's __builtin_cpu_supports (all false off x86-64 or
+/// without GCC or Clang, where no OpenBLAS x86 kernels apply).
 inline CpuFeatures cpu_features() {
   CpuFeatures f;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
