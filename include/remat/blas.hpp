@@ -45,13 +45,16 @@ inline CpuFeatures cpu_features() {
 }
 
 /// The OPENBLAS_CORETYPE to run instead of the kernel set `corename` on a CPU with `cpu`, or "" when
-/// `corename` is not the fallback. OpenBLAS's DYNAMIC_ARCH build picks its kernels by the CPU's vendor,
-/// family and model (OpenBLAS, driver/others/dynamic.c, get_coretype); for a model it does not know it falls
-/// back to "Prescott" (SSE3). Debian 12's 0.3.21 does so on Intel Xeon family 6 model 207, where the W0–W2
-/// steps took 2–5 × as long as with its AVX-512 kernels (bench/RESULTS.md §9). The suggestion is the newest
-/// kernel set the CPU's instructions allow.
-inline std::string_view suggested_openblas_coretype(std::string_view corename, const CpuFeatures& cpu) {
-  if (corename != "Prescott") return {};
+/// `corename` is not the fallback, OpenBLAS is not a DYNAMIC_ARCH build (`dynamic_arch` false) or the user
+/// set OPENBLAS_CORETYPE (`user_setting`, its value or null). OpenBLAS's DYNAMIC_ARCH build picks its kernels by the
+/// CPU's vendor, family and model (OpenBLAS, driver/others/dynamic.c, get_coretype); for a model it does not know it
+/// falls back to "Prescott" (SSE3). Debian 12's 0.3.21 does so on Intel Xeon family 6 model 207, where the W0–W2 steps
+/// took 2–5 × as long as with its AVX-512 kernels (bench/RESULTS.md §9). The suggestion is the newest kernel set the
+/// CPU's instructions allow.
+inline std::string_view suggested_openblas_coretype(std::string_view corename, const CpuFeatures& cpu,
+                                                    bool dynamic_arch = true, const char* user_setting = nullptr) {
+  if (user_setting != nullptr && *user_setting != '\0') return {};  // the user chose
+  if (!dynamic_arch || corename != "Prescott") return {};           // the variable would do nothing
   if (cpu.avx512_bf16) return "Cooperlake";
   if (cpu.avx512) return "SkylakeX";
   if (cpu.avx2_fma) return "Haswell";
@@ -84,9 +87,8 @@ inline std::string openblas_corename() {
 /// for the examples' scripts and the benchmarks, with the same choice). The W0–W2 steps ran 2–5 × faster
 /// with it on such a machine (bench/RESULTS.md §9). Throws std::bad_alloc.
 inline std::string suggested_openblas_coretype() {
-  const char* chosen = std::getenv("OPENBLAS_CORETYPE");
-  if ((chosen != nullptr && *chosen != '\0') || !detail::openblas_dynamic_arch()) return {};
-  return std::string(detail::suggested_openblas_coretype(openblas_corename(), detail::cpu_features()));
+  return std::string(detail::suggested_openblas_coretype(
+      openblas_corename(), detail::cpu_features(), detail::openblas_dynamic_arch(), std::getenv("OPENBLAS_CORETYPE")));
 }
 
 }  // namespace remat

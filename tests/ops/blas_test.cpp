@@ -73,6 +73,14 @@ TEST(BlasKernels, SuggestTheNewestKernelsTheCpuRunsOnlyForTheFallback) {
     EXPECT_EQ(suggested_openblas_coretype(kernels, bf16), "") << kernels;
 }
 
+TEST(BlasKernels, SuggestNothingWhereTheVariableWouldNotHelp) {
+  const CpuFeatures bf16{true, true, true};
+  ASSERT_EQ(suggested_openblas_coretype("Prescott", bf16, true, nullptr), "Cooperlake");  // the case that flips
+  EXPECT_EQ(suggested_openblas_coretype("Prescott", bf16, true, ""), "Cooperlake");       // set but empty: unset
+  EXPECT_EQ(suggested_openblas_coretype("Prescott", bf16, true, "Prescott"), "");         // the user chose
+  EXPECT_EQ(suggested_openblas_coretype("Prescott", bf16, false, nullptr), "");           // no DYNAMIC_ARCH
+}
+
 TEST(BlasKernels, CpuFeaturesAgreeWithTheKernelsView) {
   const std::string flags = cpuinfo_flags();
   if (flags.empty()) GTEST_SKIP() << "no flags line in /proc/cpuinfo (not x86 Linux)";
