@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -96,7 +95,8 @@ inline void check_op_shapes(const char* op, const OpShapes& s) {
       throw shape_error(std::string(op) + ": its " + what + " is " + to_string(shape) +
                         (may_be_none ? "; it needs at least one row and one column, or [0,0] for none"
                                      : "; every tensor needs at least one row and one column"));
-    if (shape.rows > std::numeric_limits<Index>::max() / shape.cols)
+    Index elements;
+    if (__builtin_mul_overflow(shape.rows, shape.cols, &elements))  // no division on every record
       throw shape_error(std::string(op) + ": its " + what + " " + to_string(shape) + " has too many elements");
   };
   check(s.output, "output_shape", false);
@@ -142,9 +142,9 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
   Shape shapes[arity];
   std::int32_t ids[arity];
-  for (std::size_t k = 0; k < arity; ++k) {
-    shapes[k] = vars[k]->shape();
+  for (std::size_t k = 0; k < arity; ++k) {  // valid handles (common_tape checked them)
     ids[k] = vars[k]->id();
+    shapes[k] = state->node(ids[k]).shape;
   }
   const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
                                    Op::scratch_shape(shapes, call.params)};

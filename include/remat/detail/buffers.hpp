@@ -269,6 +269,7 @@ class Buffers {
   /// as it was. Not during a simulation. Nothing to do when shapes-only.
   Room make_room(const Shape& a, const Shape& b, const Shape& c = Shape{}) {
     if (shapes_only_) return Room{};
+    if (b.size() == 0 && c.size() == 0) return make_room(static_cast<std::size_t>(a.size()));
     const std::size_t sizes[3] = {static_cast<std::size_t>(a.size()), static_cast<std::size_t>(b.size()),
                                   static_cast<std::size_t>(c.size())};
     Room r;
@@ -292,6 +293,17 @@ class Buffers {
       give_back(r);
       throw;
     }
+    return r;
+  }
+
+  /// The same for a single buffer of `count` elements (most ops: a value and nothing else), with one
+  /// free-list lookup in the usual case where the pool holds one.
+  Room make_room(std::size_t count) {
+    Room r;
+    if (shapes_only_ || count == 0 || pool_.available(count) > 0) return r;
+    pool_.reserve(count, 1);  // all or nothing
+    r.count[0] = count;
+    r.added[0] = 1;
     return r;
   }
 
