@@ -4,8 +4,8 @@
 Same data (Fashion-MNIST IDX .gz, pixels / 255), model (784 -> hidden... -> 10, ReLU by default,
 He-uniform weights, zero biases, Glorot-uniform output layer), loss (mean softmax cross-entropy),
 optimizer (Adam lr 1e-3, betas 0.9/0.999, eps 1e-8), batch 128, a fresh shuffle each epoch, and the
-same evaluation (test accuracy in batches of 1000 after each epoch). Runs on `--threads` threads
-(default 1). Prints the BLAS PyTorch was built against and the library libblas.so.3 resolves to, one
+same evaluation (test accuracy in batches of 1000 after each epoch), and subnormals flushed to zero
+(--no-flush-denormal: not). Runs on `--threads` threads (default 1). Prints the BLAS PyTorch was built against and the library libblas.so.3 resolves to, one
 line per epoch, and with --json a last line with the same keys as examples/mlp --json.
 
 Run with Debian's interpreter (/usr/bin/python3, python3-torch):
@@ -60,6 +60,9 @@ def main():
     p.add_argument("--limit", type=int, default=0)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--flush-denormal", action=argparse.BooleanOptionalAction, default=True,
+                   help="torch.set_flush_denormal, as examples/mlp's --flush-denormal (default on in both); "
+                        "it sets the calling thread, where PyTorch's optimizer step runs")
     a = p.parse_args()
 
     # torch.set_num_threads() sets the OpenMP/intra-op threads, but Debian's torch calls the system
@@ -71,6 +74,7 @@ def main():
     torch = torch_module
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
+    torch.set_flush_denormal(a.flush_denormal)
     target, blas = blas_in_use()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); libblas.so.3 -> {target}")
     for line in blas:
@@ -128,6 +132,7 @@ def main():
               f"test {100 * h['test_accuracy']:.2f}%  {seconds:.2f} s (cpu {cpu:.2f} s)  {n / seconds:.0f} samples/s", flush=True)
     seconds = [h["seconds"] for h in history]
     result = {"peer": "pytorch", "torch": torch.__version__, "libblas": target, "threads": a.threads,
+              "flush_denormal": a.flush_denormal,
               "epochs": a.epochs, "test_accuracy": history[-1]["test_accuracy"], "train_seconds": sum(seconds),
               "seconds_per_epoch": sum(seconds) / len(seconds), "median_seconds_per_epoch": float(np.median(seconds)),
               "cpu_seconds_per_epoch": sum(h["cpu_seconds"] for h in history) / len(history),

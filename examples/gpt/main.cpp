@@ -45,6 +45,7 @@ struct Options {
   double lr = 3e-3;
   double dropout = 0;
   std::uint64_t seed = 42;
+  bool flush_denormal = true;
   int threads = 0;  // 0: examples::default_threads
   std::string checkpoint = "none", attention = "unfused";
   int log_every = 100, eval_every = 250, eval_batches = 16;
@@ -302,6 +303,9 @@ double parameter_checksum(gpt::Model<float>& model) {
 int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
+  // As in the MLP example: a weight whose gradient stays 0 (the embedding row of a byte the batches lack)
+  // has AdamW moments that decay by beta each step into subnormals, which are slow (remat/flush_denormal.hpp).
+  remat::set_flush_denormal(o.flush_denormal);
   // The state file's settings come first: they decide the model's shape and the split.
   std::unique_ptr<examples::StateReader> resume;
   if (!o.state.empty() && std::filesystem::exists(o.state)) {
@@ -357,12 +361,16 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
     const std::string hint = "every rank must be given the same --seed and --state file";
     data_parallel.check_same_on_every_rank(t.optimizer->step_count(), "the step to start from (--state)", hint);
     data_parallel.check_same_on_every_rank(t.batches.state(), "the batch stream (--seed, --state)", hint);
+    // Each rank makes its own optimizer step: flushing on some ranks only would make their weights differ.
+    data_parallel.check_same_on_every_rank(o.flush_denormal ? 1u : 0u, "--flush-denormal",
+                                           "give every rank the same --flush-denormal or --no-flush-denormal");
   }
 
   std::printf(
-      "GPT L=%d H=%d heads=%d S=%d V=256: %zu parameters; dropout %g, attention %s, checkpoint %s, %d thread%s%s\n",
+      "GPT L=%d H=%d heads=%d S=%d V=256: %zu parameters; dropout %g, attention %s, checkpoint %s, %d thread%s%s%s\n",
       o.layers, o.width, o.heads, o.seq_len, parameter_count, o.dropout, o.attention.c_str(), o.checkpoint.c_str(),
-      o.threads, o.threads == 1 ? "" : "s", examples::blas_kernels_text().c_str());
+      o.threads, o.threads == 1 ? "" : "s", o.flush_denormal ? ", subnormals flushed to zero" : "",
+      examples::blas_kernels_text().c_str());
   std::printf("corpus %s: %zu files, %zu bytes; train %zu / validation %zu bytes (every 20th block of %zu bytes)\n",
               corpus.directory.c_str(), corpus.files.size(), corpus.bytes.size(), corpus.train.bytes,
               corpus.validation.bytes, corpus.block);
@@ -505,8 +513,9 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
       << ",\"val_bytes\":" << corpus.validation.bytes << ",\"layers\":" << o.layers << ",\"width\":" << o.width
       << ",\"heads\":" << o.heads << ",\"seq_len\":" << o.seq_len << ",\"batch\":" << o.batch
       << ",\"lr\":" << number(o.lr) << ",\"dropout\":" << number(o.dropout) << ",\"seed\":" << o.seed
-      << ",\"threads\":" << o.threads << ",\"checkpoint\":\"" << o.checkpoint << "\",\"attention\":\"" << o.attention
-      << "\",\"ranks\":" << ranks.size << ",\"sample\":" << json_string(text);
+      << ",\"threads\":" << o.threads << ",\"flush_denormal\":" << (o.flush_denormal ? "true" : "false")
+      << ",\"checkpoint\":\"" << o.checkpoint << "\",\"attention\":\"" << o.attention << "\",\"ranks\":" << ranks.size
+      << ",\"sample\":" << json_string(text);
     if (o.timing) j << ",\"timing\":" << run_timing.json();
     j << "}";
     std::printf("%s\n", j.str().c_str());
@@ -578,6 +587,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
   app.add_option("--prompt", o.prompt, "Text the sample continues (default: \"%\\n\", the start of a fortune)");
+  app.add_flag("--flush-denormal,!--no-flush-denormal", o.flush_denormal,
+               "Flush subnormal floats to zero on every thread (remat::set_flush_denormal): without it, AdamW's "
+               "moments of weights whose gradient stays 0 (unseen bytes' embeddings) decay into slow subnormals")
+      ->capture_default_str();
   app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
   app.add_flag("--estimate", o.estimate,
                "Print the saved and peak bytes of one training step with the --checkpoint and --attention settings, "

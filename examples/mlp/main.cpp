@@ -59,6 +59,7 @@ struct Options : mlp::NetworkOptions {
   bool distributed = false;
   bool timing = false;
   bool estimate = false;
+  bool flush_denormal = true;
 };
 
 /// One training epoch's results; kept in the state file so a resumed run reports the whole history.
@@ -275,6 +276,9 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
                                 std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
+  // Adam's moments of the always-black pixels' weights decay into subnormals: flushed, an epoch stays as fast
+  // as the first (remat/flush_denormal.hpp).
+  remat::set_flush_denormal(o.flush_denormal);
   if (o.estimate) return estimate_step(o);
   mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
   mlp::Dataset test = mlp::read_idx_dataset(o.data, "t10k", classes);
@@ -320,15 +324,18 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
     data_parallel.check_same_on_every_rank(model.adam->step_count(), "the step to start from (--resume)", hint);
     data_parallel.check_same_on_every_rank(model.history.size(), "the epochs done (--resume)", hint);
     data_parallel.check_same_on_every_rank(model.shuffle.state(), "the shuffling state (--seed, --resume)", hint);
+    // Each rank makes its own optimizer step: flushing on some ranks only would make their weights differ.
+    data_parallel.check_same_on_every_rank(o.flush_denormal ? 1u : 0u, "--flush-denormal",
+                                           "give every rank the same --flush-denormal or --no-flush-denormal");
   }
 
   const std::string shape = network_text(o, inputs);
   std::printf(
       "MLP %s %s, dropout %g, Adam lr %g (%s), batch %d, %zu training / %ld test images, checkpoint %s, %d "
-      "thread%s%s\n",
+      "thread%s%s%s\n",
       shape.c_str(), o.activation.c_str(), o.dropout, o.lr, o.schedule.c_str(), o.batch, n,
       static_cast<long>(test.images.rows()), o.checkpoint.c_str(), o.threads, o.threads == 1 ? "" : "s",
-      examples::blas_kernels_text().c_str());
+      o.flush_denormal ? ", subnormals flushed to zero" : "", examples::blas_kernels_text().c_str());
   if (o.distributed)
     std::printf("data parallel: %d ranks, each trains on its shard of every global batch of %d\n", ranks.size, o.batch);
   if (!o.resume.empty())
@@ -465,7 +472,8 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
       << ",\"peak_bytes_per_step\":" << peak_bytes << ",\"checkpoint\":\"" << o.checkpoint << "\",\"schedule\":\""
       << o.schedule << "\",\"hidden\":[" << hidden << "],\"activation\":\"" << o.activation
       << "\",\"batch\":" << o.batch << ",\"lr\":" << number(o.lr) << ",\"dropout\":" << number(o.dropout)
-      << ",\"seed\":" << o.seed << ",\"threads\":" << o.threads << ",\"train_images\":" << n
+      << ",\"seed\":" << o.seed << ",\"threads\":" << o.threads
+      << ",\"flush_denormal\":" << (o.flush_denormal ? "true" : "false") << ",\"train_images\":" << n
       << ",\"parameters_crc32\":" << crc << ",\"ranks\":" << ranks.size << ",\"losses\":" << list(&EpochRecord::loss)
       << ",\"train_accuracies\":" << list(&EpochRecord::train_accuracy)
       << ",\"test_accuracies\":" << list(&EpochRecord::test_accuracy)
@@ -545,6 +553,10 @@ int main(int argc, char** argv) {
                "Print the saved and peak bytes of one training step of a full --batch with the --checkpoint mode, "
                "counted from shapes alone (remat::estimate_memory), and exit: no data is read (28x28 inputs), "
                "nothing is trained");
+  app.add_flag("--flush-denormal,!--no-flush-denormal", o.flush_denormal,
+               "Flush subnormal floats to zero on every thread (remat::set_flush_denormal): without it, Adam's "
+               "moments of the weights of always-black pixels decay into subnormals and later epochs run slower")
+      ->capture_default_str();
   app.add_option("--eval-batch", o.eval_batch, "Batch size of the test-set evaluation")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

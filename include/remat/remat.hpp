@@ -6,6 +6,7 @@
 #include "remat/custom_op.hpp"
 #include "remat/errors.hpp"
 #include "remat/estimate.hpp"
+#include "remat/flush_denormal.hpp"
 #include "remat/gradcheck.hpp"
 #include "remat/matrix.hpp"
 #include "remat/memory.hpp"

@@ -17,6 +17,9 @@ namespace detail {
 
 /// The value set by set_num_threads, 0 until it is called.
 inline std::atomic<int> thread_setting{0};
+/// The largest value set_num_threads was given (0: never called): the largest team remat's kernels made, so
+/// that set_flush_denormal reaches every thread of libgomp's pool that they used.
+inline std::atomic<int> largest_thread_setting{0};
 
 /// Whether the program has OpenBLAS's thread functions (linked with OpenBLAS).
 inline bool have_openblas_threads() {
@@ -58,6 +61,9 @@ inline int num_threads() {
 inline void set_num_threads(int n) {
   if (n < 1) throw domain_error("set_num_threads: n must be at least 1, got " + std::to_string(n));
   detail::thread_setting.store(n, std::memory_order_relaxed);
+  int largest = detail::largest_thread_setting.load(std::memory_order_relaxed);
+  while (n > largest && !detail::largest_thread_setting.compare_exchange_weak(largest, n)) {
+  }
   if (detail::have_openblas_threads()) openblas_set_num_threads(n);
 }
 
