@@ -136,7 +136,8 @@ def main():
               "epochs": a.epochs, "test_accuracy": history[-1]["test_accuracy"], "train_seconds": sum(seconds),
               "seconds_per_epoch": sum(seconds) / len(seconds), "median_seconds_per_epoch": float(np.median(seconds)),
               "cpu_seconds_per_epoch": sum(h["cpu_seconds"] for h in history) / len(history),
-              "samples_per_second": n * len(seconds) / sum(seconds), "losses": [h["loss"] for h in history]}
+              "samples_per_second": n * len(seconds) / sum(seconds), "losses": [h["loss"] for h in history],
+              "epoch_seconds": seconds}
     if a.json:
         print(json.dumps(result))
 

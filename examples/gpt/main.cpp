@@ -303,8 +303,9 @@ double parameter_checksum(gpt::Model<float>& model) {
 int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
-  // As in the MLP example: a weight whose gradient stays 0 (the embedding row of a byte the batches lack)
-  // has AdamW moments that decay by beta each step into subnormals, which are slow (remat/flush_denormal.hpp).
+  // As in the MLP example: a weight whose gradient is 0 for many steps after a non-zero one (the embedding
+  // row of a rare byte) has an AdamW moment that decays by beta1 a step into subnormals, which are slow
+  // (remat/flush_denormal.hpp).
   remat::set_flush_denormal(o.flush_denormal);
   // The state file's settings come first: they decide the model's shape and the split.
   std::unique_ptr<examples::StateReader> resume;
@@ -589,7 +590,7 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", o.prompt, "Text the sample continues (default: \"%\\n\", the start of a fortune)");
   app.add_flag("--flush-denormal,!--no-flush-denormal", o.flush_denormal,
                "Flush subnormal floats to zero on every thread (remat::set_flush_denormal): without it, AdamW's "
-               "moments of weights whose gradient stays 0 (unseen bytes' embeddings) decay into slow subnormals")
+               "moments of weights whose gradient is mostly 0 (rare bytes' embeddings) decay into slow subnormals")
       ->capture_default_str();
   app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
   app.add_flag("--estimate", o.estimate,

@@ -276,8 +276,8 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
                                 std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
-  // Adam's moments of the always-black pixels' weights decay into subnormals: flushed, an epoch stays as fast
-  // as the first (remat/flush_denormal.hpp).
+  // Adam's first moments of weights of almost always black pixels decay into subnormals, which are slow:
+  // flushed, every epoch runs as fast as the first (remat/flush_denormal.hpp, bench/RESULTS.md §11).
   remat::set_flush_denormal(o.flush_denormal);
   if (o.estimate) return estimate_step(o);
   mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
@@ -555,7 +555,7 @@ int main(int argc, char** argv) {
                "nothing is trained");
   app.add_flag("--flush-denormal,!--no-flush-denormal", o.flush_denormal,
                "Flush subnormal floats to zero on every thread (remat::set_flush_denormal): without it, Adam's "
-               "moments of the weights of always-black pixels decay into subnormals and later epochs run slower")
+               "moments of the weights of almost always black pixels decay into subnormals and later epochs run slower")
       ->capture_default_str();
   app.add_option("--eval-batch", o.eval_batch, "Batch size of the test-set evaluation")
       ->capture_default_str()
