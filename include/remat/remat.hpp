@@ -67,3 +67,6 @@
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
 #include "remat/schedule/planner.hpp"
 #include "remat/schedule/revolve.hpp"
+
+// Last: names the class templates defined above (REMAT_EXTERN_OP_KERNELS).
+#include "remat/detail/extern_templates.hpp"

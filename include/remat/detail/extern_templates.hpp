@@ -1,0 +1,28 @@
+// The tape's class templates for float and double, compiled once with the built-in ops' kernels
+// (remat/detail/op_kernels.hpp): under REMAT_EXTERN_OP_KERNELS a translation unit leaves them to the one
+// that includes remat/instantiate_op_kernels.hpp. They were a fifth of each test program's code (the
+// sweep, the recorder, the tape state, the buffers); compiling them once took a fifth off the compile
+// time of those programs. Included at the end of remat/remat.hpp, after every definition it names; a
+// translation unit that includes only some headers instantiates what it uses, as before.
+#pragma once
+
+#define REMAT_DETAIL_CLASS_TEMPLATES(declaration, T)       \
+  declaration class ::remat::detail::Sweep<T>;             \
+  declaration class ::remat::detail::TapeState<T>;         \
+  declaration class ::remat::detail::Recorder<T>;          \
+  declaration class ::remat::detail::Evictor<T>;           \
+  declaration class ::remat::detail::Buffers<T>;           \
+  declaration class ::remat::detail::Pool<T>;              \
+  declaration class ::remat::detail::Lifetime<T>;          \
+  declaration struct ::remat::detail::Graph<T>;            \
+  declaration struct ::remat::detail::ParameterStorage<T>; \
+  declaration class ::remat::Parameter<T>;                 \
+  declaration class ::remat::Tape<T>;
+
+#if defined(REMAT_INSTANTIATE_OP_KERNELS)
+REMAT_DETAIL_CLASS_TEMPLATES(template, float)
+REMAT_DETAIL_CLASS_TEMPLATES(template, double)
+#elif defined(REMAT_EXTERN_OP_KERNELS)
+REMAT_DETAIL_CLASS_TEMPLATES(extern template, float)
+REMAT_DETAIL_CLASS_TEMPLATES(extern template, double)
+#endif
