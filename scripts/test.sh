@@ -17,13 +17,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" -DREMAT_BUILD_BENCHMARKS=OFF \
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" -DREMAT_BUILD_BENCHMARKS=OFF \
   -DREMAT_TEST_PROGRAMS="full_size;alloc" -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-Og" \
   -DREMAT_SANITIZE=ON -DREMAT_BUILD_BENCHMARKS=OFF -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
 make --no-print-directory -j"$jobs" -f - both <<'EOF'
 both: optimised sanitized
-optimised: ; +cmake --build build
+optimised: ; +cmake --build build-test
 sanitized: ; +cmake --build build-sanitize
 .PHONY: both optimised sanitized
 EOF
@@ -35,7 +35,7 @@ export OMP_WAIT_POLICY=PASSIVE
 # The two test runs run at the same time: each ends on a few long tests that leave a core idle.
 echo "== running the tests of both builds (optimised, AddressSanitizer + UndefinedBehaviorSanitizer) =="
 logs=$(mktemp -d)
-(cd build && ctest --output-on-failure -j"$jobs" > "$logs/optimised.log" 2>&1) &
+(cd build-test && ctest --output-on-failure -j"$jobs" > "$logs/optimised.log" 2>&1) &
 optimised=$!
 (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure -j"$jobs" > "$logs/sanitized.log" 2>&1) &
