@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs the test suite in two builds: an AddressSanitizer +
 # UndefinedBehaviorSanitizer build at -Og with assertions on (the UBSan checks it leaves out, and why, are in
-# CMakeLists.txt), which runs every GoogleTest program but tests/full_size; and an optimised build with assertions off
-# (-O1 -DNDEBUG), which runs what needs full speed or the real malloc: the full-size workloads (tests/full_size),
+# CMakeLists.txt), which runs every GoogleTest program but tests/full_size; and an optimised build with
+# assertions off (-O1 -DNDEBUG), which runs what needs full speed or the real malloc: the full-size workloads (tests/full_size),
 # the allocation counts (tests/alloc), the examples' end-to-end tests, the install test and the README
 # example. Compiling every test program in both builds took 10.9 minutes, over the suite's 10
 # (REMAT_TEST_PROGRAMS in tests/CMakeLists.txt). Compiling is 90 % of the
@@ -11,14 +11,14 @@
 # tests four times faster than -O0, whose 30 % shorter compile does not pay for that. The sanitizer build
 # has no debug information (-g1 costs 12 % of its compile): reports name functions, not lines; for lines,
 # rebuild one test with -g. In both, the examples use the op kernels compiled once for the test programs
-# (REMAT_EXAMPLES_EXTERN_OP_KERNELS, examples/CMakeLists.txt). The two builds share one pool of $(nproc) compile jobs (one make jobserver), so
-# that neither build's last, largest translation unit leaves a core idle.
+# (REMAT_EXAMPLES_EXTERN_OP_KERNELS, examples/CMakeLists.txt). The two builds share one pool of $(nproc)
+# compile jobs (one make jobserver), so that neither build's last, largest translation unit leaves a core idle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" -DREMAT_BUILD_BENCHMARKS=OFF \
-  -DREMAT_TEST_PROGRAMS="full_size;alloc" -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+  -DREMAT_BUILD_BENCHMARKS=OFF -DREMAT_TEST_PROGRAMS="full_size;alloc" -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-Og" \
   -DREMAT_SANITIZE=ON -DREMAT_BUILD_BENCHMARKS=OFF -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
 make --no-print-directory -j"$jobs" -f - both <<'EOF'

@@ -1,5 +1,5 @@
-// W2 (DESIGN.md §6) run by checkpoint_sequential_auto() with half the plain run's peak as its budget. Shared by
-// tests/schedule (reduced sizes, in the sanitizer build of scripts/test.sh) and tests/full_size (the full size, which
+// W2 (DESIGN.md §6) run by checkpoint_sequential_auto() with half the plain run's peak as its budget.
+// Shared by tests/schedule (reduced sizes, in the sanitizer build of scripts/test.sh) and tests/full_size (the full size, which
 // only the optimised build runs).
 #pragma once
 
