@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from torch_threads import set_threads
+
 torch = None  # imported in main() after OPENBLAS_NUM_THREADS is set: OpenBLAS reads it when it loads
 
 
@@ -66,13 +68,16 @@ def main():
     a = p.parse_args()
 
     # torch.set_num_threads() sets the OpenMP/intra-op threads, but Debian's torch calls the system
-    # libblas.so.3 (OpenBLAS, pthreads build), whose thread count comes from OPENBLAS_NUM_THREADS.
+    # libblas.so.3 (OpenBLAS, pthreads build). OPENBLAS_NUM_THREADS alone is not enough: numpy, imported
+    # above, has already loaded that OpenBLAS, which read the variable then, so until 2026-12-03 this
+    # peer's "1 thread" ran its GEMMs on two threads (bench/RESULTS.md §12). set_threads calls
+    # openblas_set_num_threads in every OpenBLAS mapped into the process, as the other peers do.
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     global torch
     import torch as torch_module
     torch = torch_module
-    torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     torch.manual_seed(a.seed)
     torch.set_flush_denormal(a.flush_denormal)
     target, blas = blas_in_use()
