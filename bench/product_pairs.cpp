@@ -1,0 +1,77 @@
+// A linear layer's backward has two independent products of equal FLOPs, dx = dy·Wᵀ and dW = xᵀ·dy (both
+// m·k·n multiply-adds). This compares, for W1's and W2's linear shapes, running them one after the other, each
+// on every thread of OpenBLAS, with running them side by side on a team of two, one product per thread
+// (OpenBLAS's OpenMP build runs a product single-threaded inside a parallel region).
+//
+//   build-bench/bench/product_pairs --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true
+#include <benchmark/benchmark.h>
+
+#include <remat/remat.hpp>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+struct Linear {
+  RowMajor x, w, g, dx, dw;
+  Linear(int m, int k, int n)
+      : x(RowMajor::Random(m, k)), w(RowMajor::Random(k, n)), g(RowMajor::Random(m, n)), dx(m, k), dw(k, n) {}
+};
+
+enum Mode { one_after_the_other, side_by_side };
+
+void pair(benchmark::State& state, int m, int k, int n) {
+  static Linear* cached[3] = {};
+  const int slot = m == 512 ? 0 : (k == 256 ? 1 : 2);
+  if (!cached[slot]) cached[slot] = new Linear(m, k, n);
+  Linear& l = *cached[slot];
+  remat::set_num_threads(static_cast<int>(state.range(1)));
+  const auto mode = static_cast<Mode>(state.range(0));
+  for (auto _ : state) {
+    if (mode == one_after_the_other) {
+      l.dx.noalias() = l.g * l.w.transpose();
+      l.dw.noalias() = l.x.transpose() * l.g;
+    } else {
+#pragma omp parallel num_threads(2)
+      {
+#ifdef _OPENMP
+        if (omp_get_thread_num() == 0)
+          l.dx.noalias() = l.g * l.w.transpose();
+        else
+#endif
+          l.dw.noalias() = l.x.transpose() * l.g;
+      }
+    }
+    benchmark::DoNotOptimize(l.dx.data());
+    benchmark::DoNotOptimize(l.dw.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(4.0 * m * k * n * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+void W1(benchmark::State& s) {
+  pair(s, 512, 1024, 1024);
+}  // W1's hidden layers: x [512,1024], W [1024,1024]
+void W2Up(benchmark::State& s) {
+  pair(s, 2048, 256, 1024);
+}  // W2's Linear(256→1024)
+void W2Down(benchmark::State& s) {
+  pair(s, 2048, 1024, 256);
+}  // W2's Linear(1024→256)
+
+void modes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"mode", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  b->Args({one_after_the_other, 1})->Args({one_after_the_other, 2})->Args({side_by_side, 2});
+}
+BENCHMARK(W1)->Apply(modes);
+BENCHMARK(W2Up)->Apply(modes);
+BENCHMARK(W2Down)->Apply(modes);
+
+}  // namespace
+
+BENCHMARK_MAIN();
