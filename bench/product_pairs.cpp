@@ -36,15 +36,18 @@ void pair(benchmark::State& state, int m, int k, int n) {
       l.dx.noalias() = l.g * l.w.transpose();
       l.dw.noalias() = l.x.transpose() * l.g;
     } else {
+#ifdef _OPENMP
 #pragma omp parallel num_threads(2)
       {
-#ifdef _OPENMP
         if (omp_get_thread_num() == 0)
           l.dx.noalias() = l.g * l.w.transpose();
         else
-#endif
           l.dw.noalias() = l.x.transpose() * l.g;
       }
+#else
+      state.SkipWithError("side by side needs OpenMP");
+      break;
+#endif
     }
     benchmark::DoNotOptimize(l.dx.data());
     benchmark::DoNotOptimize(l.dw.data());
