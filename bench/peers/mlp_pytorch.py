@@ -24,7 +24,8 @@ import numpy as np
 
 from torch_threads import set_threads
 
-torch = None  # imported in main() after OPENBLAS_NUM_THREADS is set: OpenBLAS reads it when it loads
+torch = None  # imported in main() after OMP_NUM_THREADS is set (torch's OpenMP runtime reads it when it loads;
+# OpenBLAS's threads are set by set_threads: numpy has loaded OpenBLAS already)
 
 
 def read_idx(path, magic):
