@@ -1,9 +1,11 @@
 // A linear layer's backward has two independent products of equal FLOPs, dx = dy·Wᵀ and dW = xᵀ·dy (both
 // m·k·n multiply-adds). This compares, for W1's and W2's linear shapes, running them one after the other, each
 // on every thread of OpenBLAS, with running them side by side on a team of two, one product per thread
-// (OpenBLAS's OpenMP build runs a product single-threaded inside a parallel region).
+// (OpenBLAS's OpenMP build runs a product single-threaded inside a parallel region). Every product goes through
+// detail::assign_product, as in remat's ops (the zero fill on remat's team, then the GEMM adds).
 //
 //   build-bench/bench/product_pairs --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true
+//       --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
 
 #include <remat/remat.hpp>
@@ -20,29 +22,40 @@ struct Linear {
   RowMajor x, w, g, dx, dw;
   Linear(int m, int k, int n)
       : x(RowMajor::Random(m, k)), w(RowMajor::Random(k, n)), g(RowMajor::Random(m, n)), dx(m, k), dw(k, n) {}
+  void input_gradient() {
+    remat::detail::assign_product(remat::AlignedMap<float>(dx.data(), dx.rows(), dx.cols()), g * w.transpose());
+  }
+  void weight_gradient() {
+    remat::detail::assign_product(remat::AlignedMap<float>(dw.data(), dw.rows(), dw.cols()), x.transpose() * g);
+  }
 };
 
 enum Mode { one_after_the_other, side_by_side };
 
 void pair(benchmark::State& state, int m, int k, int n) {
-  static Linear* cached[3] = {};
-  const int slot = m == 512 ? 0 : (k == 256 ? 1 : 2);
-  if (!cached[slot]) cached[slot] = new Linear(m, k, n);
-  Linear& l = *cached[slot];
+  static Linear l1(512, 1024, 1024), l2(2048, 256, 1024), l3(2048, 1024, 256);  // the three shapes below
+  Linear& l = m == 512 ? l1 : (k == 256 ? l2 : l3);
   remat::set_num_threads(static_cast<int>(state.range(1)));
   const auto mode = static_cast<Mode>(state.range(0));
   for (auto _ : state) {
     if (mode == one_after_the_other) {
-      l.dx.noalias() = l.g * l.w.transpose();
-      l.dw.noalias() = l.x.transpose() * l.g;
+      l.input_gradient();
+      l.weight_gradient();
     } else {
 #ifdef _OPENMP
+      int team = 0;
 #pragma omp parallel num_threads(2)
       {
-        if (omp_get_thread_num() == 0)
-          l.dx.noalias() = l.g * l.w.transpose();
-        else
-          l.dw.noalias() = l.x.transpose() * l.g;
+        if (omp_get_thread_num() == 0) {
+          team = omp_get_num_threads();
+          l.input_gradient();
+        } else {
+          l.weight_gradient();
+        }
+      }
+      if (team != 2) {
+        state.SkipWithError("side by side: OpenMP gave a team of fewer than two threads");
+        break;
       }
 #else
       state.SkipWithError("side by side needs OpenMP");
