@@ -103,13 +103,18 @@ class Var {
 
   /// Throws tape_error unless the handle is valid; `op` names the caller in the message.
   const detail::Node<T>& node(const char* op) const {
-    if (!state_) throw tape_error(std::string(op) + ": empty Var (default-constructed or moved from)");
-    if (state_->generation() != generation_)
-      throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");
+    // Every input of every record comes through here: the checks inline, the messages do not.
+    if (!state_ || state_->generation() != generation_) throw_invalid(op);
     const auto& n = state_->node(id_);
-    if (!n.value && !n.evicted)  // an evicted value (a memory budget) is regenerated when read
-      throw freed_value_error(std::string(op) + ": the value of node #" + std::to_string(id_) + " was freed");
+    if (!n.value && !n.evicted) throw_freed(op);  // an evicted value (a memory budget) is regenerated when read
     return n;
+  }
+  [[noreturn]] void throw_invalid(const char* op) const {
+    if (!state_) throw tape_error(std::string(op) + ": empty Var (default-constructed or moved from)");
+    throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");
+  }
+  [[noreturn]] void throw_freed(const char* op) const {
+    throw freed_value_error(std::string(op) + ": the value of node #" + std::to_string(id_) + " was freed");
   }
 
   /// Adopts a node whose handle count already includes this handle (used right after recording).

@@ -2,7 +2,9 @@
 // The op recipe (OpBase, OpCall, apply_op, the contexts) is public: remat/custom_op.hpp documents it.
 #pragma once
 
+#include <cassert>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -84,24 +86,40 @@ const OpTable<T>* op_table_of() {
   return &table;
 }
 
+/// Whether `shape` has at least one row and one column (or is [0,0] when `may_be_none`) and no more
+/// elements than an Index holds.
+inline bool valid_op_shape(const Shape& shape, bool may_be_none) {
+  if (may_be_none && shape.rows == 0 && shape.cols == 0) return true;
+  Index elements;
+  return shape.rows >= 1 && shape.cols >= 1 && !__builtin_mul_overflow(shape.rows, shape.cols, &elements);
+}
+
+/// The shape_error check_op_shapes throws for the first invalid shape of `s`.
+[[noreturn]] inline void throw_op_shape_error(const char* op, const OpShapes& s) {
+  const Shape* shapes[3] = {&s.output, &s.extra, &s.scratch};
+  const char* what[3] = {"output_shape", "extra_shape", "scratch_shape"};
+  for (int i = 0; i < 3; ++i) {
+    const Shape& shape = *shapes[i];
+    const bool may_be_none = i > 0;
+    if (valid_op_shape(shape, may_be_none)) continue;
+    if (shape.rows < 1 || shape.cols < 1)
+      throw shape_error(std::string(op) + ": its " + what[i] + " is " + to_string(shape) +
+                        (may_be_none ? "; it needs at least one row and one column, or [0,0] for none"
+                                     : "; every tensor needs at least one row and one column"));
+    throw shape_error(std::string(op) + ": its " + what[i] + " " + to_string(shape) + " has too many elements");
+  }
+  assert(false && "throw_op_shape_error called on valid shapes");
+  std::abort();
+}
+
 /// Throws shape_error naming `op` unless its output shape has at least one row and one column (as every
 /// tensor of remat), its extra and temporary shapes too or are [0,0] (none), and no shape has more elements
 /// than an Index holds: a user op's output_shape, extra_shape or scratch_shape must not make the tape
-/// allocate or map a buffer of an empty, negative or overflowing shape.
+/// allocate or map a buffer of an empty, negative or overflowing shape. (Runs on every record: the test
+/// inlines, the message does not.)
 inline void check_op_shapes(const char* op, const OpShapes& s) {
-  auto check = [op](const Shape& shape, const char* what, bool may_be_none) {
-    if (may_be_none && shape.rows == 0 && shape.cols == 0) return;
-    if (shape.rows < 1 || shape.cols < 1)
-      throw shape_error(std::string(op) + ": its " + what + " is " + to_string(shape) +
-                        (may_be_none ? "; it needs at least one row and one column, or [0,0] for none"
-                                     : "; every tensor needs at least one row and one column"));
-    Index elements;
-    if (__builtin_mul_overflow(shape.rows, shape.cols, &elements))  // no division on every record
-      throw shape_error(std::string(op) + ": its " + what + " " + to_string(shape) + " has too many elements");
-  };
-  check(s.output, "output_shape", false);
-  check(s.extra, "extra_shape", true);
-  check(s.scratch, "scratch_shape", true);
+  if (!valid_op_shape(s.output, false) || !valid_op_shape(s.extra, true) || !valid_op_shape(s.scratch, true))
+    throw_op_shape_error(op, s);
 }
 
 [[noreturn]] inline void throw_not_estimable(const char* op) {

@@ -177,6 +177,14 @@ class Evictor {
   /// report (a backward checks them all before its dry run).
   void ensure(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
+    if (n.value && !n.parameter) {  // the usual case, inlined: resident and tape-owned
+      touch(id);
+      return;
+    }
+    ensure_slow(id);
+  }
+  void ensure_slow(std::int32_t id) noexcept {
+    Node<T>& n = graph_[id];
     if (n.parameter && n.parameter->version != n.parameter_version && stale_ < 0) stale_ = id;
     if (!n.value) {
       if (n.is_leaf()) {

@@ -9,12 +9,9 @@
 
 namespace remat::detail {
 
-/// Throws stale_value_error naming `op` if node `id` references a Parameter modified since it was recorded
-/// (its storage may have been reallocated, so reading the node's value would read freed memory).
 template <class T>
-void check_parameter_current(const Graph<T>& graph, std::int32_t id, const char* op) {
+[[noreturn]] void throw_parameter_modified(const Graph<T>& graph, std::int32_t id, const char* op) {
   const Node<T>& n = graph[id];
-  if (!n.parameter || n.parameter->version == n.parameter_version) return;
   const Shape now{n.parameter->value.rows(), n.parameter->value.cols()};
   throw stale_value_error(std::string(op) + ": the Parameter " + to_string(n.shape) + " recorded as node #" +
                           std::to_string(id) + " was modified after it was recorded (version " +
@@ -22,17 +19,29 @@ void check_parameter_current(const Graph<T>& graph, std::int32_t id, const char*
                           std::to_string(n.parameter_version) + (now != n.shape ? ", now " + to_string(now) : "") +
                           "); run the forward pass again after updating parameters");
 }
-
-/// Throws stale_value_error naming `op` if node `id` references a Parameter that was assigned to or moved
-/// from since it was recorded: its gradient would go to whatever value replaced the recorded one.
+// The checks run on every input of every record and on every node before a sweep: the test inlines, the
+// message does not.
+/// Throws stale_value_error naming `op` if node `id` references a Parameter modified since it was recorded
+/// (its storage may have been reallocated, so reading the node's value would read freed memory).
 template <class T>
-void check_parameter_not_reassigned(const Graph<T>& graph, std::int32_t id, const char* op) {
+inline void check_parameter_current(const Graph<T>& graph, std::int32_t id, const char* op) {
   const Node<T>& n = graph[id];
-  if (!n.parameter || n.parameter->assignments == n.parameter_assignments) return;
-  throw stale_value_error(std::string(op) + ": the Parameter " + to_string(n.shape) + " recorded as node #" +
+  if (n.parameter && n.parameter->version != n.parameter_version) throw_parameter_modified(graph, id, op);
+}
+
+template <class T>
+[[noreturn]] void throw_parameter_reassigned(const Graph<T>& graph, std::int32_t id, const char* op) {
+  throw stale_value_error(std::string(op) + ": the Parameter " + to_string(graph[id].shape) + " recorded as node #" +
                           std::to_string(id) +
                           " was assigned to or moved from after it was recorded (std::swap, vector::erase and "
                           "sort assign), so its gradient has no place to go; run the forward pass again");
+}
+/// Throws stale_value_error naming `op` if node `id` references a Parameter that was assigned to or moved
+/// from since it was recorded: its gradient would go to whatever value replaced the recorded one.
+template <class T>
+inline void check_parameter_not_reassigned(const Graph<T>& graph, std::int32_t id, const char* op) {
+  const Node<T>& n = graph[id];
+  if (n.parameter && n.parameter->assignments != n.parameter_assignments) throw_parameter_reassigned(graph, id, op);
 }
 
 }  // namespace remat::detail

@@ -373,8 +373,8 @@ class Recorder {
     if (n.level > 0)
       for (int k = 0; k < n.arity; ++k)
         if (graph_[n.inputs[k]].level == 0) lifetime_.hold_pending(n.inputs[k]);
-    n.handles = 1;
-    lifetime_.settle(id);  // an extra no backward reads goes now
+    n.handles = 1;  // so the value stays: only an extra no backward reads may go now
+    if (n.extra) lifetime_.settle_extra(id);
   }
 
   void finish(Region& r) noexcept {
@@ -409,6 +409,9 @@ class Recorder {
 
   /// A value computed inside a closed region may be used outside it only if the region returned it.
   void check_not_escaped(const char* op, std::int32_t id) const {
+    if (graph_[id].region != -1) check_not_escaped_from_regions(op, id);  // inlined: most values are outside
+  }
+  void check_not_escaped_from_regions(const char* op, std::int32_t id) const {
     const Node<T>& n = graph_[id];
     for (std::int32_t r = n.region; r != -1 && !graph_.region(r).open; r = graph_.region(r).parent) {
       if (!(n.output_mask & (std::uint64_t{1} << graph_.region(r).depth)))

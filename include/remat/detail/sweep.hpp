@@ -619,20 +619,25 @@ class Sweep {
     if (n.extra_read) lifetime_.release_extra_read(i);
   }
 
-  /// The values node i's backward reads, made resident (regenerated if evicted) and pinned while it runs.
+  /// The values node i's backward reads, made resident (regenerated if evicted) and, under a memory
+  /// budget, pinned while it runs. Without a budget nothing evicts (Evictor::make_room), so nothing can
+  /// free a residual while the backward runs: each one is wanted (its pending backward read holds it at
+  /// the sweep's level), and unpinning would settle it to what it is now.
   void pin_residuals(std::int32_t i) noexcept {
     const Node<T>& n = graph_[i];
+    const bool pins = evictor_.active();
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) {
         evictor_.ensure(n.inputs[k]);
-        lifetime_.pin(n.inputs[k]);
+        if (pins) lifetime_.pin(n.inputs[k]);
       }
     if (n.reads & reads_output) {
       evictor_.ensure(i);
-      lifetime_.pin(i);
+      if (pins) lifetime_.pin(i);
     }
   }
   void unpin_residuals(std::int32_t i) noexcept {
+    if (!evictor_.active()) return;
     const Node<T>& n = graph_[i];
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) lifetime_.unpin(n.inputs[k]);
