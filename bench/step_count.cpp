@@ -1,7 +1,7 @@
 // A fixed number of training steps of one workload and implementation, for instruction counts that a busy
 // machine does not distort (bench/RESULTS.md §7.4): run it under `valgrind --tool=callgrind` at two step
 // counts; the difference divided by the difference in steps is the instructions of one steady step.
-//   step_count <W0|W1-small|W2> <remat|hand> <steps> [threads]
+//   step_count <W0|W1-small|W1|W2> <remat|hand> <steps> [threads]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -34,7 +34,7 @@ int run(const std::string& impl, long steps) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: step_count <W0|W1-small|W2> <remat|hand> <steps> [threads]\n");
+    std::fprintf(stderr, "usage: step_count <W0|W1-small|W1|W2> <remat|hand> <steps> [threads]\n");
     return 2;
   }
   const std::string workload = argv[1], impl = argv[2];
@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   remat::set_num_threads(argc > 4 ? std::atoi(argv[4]) : 1);
   if (workload == "W0") return run<bench::W0>(impl, steps);
   if (workload == "W1-small") return run<bench::W1Small>(impl, steps);
+  if (workload == "W1") return run<bench::W1>(impl, steps);
   if (workload == "W2") return run<bench::W2>(impl, steps);
-  std::fprintf(stderr, "step_count: workload must be W0, W1-small or W2, got %s\n", workload.c_str());
+  std::fprintf(stderr, "step_count: workload must be W0, W1-small, W1 or W2, got %s\n", workload.c_str());
   return 2;
 }
