@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "random.hpp"
@@ -225,6 +226,151 @@ TEST(MemoryBudget, CheckpointReplayOfAnEvictedSource) {
   EXPECT_LE(budgeted.second.peak_bytes, 7 * value_bytes);
   EXPECT_GT(budgeted.second.rematerialized_ops, 0u);
   EXPECT_EQ(budgeted.second.replayed_ops, plain.second.replayed_ops);
+}
+
+// ---- the budget lifted after evictions: the backward regenerates without pinning ----
+
+/// Five blocks h ← tanh(matmul(h · exp(h/2), w)), optionally each in a checkpoint region saving nothing,
+/// recorded under `budget` (0: none) and differentiated with the budget lifted (set_memory_budget(0)
+/// leaves the evicted values evicted). exp reads its output e, the product reads h and e: e is a residual
+/// of two backwards, and the product's backward regenerates both of its residuals in turn. `mode` 0: one
+/// backward; 1: two retain_graph backwards, then one; 2: gradient() of w with retain_graph, then backward.
+struct LiftedRun {
+  std::vector<Matrix<double>> grads;
+  remat::MemoryStats forward, first, second;
+  std::size_t evicted_ops = 0, evicted_bytes = 0;  // evicted when the budget is lifted
+};
+LiftedRun lifted_budget_step(bool shapes, std::size_t budget, int mode, bool regions, EvictionHeuristic h) {
+  remat::Tape<double> tape = shapes ? remat::Tape<double>(remat::shapes_only) : remat::Tape<double>();
+  tape.set_memory_budget(budget, h);
+  auto x = tape.variable(remat_test::random_matrix<double>(4, 8, 1));
+  auto w = tape.variable(Matrix<double>(remat_test::random_matrix<double>(8, 8, 2) * 0.3));
+  auto block = [&w](Var<double> v) {
+    const Var<double> e = remat::exp(remat::affine(v, 0.5, 0.0));
+    return remat::tanh(remat::matmul(v * e, w));
+  };
+  Var<double> y = x;
+  for (int k = 0; k < 5; ++k) y = regions ? remat::checkpoint(block)(y) : block(y);
+  auto loss = remat::sum(y);
+  y = {};
+  LiftedRun r;
+  r.forward = tape.memory();
+  for (std::int32_t i = 0; i < static_cast<std::int32_t>(tape.size()); ++i) {
+    const auto& n = x.state()->node(i);
+    if (!n.evicted) continue;
+    ++r.evicted_ops;
+    r.evicted_bytes += static_cast<std::size_t>(n.shape.size()) * sizeof(double);
+  }
+  tape.set_memory_budget(0);
+  if (mode == 0) {
+    tape.backward(loss);
+    r.first = tape.memory();
+  } else if (mode == 1) {
+    tape.backward(loss, true);
+    r.first = tape.memory();
+    tape.backward(loss, true);
+    r.second = tape.memory();
+    tape.backward(loss);
+  } else {
+    r.grads = tape.gradient(loss, {w}, true);
+    r.first = tape.memory();
+    tape.backward(loss);
+    r.second = tape.memory();
+  }
+  if (!shapes) {
+    r.grads.emplace_back(x.grad());
+    r.grads.emplace_back(w.grad());
+  }
+  return r;
+}
+
+/// The figures of lifted_budget_step's tape after each backward, by hand: what stays is what stays
+/// without a budget. Without regions, x, each block's e, its product and its tanh output, and w are saved
+/// (a backward reads them); with regions saving nothing, x, the five region outputs and w. After a backward
+/// that frees them, x and w and their gradients stay, and the loss.
+void expect_lifted_figures(const LiftedRun& r, int mode, bool regions) {
+  constexpr std::size_t v = value_bytes, w = 8 * 8 * sizeof(double), loss = sizeof(double);
+  const std::size_t saved = (regions ? 1 + 5 : 1 + 3 * 5) * v + w, freed = 2 * v + 2 * w + loss;
+  const remat::MemoryStats& last = mode == 0 ? r.first : r.second;
+  if (mode == 1) {  // two retain_graph backwards: every residual stays, with the gradients of x and w
+    for (const remat::MemoryStats* m : {&r.first, &r.second}) {
+      EXPECT_EQ(m->saved_bytes, saved);
+      EXPECT_EQ(m->live_bytes, saved + loss + v + w);
+    }
+    return;  // its last backward's figures are not kept
+  }
+  if (mode == 2) {  // gradient() with retain_graph: the residuals stay, no gradient does
+    EXPECT_EQ(r.first.saved_bytes, saved);
+    EXPECT_EQ(r.first.live_bytes, saved + loss);
+  }
+  EXPECT_EQ(last.saved_bytes, 0u);
+  EXPECT_EQ(last.live_bytes, freed);
+}
+
+// Sweep::pin_residuals pins a backward's residuals only under a budget: with it lifted, the values left
+// evicted are regenerated unpinned, each kept by its pending backward reads. Gradients are bitwise those of
+// the tape that never had a budget, each evicted value is regenerated exactly once, and what stays after
+// each backward (live, saved) is exactly what stays on that tape, by hand (a pin left behind would keep a
+// residual); after a retained backward every residual is resident again, so a second one is the unbudgeted
+// tape's to the byte. A shapes-only tape agrees.
+TEST(MemoryBudget, BudgetLiftedAfterEvictionsBackwardRegeneratesEachValueOnceAndEndsAsWithoutABudget) {
+  int evicting = 0;
+  for (const bool regions : {false, true})
+    for (int mode = 0; mode < 3; ++mode) {
+      SCOPED_TRACE("mode " + std::to_string(mode) + (regions ? " regions" : ""));
+      const LiftedRun plain = lifted_budget_step(false, 0, mode, regions, EvictionHeuristic::dtr_eq);
+      ASSERT_EQ(plain.forward.evictions, 0u);
+      expect_lifted_figures(plain, mode, regions);
+      for (std::size_t budget : {std::size_t(4000), std::size_t(3000), std::size_t(2500), std::size_t(2000)})
+        for (EvictionHeuristic h : all_heuristics) {
+          SCOPED_TRACE(std::string(name(h)) + " budget " + std::to_string(budget));
+          LiftedRun r;
+          try {
+            r = lifted_budget_step(false, budget, mode, regions, h);
+          } catch (const remat::memory_budget_error&) {
+            continue;  // the forward pass cannot meet it
+          }
+          if (r.evicted_ops == 0) continue;
+          ++evicting;
+          EXPECT_LE(r.forward.peak_bytes, budget);
+          ASSERT_EQ(r.grads.size(), plain.grads.size());
+          for (std::size_t k = 0; k < r.grads.size(); ++k) EXPECT_TRUE(bitwise_equal(r.grads[k], plain.grads[k])) << k;
+          expect_lifted_figures(r, mode, regions);
+          // Each value left evicted is regenerated once, in the first backward; nothing is evicted any more.
+          EXPECT_EQ(r.first.rematerialized_ops, r.forward.rematerialized_ops + r.evicted_ops);
+          EXPECT_EQ(r.first.rematerialized_bytes, r.forward.rematerialized_bytes + r.evicted_bytes);
+          EXPECT_EQ(r.first.evictions, r.forward.evictions);
+          if (mode > 0) {
+            EXPECT_EQ(r.second.rematerialized_ops, r.first.rematerialized_ops);
+            EXPECT_EQ(r.second.evictions, r.first.evictions);
+          }
+          if (!regions) {
+            // Without regions each value is regenerated when its first reader's backward needs it, while the
+            // unbudgeted tape still holds it. (A replay counts an evicted source as there and regenerates it
+            // when it reads it, which may be earlier: with regions neither figure is the unbudgeted one.)
+            EXPECT_EQ(r.first.replayed_ops, plain.first.replayed_ops);
+            EXPECT_LE(r.first.peak_bytes, plain.first.peak_bytes);
+          }
+          if (mode == 1) {  // the second retained backward starts from the unbudgeted tape's state
+            EXPECT_EQ(r.second.replayed_ops, plain.second.replayed_ops);
+            if (!regions) {  // (a peak since the forward)
+              EXPECT_EQ(r.second.peak_bytes, plain.second.peak_bytes);
+            }
+          }
+          if (mode < 2) {  // gradient() computes nothing on a shapes-only tape
+            const LiftedRun s = lifted_budget_step(true, budget, mode, regions, h);
+            EXPECT_EQ(s.evicted_ops, r.evicted_ops);
+            for (const auto& [a, b] : {std::make_pair(s.first, r.first), std::make_pair(s.second, r.second)}) {
+              EXPECT_EQ(a.live_bytes, b.live_bytes);
+              EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+              EXPECT_EQ(a.saved_bytes, b.saved_bytes);
+              EXPECT_EQ(a.rematerialized_ops, b.rematerialized_ops);
+              EXPECT_EQ(a.rematerialized_bytes, b.rematerialized_bytes);
+            }
+          }
+        }
+    }
+  EXPECT_GT(evicting, 40);
 }
 
 // ---- when the budget cannot be met ----
