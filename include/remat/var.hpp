@@ -109,13 +109,6 @@ class Var {
     if (!n.value && !n.evicted) throw_freed(op);  // an evicted value (a memory budget) is regenerated when read
     return n;
   }
-  [[noreturn]] void throw_invalid(const char* op) const {
-    if (!state_) throw tape_error(std::string(op) + ": empty Var (default-constructed or moved from)");
-    throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");
-  }
-  [[noreturn]] void throw_freed(const char* op) const {
-    throw freed_value_error(std::string(op) + ": the value of node #" + std::to_string(id_) + " was freed");
-  }
 
   /// Adopts a node whose handle count already includes this handle (used right after recording).
   static Var adopt(detail::TapeState<T>* state, std::int32_t id) {
@@ -128,6 +121,13 @@ class Var {
   }
 
  private:
+  [[noreturn]] void throw_invalid(const char* op) const {
+    if (!state_) throw tape_error(std::string(op) + ": empty Var (default-constructed or moved from)");
+    throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");
+  }
+  [[noreturn]] void throw_freed(const char* op) const {
+    throw freed_value_error(std::string(op) + ": the value of node #" + std::to_string(id_) + " was freed");
+  }
   void acquire() {
     if (!state_) return;
     state_->add_ref();

@@ -183,19 +183,6 @@ class Evictor {
     }
     ensure_slow(id);
   }
-  void ensure_slow(std::int32_t id) noexcept {
-    Node<T>& n = graph_[id];
-    if (n.parameter && n.parameter->version != n.parameter_version && stale_ < 0) stale_ = id;
-    if (!n.value) {
-      if (n.is_leaf()) {
-        assert(n.parameter && "a leaf's value is needed after it was freed");
-        n.value = n.parameter->value.data();
-      } else {
-        compute(id, true);
-      }
-    }
-    touch(id);
-  }
 
   /// Runs op node `u`'s forward into its buffers (allocating the value, extra and temporary it lacks), its
   /// inputs made resident and pinned meanwhile: a regeneration (`rematerialization`, counted in memory())
@@ -229,6 +216,21 @@ class Evictor {
   }
 
  private:
+  /// ensure() of a value that is evicted or a Parameter's (its version is checked).
+  void ensure_slow(std::int32_t id) noexcept {
+    Node<T>& n = graph_[id];
+    if (n.parameter && n.parameter->version != n.parameter_version && stale_ < 0) stale_ = id;
+    if (!n.value) {
+      if (n.is_leaf()) {
+        assert(n.parameter && "a leaf's value is needed after it was freed");
+        n.value = n.parameter->value.data();
+      } else {
+        compute(id, true);
+      }
+    }
+    touch(id);
+  }
+
   void end_trial(const Counters& before) noexcept {
     buffers_.end_simulation();
     for (std::size_t i = 0; i < saved_.size(); ++i) saved_[i].restore(graph_.nodes[i]);
