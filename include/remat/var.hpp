@@ -101,7 +101,9 @@ class Var {
   detail::TapeState<T>* state() const { return state_; }
   std::int32_t id() const { return id_; }
 
-  /// Throws tape_error unless the handle is valid; `op` names the caller in the message.
+  /// The node this handle refers to. Throws tape_error for an empty Var or one whose tape was cleared or
+  /// destroyed, freed_value_error if its value was freed (an evicted value is not: it is regenerated when
+  /// read); `op` names the caller in the message.
   const detail::Node<T>& node(const char* op) const {
     // Every input of every record comes through here: the checks inline, the messages do not.
     if (!state_ || state_->generation() != generation_) throw_invalid(op);

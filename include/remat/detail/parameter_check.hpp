@@ -1,4 +1,6 @@
 // Stale-Parameter detection: a Parameter's version must be the one recorded whenever its value is read.
+// The checks run on every input of every record and on every node before a sweep: the tests inline, the
+// messages (throw_*) do not.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +21,6 @@ template <class T>
                           std::to_string(n.parameter_version) + (now != n.shape ? ", now " + to_string(now) : "") +
                           "); run the forward pass again after updating parameters");
 }
-// The checks run on every input of every record and on every node before a sweep: the test inlines, the
-// message does not.
 /// Throws stale_value_error naming `op` if node `id` references a Parameter modified since it was recorded
 /// (its storage may have been reallocated, so reading the node's value would read freed memory).
 template <class T>
