@@ -82,7 +82,7 @@ class Tape {
   /// sweep enters them.
   /// Throws shape_error (loss not [1,1]), tape_error (Var of another or cleared tape, inside a
   /// checkpointed function), freed_value_error (second backward after one without retain_graph),
-  /// stale_value_error (a Parameter changed, assigned to or moved from since it was recorded),
+  /// stale_value_error (a Parameter changed, assigned to, moved from or resized since it was recorded),
   /// std::bad_alloc. When it throws, the tape and every gradient are exactly as they were. On a shapes-only
   /// tape it only counts: memory() then holds the figures this backward reaches on a tape that computes.
   void backward(const Var<T>& loss, bool retain_graph = false) {

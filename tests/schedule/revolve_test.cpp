@@ -134,6 +134,32 @@ bool bitwise_equal(const remat::Matrix<float>& a, const remat::Matrix<float>& b)
   return a.rows() == b.rows() && a.cols() == b.cols() && (a.array() == b.array()).all();
 }
 
+// Counts far beyond the exhaustive table, against closed forms that share nothing with the search for r:
+// one stored state reverses n steps in n(n − 1)/2 re-evaluations; s ≥ n − 1 states in n − 1 (each step but the
+// last once); and two states in r·n − C(r + 2, 3) with r the least integer with (r + 1)(r + 2)/2 ≥ n.
+// Before 128-bit counts, the first two overflowed or ran for minutes, and huge checkpoint counts overflowed.
+TEST(Revolve, HugeCountsMatchClosedFormsOrThrow) {
+  const std::int64_t big = std::int64_t{1000000000};
+  EXPECT_EQ(remat::revolve_recomputations(big, 1), big * (big - 1) / 2);
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(remat::revolve_recomputations(max, max), max - 1);
+  EXPECT_EQ(remat::revolve_recomputations(1000000, max), 999999);
+  const std::int64_t n = std::int64_t{1} << 40;
+  std::int64_t r = 0;
+  while ((r + 1) * (r + 2) / 2 < n) ++r;
+  EXPECT_EQ(remat::revolve_recomputations(n, 2), r * n - (r + 2) * (r + 1) * r / 6);
+  EXPECT_THROW(remat::revolve_recomputations(max, 1), remat::domain_error);  // about 2^125
+  // revolve() itself with far more checkpoints than steps: the schedule of s = steps, each step but the last
+  // re-evaluated once, gradients bitwise the plain tape's.
+  Model model;
+  const Result plain = run(model, 20, 0), huge = run(model, 20, max), exact = run(model, 20, 20);
+  EXPECT_EQ(huge.evaluations_backward, 19);
+  EXPECT_EQ(exact.evaluations_backward, 19);
+  EXPECT_TRUE(bitwise_equal(huge.grad_weight, plain.grad_weight));
+  EXPECT_TRUE(bitwise_equal(huge.grad_x0, plain.grad_x0));
+  EXPECT_EQ(huge.after_backward.peak_bytes, exact.after_backward.peak_bytes);
+}
+
 TEST(Revolve, StepEvaluationsMemoryAndGradientsOnTheTape) {
   Model model;
   for (const auto& o : oracle) {

@@ -86,40 +86,45 @@ const OpTable<T>* op_table_of() {
   return &table;
 }
 
-/// Whether `shape` has at least one row and one column (or is [0,0] when `may_be_none`) and no more
-/// elements than an Index holds.
-inline bool valid_op_shape(const Shape& shape, bool may_be_none) {
+/// Whether `shape` has at least one row and one column (or is [0,0] when `may_be_none`) and at most
+/// max_value_bytes (2^48) bytes of `element_bytes` each.
+inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t element_bytes) {
   if (may_be_none && shape.rows == 0 && shape.cols == 0) return true;
   Index elements;
-  return shape.rows >= 1 && shape.cols >= 1 && !__builtin_mul_overflow(shape.rows, shape.cols, &elements);
+  return shape.rows >= 1 && shape.cols >= 1 && !__builtin_mul_overflow(shape.rows, shape.cols, &elements) &&
+         static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
 }
 
 /// The shape_error check_op_shapes throws for the first invalid shape of `s`.
-[[noreturn]] inline void throw_op_shape_error(const char* op, const OpShapes& s) {
+[[noreturn]] inline void throw_op_shape_error(const char* op, const OpShapes& s, std::size_t element_bytes) {
   const Shape* shapes[3] = {&s.output, &s.extra, &s.scratch};
   const char* what[3] = {"output_shape", "extra_shape", "scratch_shape"};
   for (int i = 0; i < 3; ++i) {
     const Shape& shape = *shapes[i];
     const bool may_be_none = i > 0;
-    if (valid_op_shape(shape, may_be_none)) continue;
+    if (valid_op_shape(shape, may_be_none, element_bytes)) continue;
     if (shape.rows < 1 || shape.cols < 1)
       throw shape_error(std::string(op) + ": its " + what[i] + " is " + to_string(shape) +
                         (may_be_none ? "; it needs at least one row and one column, or [0,0] for none"
                                      : "; every tensor needs at least one row and one column"));
-    throw shape_error(std::string(op) + ": its " + what[i] + " " + to_string(shape) + " has too many elements");
+    throw shape_error(std::string(op) + ": its " + what[i] + " " + to_string(shape) +
+                      " needs more than the 2^48 bytes a tensor may have (" + std::to_string(element_bytes) +
+                      " bytes an element)");
   }
   assert(false && "throw_op_shape_error called on valid shapes");
   std::abort();
 }
 
 /// Throws shape_error naming `op` unless its output shape has at least one row and one column (as every
-/// tensor of remat), its extra and temporary shapes too or are [0,0] (none), and no shape has more elements
-/// than an Index holds: a user op's output_shape, extra_shape or scratch_shape must not make the tape
+/// tensor of remat), its extra and temporary shapes too or are [0,0] (none), and no shape has more than
+/// max_value_bytes (2^48) bytes of T: a user op's output_shape, extra_shape or scratch_shape must not make the tape
 /// allocate or map a buffer of an empty, negative or overflowing shape. (Runs on every record: the test
 /// inlines, the message does not.)
-inline void check_op_shapes(const char* op, const OpShapes& s) {
-  if (!valid_op_shape(s.output, false) || !valid_op_shape(s.extra, true) || !valid_op_shape(s.scratch, true))
-    throw_op_shape_error(op, s);
+template <class T>
+void check_op_shapes(const char* op, const OpShapes& s) {
+  constexpr std::size_t b = sizeof(T);
+  if (!valid_op_shape(s.output, false, b) || !valid_op_shape(s.extra, true, b) || !valid_op_shape(s.scratch, true, b))
+    throw_op_shape_error(op, s, b);
 }
 
 [[noreturn]] inline void throw_not_estimable(const char* op) {
@@ -166,7 +171,7 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   }
   const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
                                    Op::scratch_shape(shapes, call.params)};
-  detail::check_op_shapes(Op::name, op_shapes);
+  detail::check_op_shapes<T>(Op::name, op_shapes);
   detail::Attributes attributes;
   attributes.set_params(call.params);
   if (!call.tag.empty()) attributes.tag = state->intern_tag(call.tag);

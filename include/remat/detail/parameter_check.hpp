@@ -44,4 +44,22 @@ inline void check_parameter_not_reassigned(const Graph<T>& graph, std::int32_t i
   if (n.parameter && n.parameter->assignments != n.parameter_assignments) throw_parameter_reassigned(graph, id, op);
 }
 
+template <class T>
+[[noreturn]] void throw_parameter_resized(const Graph<T>& graph, std::int32_t id, const char* op) {
+  const Node<T>& n = graph[id];
+  throw stale_value_error(std::string(op) + ": the Parameter " + to_string(n.shape) + " recorded as node #" +
+                          std::to_string(id) + " was resized to " +
+                          to_string(Shape{n.parameter->value.rows(), n.parameter->value.cols()}) +
+                          " after it was recorded, so its gradient (of the recorded shape) has no place to go; run "
+                          "the forward pass again");
+}
+/// Throws stale_value_error naming `op` if node `id` references a Parameter whose shape is no longer the
+/// recorded one: a backward would hand it a gradient of the recorded shape.
+template <class T>
+inline void check_parameter_same_shape(const Graph<T>& graph, std::int32_t id, const char* op) {
+  const Node<T>& n = graph[id];
+  if (n.parameter && (n.parameter->value.rows() != n.shape.rows || n.parameter->value.cols() != n.shape.cols))
+    throw_parameter_resized(graph, id, op);
+}
+
 }  // namespace remat::detail

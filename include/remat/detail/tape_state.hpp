@@ -211,7 +211,7 @@ class TapeState {
   // ---- backward ----
   /// Checks before a sweep: no sweep after a freeing one, no Parameter a backward or replay will read was
   /// modified, and, if the sweep hands gradients to Parameters (`to_parameters`: backward(), not
-  /// gradient()), none of them was assigned to or moved from. Throws freed_value_error, stale_value_error
+  /// gradient()), none of them was assigned to, moved from or resized. Throws freed_value_error, stale_value_error
   /// naming `op`.
   void check_sweepable(const char* op, bool to_parameters) const {
     check_not_in_callback(op);
@@ -222,7 +222,10 @@ class TapeState {
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       // Under a budget, a regeneration may read any Parameter whose value the tape refers to now.
       if (graph_[i].holds() > 0 || (evictor_.active() && graph_[i].value)) check_parameter_current(graph_, i, op);
-      if (to_parameters) check_parameter_not_reassigned(graph_, i, op);
+      if (to_parameters) {
+        check_parameter_not_reassigned(graph_, i, op);
+        check_parameter_same_shape(graph_, i, op);
+      }
     }
   }
 

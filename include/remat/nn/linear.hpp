@@ -61,8 +61,9 @@ class Linear {
     if (inputs < 1 || outputs < 1)
       throw shape_error("nn::Linear: needs at least one input and one output, got " + std::to_string(inputs) + " → " +
                         std::to_string(outputs));
-    const double bound = init == Init::he_uniform ? std::sqrt(6.0 / static_cast<double>(inputs))
-                                                  : std::sqrt(6.0 / static_cast<double>(inputs + outputs));
+    const double bound = init == Init::he_uniform
+                             ? std::sqrt(6.0 / static_cast<double>(inputs))
+                             : std::sqrt(6.0 / (static_cast<double>(inputs) + static_cast<double>(outputs)));
     Matrix<T> w(inputs, outputs);
     for (Index i = 0; i < w.size(); ++i) w.data()[i] = static_cast<T>((2 * generator.uniform() - 1) * bound);
     weight = Parameter<T>(std::move(w));

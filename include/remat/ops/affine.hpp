@@ -74,11 +74,17 @@ template <class T, class S, detail::if_scalar<S> = 0>
 Var<T> operator*(S c, const Var<T>& x) {
   return affine(x, static_cast<double>(c), 0.0);
 }
-/// x / c. Throws remat::domain_error for c = 0.
+/// x / c, computed as affine(x, 1/c, 0). Throws remat::domain_error for c = 0, a c that is not finite, and a
+/// c so small that 1/c overflows a double.
 template <class T, class S, detail::if_scalar<S> = 0>
 Var<T> operator/(const Var<T>& x, S c) {
   if (c == S(0)) throw domain_error("divide: division of a Var by the scalar 0");
-  return affine(x, 1.0 / static_cast<double>(c), 0.0);
+  const double reciprocal = 1.0 / static_cast<double>(c);
+  if (!std::isfinite(static_cast<double>(c)) || !std::isfinite(reciprocal))
+    throw domain_error(
+        "divide: division of a Var by the scalar " + std::to_string(static_cast<double>(c)) +
+        (std::isfinite(static_cast<double>(c)) ? ", whose reciprocal overflows a double" : ", which is not finite"));
+  return affine(x, reciprocal, 0.0);
 }
 
 }  // namespace remat

@@ -19,7 +19,11 @@ struct ConcatColsOp : OpBase {
     if (in[0].rows != in[1].rows)
       throw shape_error("concat_cols: " + to_string(in[0]) + " and " + to_string(in[1]) +
                         " have different numbers of rows");
-    return {in[0].rows, in[0].cols + in[1].cols};
+    Index cols;
+    if (__builtin_add_overflow(in[0].cols, in[1].cols, &cols))
+      throw shape_error("concat_cols: " + to_string(in[0]) + " and " + to_string(in[1]) +
+                        " have more columns together than an Index holds");
+    return {in[0].rows, cols};
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -58,19 +62,23 @@ Var<T> concat_range(const std::vector<Var<T>>& parts, std::size_t begin, std::si
 
 /// [a | b | …]: the parts side by side, in order. Each part: [m, nᵢ] → [m, Σ nᵢ]; each part's gradient is
 /// its columns of dy. Records ⌈log₂ k⌉ levels of two-part concatenations for k parts (intermediates no
-/// backward reads are freed at once); one part is returned as it is. Throws shape_error for no parts or
-/// parts with different numbers of rows, tape_error for an empty or stale part, parts of different tapes
-/// or a part computed inside a checkpointed function that did not return it, stale_value_error for a
-/// modified Parameter, std::bad_alloc: all before recording anything, so the tape is unchanged then (the
-/// tree's records reserve their buffers and nodes together first). A policy that throws on one of the
-/// records leaves the records before it on the tape.
+/// backward reads are freed at once); one part is returned as it is. Throws shape_error for no parts,
+/// parts with different numbers of rows, a concatenation of more than 2^48 bytes, tape_error for an empty or stale
+/// part, parts of different tapes or a part computed inside a checkpointed function that did not return it,
+/// stale_value_error for a modified Parameter, std::bad_alloc: all before recording anything, so the tape is unchanged
+/// then (the tree's records reserve their buffers and nodes together first). A policy that throws on one of the records
+/// leaves the records before it on the tape.
 template <class T>
 Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   if (parts.empty()) throw shape_error("concat_cols: no parts; pass at least one");
   // Every check the two-part records would make, made first: a bad part must not leave the partial
   // concatenations recorded before it on the tape.
+  Index columns = 0;  // every partial sum of the tree is at most this one
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const detail::Node<T>& n = parts[i].node("concat_cols");
+    if (__builtin_add_overflow(columns, n.shape.cols, &columns))
+      throw shape_error("concat_cols: parts 0 to " + std::to_string(i) + " (part " + std::to_string(i) + " is " +
+                        to_string(n.shape) + ") have more columns together than an Index holds");
     if (parts[i].state() != parts[0].state())
       throw tape_error("concat_cols: part " + std::to_string(i) + " belongs to another tape than part 0");
     if (n.shape.rows != parts[0].rows())
@@ -78,6 +86,13 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
                         to_string(parts[0].shape()) + "; every part needs the same number of rows");
     parts[i].state()->check_input("concat_cols", parts[i].id());
   }
+  // The whole concatenation must be a valid tensor: every partial one of the tree is then valid too, so no
+  // record of it throws a shape_error after the first was recorded.
+  Index elements;
+  if (__builtin_mul_overflow(parts[0].rows(), columns, &elements) ||
+      static_cast<std::size_t>(elements) > detail::max_value_bytes / sizeof(T))
+    throw shape_error("concat_cols: the parts make a [" + std::to_string(parts[0].rows()) + "," +
+                      std::to_string(columns) + "] tensor, more than the 2^48 bytes a tensor may have");
   // Room for every record of the tree first: a std::bad_alloc must not leave the pairs recorded before it.
   std::vector<Shape> shapes;
   shapes.reserve(parts.size());

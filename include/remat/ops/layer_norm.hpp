@@ -90,11 +90,15 @@ struct LayerNormOp : OpBase {
 /// (biased) variance and x̂ = (x − μᵢ)/√(σᵢ² + eps), y = x̂ ⊙ gain + bias.
 /// dx = (1/√(σᵢ²+eps)) (d̂ − mean(d̂) − x̂ mean(d̂ ⊙ x̂)) with d̂ = dy ⊙ gain; dgain = Σ_rows dy ⊙ x̂;
 /// dbias = Σ_rows dy. x: [m,n], gain: [1,n], bias: [1,n] → [m,n]. Keeps x, gain and the per-row
-/// (μ, 1/σ) ([m,2]) as residuals. Throws shape_error for mismatched shapes, remat::domain_error for eps ≤ 0.
+/// (μ, 1/σ) ([m,2]) as residuals. Throws shape_error for mismatched shapes, remat::domain_error for an eps that
+/// is not positive and finite in T (1e-50 is 0 as a float).
 template <class T>
 Var<T> layer_norm(const Var<T>& x, const Var<T>& gain, const Var<T>& bias, double eps = 1e-5) {
-  if (!(eps > 0) || !std::isfinite(eps))
-    throw domain_error("layer_norm: eps must be positive and finite, got " + std::to_string(eps));
+  // Checked in T, the type the kernel adds it in: 1e-50 is positive as a double but 0 as a float.
+  if (!(T(eps) > T(0)) || !std::isfinite(T(eps)))
+    throw domain_error("layer_norm: eps must be positive and finite in the tape's type, got " + std::to_string(eps) +
+                       " (" + std::to_string(static_cast<double>(T(eps))) + " as a " +
+                       (sizeof(T) == sizeof(float) ? "float" : "double") + ")");
   return apply_op<detail::LayerNormOp>(detail::LayerNormOp::Params{eps}, x, gain, bias);
 }
 

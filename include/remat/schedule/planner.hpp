@@ -69,7 +69,12 @@ struct Chain {
     return (checkpoint_size.empty() ? activation_size : checkpoint_size)[static_cast<std::size_t>(i)];
   }
 
-  /// Throws domain_error unless the vectors have consistent lengths and sizes are non-negative.
+  /// Sizes (and backward overheads, which may be negative) larger than this in magnitude are refused: the
+  /// planner adds a few dozen of them per layer in int64, and its budget is at most 2^40 units anyway.
+  static constexpr std::int64_t max_size = std::int64_t{1} << 40;
+
+  /// Throws domain_error unless the vectors have consistent lengths, sizes are non-negative and at most
+  /// max_size (2^40 units), and L ≤ 2^20.
   void validate() const {
     const auto L = forward_time.size();
     if (L == 0 || backward_time.size() != L || tape_size.size() != L || activation_size.size() != L + 1)
@@ -78,6 +83,14 @@ struct Chain {
           "activation_size entries; got " +
           std::to_string(forward_time.size()) + ", " + std::to_string(backward_time.size()) + ", " +
           std::to_string(tape_size.size()) + " and " + std::to_string(activation_size.size()));
+    if (L > (std::size_t{1} << 20))
+      throw domain_error("Chain: " + std::to_string(L) + " layers; the planner takes at most 2^20");
+    for (const auto* v : {&activation_size, &tape_size, &forward_overhead, &forward_all_overhead, &backward_overhead,
+                          &gradient_size, &checkpoint_size})
+      for (auto e : *v)
+        if (e > max_size || e < -max_size)
+          throw domain_error("Chain: a size of " + std::to_string(e) +
+                             " units is beyond ±2^40; quantise sizes (e.g. to KiB) first");
     for (std::size_t i = 0; i <= L; ++i)
       if (activation_size[i] < 0) throw domain_error("Chain: activation_size must be non-negative");
     for (std::size_t i = 0; i < L; ++i)
@@ -448,10 +461,10 @@ class Planner {
 ///
 /// `persistent` restricts the search to persistent schedules, which nested checkpoint regions can execute
 /// (a region keeps its input until the backward sweep leaves it); run_schedule() runs the others as one
-/// region carrying the schedule, outside checkpoint regions only, so plan with it inside one. Time O(L³·budget) persistent, O(L⁵·budget) otherwise, memory
-/// O(L²·budget) resp. O(L³·budget) table entries of 16 bytes at worst; measured here: L = 20, budget 150
-/// units: 15 ms persistent, 0.2 s otherwise; L = 60, budget 200: 2 s persistent. Quantise byte sizes (as
-/// checkpoint_sequential_auto does) to keep the budget to a few hundred units.
+/// region carrying the schedule, outside checkpoint regions only, so plan with it inside one. Time O(L³·budget)
+/// persistent, O(L⁵·budget) otherwise, memory O(L²·budget) resp. O(L³·budget) table entries of 16 bytes at worst;
+/// measured here: L = 20, budget 150 units: 15 ms persistent, 0.2 s otherwise; L = 60, budget 200: 2 s persistent.
+/// Quantise byte sizes (as checkpoint_sequential_auto does) to keep the budget to a few hundred units.
 ///
 /// Returns a Schedule with feasible == false when no schedule fits (the minimum is about
 /// x_0 + 2·max x + max x̄, plus the overhead terms). Throws domain_error for an inconsistent chain, L > 60

@@ -13,23 +13,44 @@
 namespace remat {
 namespace detail {
 
-/// C(n, k) for the small arguments of the binomial schedule (exact in 64 bits for the ranges used here).
-inline std::int64_t binomial(std::int64_t n, std::int64_t k) {
+// The binomial counts below can exceed 64 bits for huge step or checkpoint counts (C(s + r, s) for s near
+// 2^62, say), so they are computed in 128 bits and saturated: every caller only compares them with a step
+// count, or checks that its result fits.
+__extension__ typedef unsigned __int128 Wide;
+constexpr Wide wide_saturated = static_cast<Wide>(INT64_MAX) + 1;  // "more than any step count"
+
+/// min(C(n, k), 2^63) for 0 ≤ k ≤ n < 2^63 (0 for k outside [0, n]).
+inline Wide binomial_saturated(std::int64_t n, std::int64_t k) {
   if (k < 0 || n < 0 || k > n) return 0;
   k = std::min(k, n - k);
-  std::int64_t result = 1;
-  for (std::int64_t i = 1; i <= k; ++i) result = result * (n - k + i) / i;  // exact: C(n−k+i, i) each step
+  Wide result = 1;
+  // C(n−k+i, i) grows at least twofold per i here (n − k ≥ k), so at most 64 rounds before it saturates.
+  for (std::int64_t i = 1; i <= k; ++i) {
+    result = result * static_cast<Wide>(n - k + i) / static_cast<Wide>(i);  // < 2^63 · 2^63: no overflow
+    if (result >= wide_saturated) return wide_saturated;
+  }
   return result;
 }
 
-/// r(n, s): the smallest r with C(s + r, s) ≥ n, the number of times the busiest step is evaluated.
+/// C(n, k), for arguments whose value fits an int64 (the schedule's split points).
+inline std::int64_t binomial(std::int64_t n, std::int64_t k) {
+  return static_cast<std::int64_t>(std::min<Wide>(binomial_saturated(n, k), INT64_MAX));
+}
+
+/// r(n, s): the smallest r with C(s + r, s) ≥ n, the number of times the busiest step is evaluated. A
+/// binary search over r ∈ [0, n − 1] (C(s + n − 1, s) ≥ n always), so huge n cost O(log n) evaluations.
 inline std::int64_t revolve_repetitions(std::int64_t steps, std::int64_t checkpoints) {
-  std::int64_t r = 0, range = 1;  // range = C(s + r, s)
-  while (range < steps) {
-    ++r;
-    range = range * (checkpoints + r) / r;
+  std::int64_t low = 0, high = std::max<std::int64_t>(steps - 1, 0);
+  checkpoints = std::min(checkpoints, steps);  // more states than steps change nothing (r = 1 either way)
+  while (low < high) {
+    const std::int64_t r = low + (high - low) / 2;
+    std::int64_t n;  // C(n, s) ≥ n > INT64_MAX ≥ steps when s + r overflows
+    if (__builtin_add_overflow(checkpoints, r, &n) || binomial_saturated(n, checkpoints) >= static_cast<Wide>(steps))
+      high = r;
+    else
+      low = r + 1;
   }
-  return r;
+  return low;
 }
 
 /// The first checkpoint position of the binomial schedule for `steps` steps from a stored state with
@@ -38,17 +59,21 @@ inline std::int64_t revolve_repetitions(std::int64_t steps, std::int64_t checkpo
 /// C(s+r−2, s) ≤ m ≤ C(s+r−1, s) and C(s+r−2, s−1) ≤ steps − m ≤ C(s+r−1, s−1) is optimal (Griewank &
 /// Walther 2000, §3); this returns the smallest, which keeps the recomputed left part shortest.
 inline std::int64_t revolve_split(std::int64_t steps, std::int64_t checkpoints) {
-  const std::int64_t s = checkpoints;
+  const std::int64_t s = std::min(checkpoints, steps);  // the same split: r = 1 for every s ≥ steps − 1
   const std::int64_t r = revolve_repetitions(steps, s);
   return std::max<std::int64_t>({1, binomial(s + r - 2, s), steps - binomial(s + r - 1, s - 1)});
 }
 
-/// Nesting depth of the checkpoint regions revolve() records for (steps, checkpoints).
-inline int revolve_depth(std::int64_t steps, std::int64_t checkpoints) {
+/// Nesting depth of the checkpoint regions revolve() records for (steps, checkpoints) when it is at most
+/// `limit`; otherwise some value above `limit` (the walk stops there, so it recurses at most limit + 1
+/// deep: with one checkpoint the depth is steps − 1).
+inline int revolve_depth(std::int64_t steps, std::int64_t checkpoints, int limit) {
   int depth = 0;
   while (steps > 1) {
+    if (limit < 1) return limit + 1;  // another region at least: deeper than the limit
     const std::int64_t m = revolve_split(steps, checkpoints);
-    depth = std::max(depth, 1 + revolve_depth(m, checkpoints));
+    depth = std::max(depth, 1 + revolve_depth(m, checkpoints, limit - 1));
+    if (depth > limit) return depth;
     steps -= m;
     --checkpoints;
   }
@@ -85,13 +110,21 @@ Var<T> revolve_record(const Step& step, Var<T> x, std::int64_t first, std::int64
 /// evaluations beyond the first forward sweep needed to reverse n steps with s stored states (Griewank &
 /// Walther, ACM TOMS 26(1), 2000, Algorithm 799: Revolve). It is what revolve() spends: each of the first
 /// n − 1 steps is re-evaluated once with its tape kept, plus the advances between stored states.
-/// Throws domain_error unless steps ≥ 1 and checkpoints ≥ 1.
+/// Throws domain_error unless steps ≥ 1 and checkpoints ≥ 1, or when the count exceeds 2^63 − 1.
 inline std::int64_t revolve_recomputations(std::int64_t steps, std::int64_t checkpoints) {
   if (steps < 1 || checkpoints < 1)
     throw domain_error("revolve_recomputations: need steps ≥ 1 and checkpoints ≥ 1, got " + std::to_string(steps) +
                        " and " + std::to_string(checkpoints));
+  if (checkpoints >= steps - 1) return steps - 1;  // r = 1 (or 0 for one step): each step but the last once
   const std::int64_t r = detail::revolve_repetitions(steps, checkpoints);
-  return r * steps - detail::binomial(checkpoints + r, checkpoints + 1);
+  // r·n − C(s + r, s + 1) in 128 bits: C(s + r, s + 1) ≤ r·n (each of its terms is one evaluation), so
+  // only the result can exceed an int64.
+  const detail::Wide evaluations = static_cast<detail::Wide>(r) * static_cast<detail::Wide>(steps),
+                     overlap = detail::binomial_saturated(checkpoints + r, checkpoints + 1);
+  if (overlap >= detail::wide_saturated || evaluations - overlap > static_cast<detail::Wide>(INT64_MAX))
+    throw domain_error("revolve_recomputations: " + std::to_string(steps) + " steps with " +
+                       std::to_string(checkpoints) + " checkpoints take more than 2^63 − 1 recomputations");
+  return static_cast<std::int64_t>(evaluations - overlap);
 }
 
 /// Binomial checkpointing of x_{i+1} = step(x_i), i = 0 … steps − 1 (an RNN cell, an explicit ODE
@@ -120,11 +153,12 @@ Var<T> revolve(const Step& step, Var<T> x0, std::int64_t steps, std::int64_t che
                        std::to_string(checkpoints));
   x0.node("revolve");  // throws tape_error for an empty or stale handle
   const int open = x0.state()->open_depth();
-  const int depth = detail::revolve_depth(steps, checkpoints);
-  if (open + depth > detail::max_region_depth)
+  checkpoints = std::min(checkpoints, steps);  // the same schedule (revolve_split)
+  const int allowed = detail::max_region_depth - open;
+  if (detail::revolve_depth(steps, checkpoints, allowed) > allowed)
     throw domain_error("revolve: " + std::to_string(steps) + " steps with " + std::to_string(checkpoints) +
-                       " checkpoints nest " + std::to_string(depth) + " checkpoint regions; the tape allows " +
-                       std::to_string(detail::max_region_depth - open) + " here; use more checkpoints");
+                       " checkpoints nest more checkpoint regions than the " + std::to_string(allowed) +
+                       " the tape allows here; use more checkpoints");
   return detail::revolve_record(step, std::move(x0), 0, steps, checkpoints);
 }
 
