@@ -15,7 +15,7 @@
 //   static remat::Shape output_shape(const remat::Shape* in, const Params&);    throws remat::shape_error
 //   static remat::Shape extra_shape(const remat::Shape* in, const Params&);     optional extra residual
 //       (apply_op throws shape_error naming the op for an output without a row or column, or an extra or
-//       scratch shape that is neither [0,0], none, nor at least [1,1])
+//       scratch shape that is neither [0,0], none, nor at least [1,1], or of more than 2^48 bytes)
 //   template <class T> static void forward(const remat::ForwardContext<T>& c);  writes c.out() (and c.extra())
 //   template <class T> static void backward(const remat::BackwardContext<T>& c);
 //       for each k with c.wants_grad(k): c.add_grad(k, expression) or writes every element of

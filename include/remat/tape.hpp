@@ -55,14 +55,15 @@ class Tape {
   }
 
   /// A leaf that receives no gradient; copies `value` [m,n] (a shapes-only tape takes its shape only).
-  /// Throws shape_error for an empty matrix.
+  /// Throws shape_error for an empty matrix or one of more than 2^48 bytes.
   template <class Derived>
   Var<T> constant(const Eigen::MatrixBase<Derived>& value) {
     return leaf(value, false);
   }
 
   /// A leaf that receives a gradient; copies `value` [m,n] (a shapes-only tape takes its shape only). Its gradient
-  /// (Var::grad()) accumulates over the backward passes of this tape. Throws shape_error for an empty matrix.
+  /// (Var::grad()) accumulates over the backward passes of this tape. Throws shape_error for an empty matrix or one of
+  /// more than 2^48 bytes.
   template <class Derived>
   Var<T> variable(const Eigen::MatrixBase<Derived>& value) {
     return leaf(value, true);
@@ -71,7 +72,8 @@ class Tape {
   /// A leaf that receives a gradient and references `p` without copying: backward adds d loss / d p into
   /// p's gradient (Parameter::grad()). If `p` is modified (Parameter::mutable_value(), assignment) before
   /// a backward or replay reads it, that throws stale_value_error. The tape shares p's storage, so `p`
-  /// may be moved or destroyed before backward. Throws shape_error for an empty parameter.
+  /// may be moved or destroyed before backward. Throws shape_error for an empty parameter or one of more than 2^48
+  /// bytes.
   Var<T> variable(Parameter<T>& p) { return Var<T>::adopt(state_, state_->add_parameter(p)); }
   /// A temporary Parameter would take its gradient with it: record a named one.
   Var<T> variable(Parameter<T>&& p) = delete;

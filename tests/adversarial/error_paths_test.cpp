@@ -9,7 +9,7 @@
 // copies). Each bad call is made outside regions, inside a checkpointed function, inside nested ones, under a
 // memory budget that evicts (plain and in a region) and on a shapes-only tape.
 //
-// The defects this file found are the tests marked "DEFECT" below; they fail until the library is fixed.
+// The defects this file found are the tests marked "DEFECT" below; they failed before the library was fixed (c1c985e).
 // Programs that would hit UB or a crash under -fno-sanitize-recover run in a death-test child (ExitedWithCode(0)
 // means the documented typed exception, or a correct result, came back), so that the rest of this program runs.
 #include <gtest/gtest.h>
@@ -780,6 +780,37 @@ TEST(ErrorPathsDefects, BackwardIntoAParameterResizedSinceItWasRecorded) {
   }
   EXPECT_FALSE(b.has_grad());
   EXPECT_NO_THROW((void)b.grad());
+}
+
+// The float tape's side of the checks above (review of c1c985e): a scale, shift, reciprocal or eps that is
+// finite (or positive) as a double but not as a float used to reach the kernel as inf or 0. Each must throw
+// domain_error naming its op with the tape unchanged; the same values on a double tape still work.
+TEST(ErrorPathsDefects, ScalarsThatAreNotFiniteInFloatThrowOnAFloatTape) {
+  Tape<float> tape;
+  Var<float> x = tape.variable(M::Constant(2, 3, 0.5f));
+  Var<float> gain = tape.variable(M::Ones(1, 3));
+  Var<float> bias = tape.variable(M::Zero(1, 3));
+  const MemoryStats before = tape.memory();
+  const std::size_t size = tape.size();
+  auto expect_domain_error = [&](const char* op, auto&& call) {
+    SCOPED_TRACE(op);
+    try {
+      call();
+      ADD_FAILURE() << "no exception";
+    } catch (const remat::domain_error& e) {
+      EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(same_memory(before, tape.memory()));
+    EXPECT_EQ(tape.size(), size);
+  };
+  expect_domain_error("divide", [&] { (void)(x / 1e-39); });
+  expect_domain_error("affine", [&] { (void)(x * 1e39); });
+  expect_domain_error("affine", [&] { (void)(x + 1e39); });
+  expect_domain_error("layer_norm", [&] { (void)remat::layer_norm(x, gain, bias, 1e300); });
+  Tape<double> wide;
+  Var<double> y = wide.variable(Matrix<double>::Constant(2, 3, 0.5));
+  EXPECT_TRUE((y / 1e-39).value().allFinite());
+  EXPECT_TRUE((y * 1e39).value().allFinite());
 }
 
 }  // namespace error_paths_test

@@ -154,7 +154,7 @@ TapeState<T>* common_tape(const char* op, const Var<T>* const (&vars)[N]) {
 /// forward (not on a shapes-only tape). Throws tape_error for an empty, stale or foreign input,
 /// shapes_only_error for an op declaring estimable = false on a shapes-only tape, what output_shape throws, shape_error
 /// naming the op for an output shape without a row or a column, an extra or temporary shape that is
-/// neither [0,0] (none) nor at least [1,1], or a shape of more elements than an Index holds, and
+/// neither [0,0] (none) nor at least [1,1], or a shape of more than 2^48 bytes (detail::max_value_bytes), and
 /// std::bad_alloc; the tape is unchanged then.
 template <class Op, class T, class... Rest>
 Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest) {

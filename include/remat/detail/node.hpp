@@ -52,9 +52,9 @@ class BackwardContext;
 namespace remat::detail {
 
 constexpr int max_region_depth = 62;
-/// The most bytes one tensor may have (256 TiB): far beyond any machine, and small enough that the memory
-/// figures, sums of such sizes in std::size_t, cannot wrap (a shapes-only tape accepts shapes no machine
-/// could allocate). Larger shapes throw shape_error when recorded.
+/// The most bytes one tensor may have (256 TiB): far beyond any machine, and small enough that one size times
+/// a small factor, and the memory figures of fewer than 65 536 such tensors at once, fit a std::size_t (a
+/// shapes-only tape accepts shapes no machine could allocate). Larger shapes throw shape_error when recorded.
 constexpr std::size_t max_value_bytes = std::size_t{1} << 48;
 
 /// Per-node attributes that, with the op and the input ids, make a node re-executable. The tape knows

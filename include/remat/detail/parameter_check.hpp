@@ -50,8 +50,8 @@ template <class T>
   throw stale_value_error(std::string(op) + ": the Parameter " + to_string(n.shape) + " recorded as node #" +
                           std::to_string(id) + " was resized to " +
                           to_string(Shape{n.parameter->value.rows(), n.parameter->value.cols()}) +
-                          " after it was recorded, so its gradient (of the recorded shape) has no place to go; run "
-                          "the forward pass again");
+                          " after it was recorded, so its gradient (of the recorded shape) has no place to go; clear() "
+                          "the tape and run the forward pass again");
 }
 /// Throws stale_value_error naming `op` if node `id` references a Parameter whose shape is no longer the
 /// recorded one: a backward would hand it a gradient of the recorded shape.

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "remat/detail/apply.hpp"
+#include "remat/detail/number_text.hpp"
 
 namespace remat {
 namespace detail {
@@ -41,12 +43,14 @@ using if_scalar = std::enable_if_t<std::is_arithmetic_v<S>, int>;
 }  // namespace detail
 
 /// y = scale·x + shift for scalar constants; dy/dx = scale. x: [m,n] → [m,n].
-/// Throws remat::domain_error if scale or shift is not finite.
+/// Throws remat::domain_error if scale or shift is not finite in T (the type the kernel computes in: 1e39 is
+/// inf as a float).
 template <class T>
 Var<T> affine(const Var<T>& x, double scale, double shift) {
-  if (!std::isfinite(scale) || !std::isfinite(shift))
-    throw domain_error("affine: scale and shift must be finite, got " + std::to_string(scale) + " and " +
-                       std::to_string(shift));
+  constexpr double largest = static_cast<double>(std::numeric_limits<T>::max());
+  if (!(std::abs(scale) <= largest) || !(std::abs(shift) <= largest))
+    throw domain_error("affine: scale and shift must be finite in the tape's type, got " + detail::number_text(scale) +
+                       " and " + detail::number_text(shift));
   return apply_op<detail::AffineOp>(detail::AffineOp::Params{scale, shift}, x);
 }
 
@@ -75,15 +79,16 @@ Var<T> operator*(S c, const Var<T>& x) {
   return affine(x, static_cast<double>(c), 0.0);
 }
 /// x / c, computed as affine(x, 1/c, 0). Throws remat::domain_error for c = 0, a c that is not finite, and a
-/// c so small that 1/c overflows a double.
+/// c so small that 1/c is not finite in T.
 template <class T, class S, detail::if_scalar<S> = 0>
 Var<T> operator/(const Var<T>& x, S c) {
   if (c == S(0)) throw domain_error("divide: division of a Var by the scalar 0");
   const double reciprocal = 1.0 / static_cast<double>(c);
-  if (!std::isfinite(static_cast<double>(c)) || !std::isfinite(reciprocal))
-    throw domain_error(
-        "divide: division of a Var by the scalar " + std::to_string(static_cast<double>(c)) +
-        (std::isfinite(static_cast<double>(c)) ? ", whose reciprocal overflows a double" : ", which is not finite"));
+  if (!std::isfinite(static_cast<double>(c)) ||
+      !(std::abs(reciprocal) <= static_cast<double>(std::numeric_limits<T>::max())))
+    throw domain_error("divide: division of a Var by the scalar " + detail::number_text(static_cast<double>(c)) +
+                       (std::isfinite(static_cast<double>(c)) ? ", whose reciprocal is not finite in the tape's type"
+                                                              : ", which is not finite"));
   return affine(x, reciprocal, 0.0);
 }
 

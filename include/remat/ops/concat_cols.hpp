@@ -66,8 +66,9 @@ Var<T> concat_range(const std::vector<Var<T>>& parts, std::size_t begin, std::si
 /// parts with different numbers of rows, a concatenation of more than 2^48 bytes, tape_error for an empty or stale
 /// part, parts of different tapes or a part computed inside a checkpointed function that did not return it,
 /// stale_value_error for a modified Parameter, std::bad_alloc: all before recording anything, so the tape is unchanged
-/// then (the tree's records reserve their buffers and nodes together first). A policy that throws on one of the records
-/// leaves the records before it on the tape.
+/// then (the tree's records reserve their buffers and nodes together first). A policy that throws on one of the
+/// records leaves the records before it on the tape, and so, under a memory budget, does a memory_budget_error
+/// or stale_value_error from one record's eviction trial (each record makes its own).
 template <class T>
 Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   if (parts.empty()) throw shape_error("concat_cols: no parts; pass at least one");

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "remat/detail/apply.hpp"
+#include "remat/detail/number_text.hpp"
 
 namespace remat {
 namespace detail {
@@ -94,11 +96,11 @@ struct LayerNormOp : OpBase {
 /// is not positive and finite in T (1e-50 is 0 as a float).
 template <class T>
 Var<T> layer_norm(const Var<T>& x, const Var<T>& gain, const Var<T>& bias, double eps = 1e-5) {
-  // Checked in T, the type the kernel adds it in: 1e-50 is positive as a double but 0 as a float.
-  if (!(T(eps) > T(0)) || !std::isfinite(T(eps)))
-    throw domain_error("layer_norm: eps must be positive and finite in the tape's type, got " + std::to_string(eps) +
-                       " (" + std::to_string(static_cast<double>(T(eps))) + " as a " +
-                       (sizeof(T) == sizeof(float) ? "float" : "double") + ")");
+  // Checked in T, the type the kernel adds it in: 1e-50 is positive as a double but 0 as a float, and 1e300
+  // is inf (compared in double: converting it to float would be undefined).
+  if (!(eps > 0) || !(eps <= static_cast<double>(std::numeric_limits<T>::max())) || !(T(eps) > T(0)))
+    throw domain_error("layer_norm: eps must be positive and finite in the tape's type, got " +
+                       detail::number_text(eps));
   return apply_op<detail::LayerNormOp>(detail::LayerNormOp::Params{eps}, x, gain, bias);
 }
 

@@ -84,7 +84,7 @@ struct Chain {
           std::to_string(forward_time.size()) + ", " + std::to_string(backward_time.size()) + ", " +
           std::to_string(tape_size.size()) + " and " + std::to_string(activation_size.size()));
     if (L > (std::size_t{1} << 20))
-      throw domain_error("Chain: " + std::to_string(L) + " layers; the planner takes at most 2^20");
+      throw domain_error("Chain: " + std::to_string(L) + " layers; a Chain has at most 2^20");
     for (const auto* v : {&activation_size, &tape_size, &forward_overhead, &forward_all_overhead, &backward_overhead,
                           &gradient_size, &checkpoint_size})
       for (auto e : *v)
