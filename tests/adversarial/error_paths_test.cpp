@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
+#include "memory.hpp"
 #include "remat/nn/linear.hpp"
 #include "remat/remat.hpp"
 
@@ -51,12 +53,6 @@ bool same_memory(const MemoryStats& a, const MemoryStats& b) {
          a.replayed_bytes == b.replayed_bytes && a.replayed_ops == b.replayed_ops && a.cached_bytes == b.cached_bytes &&
          a.evictions == b.evictions && a.rematerialized_ops == b.rematerialized_ops &&
          a.rematerialized_bytes == b.rematerialized_bytes;
-}
-std::string text(const MemoryStats& a) {
-  return "live " + std::to_string(a.live_bytes) + ", peak " + std::to_string(a.peak_bytes) + ", saved " +
-         std::to_string(a.saved_bytes) + ", cached " + std::to_string(a.cached_bytes) + ", replayed " +
-         std::to_string(a.replayed_bytes) + ", evictions " + std::to_string(a.evictions) + ", rematerialized " +
-         std::to_string(a.rematerialized_ops);
 }
 /// The most derived of remat's typed errors `e` is, or null.
 const char* typed(const std::exception& e) {
@@ -174,8 +170,9 @@ Outcome run(Data& d, Mode mode, std::size_t budget, const char* op, const Bad* b
                           ? same_memory(before, after) && size == tape.size()
                           : before.live_bytes == after.live_bytes && before.saved_bytes == after.saved_bytes;
     if (!same)
-      *failure += where + "memory() or size() changed: " + text(before) + ", size " + std::to_string(size) + " -> " +
-                  text(after) + ", size " + std::to_string(tape.size()) + "; ";
+      *failure += where + "memory() or size() changed: " + remat_test::describe(before) + ", size " +
+                  std::to_string(size) + " -> " + remat_test::describe(after) + ", size " +
+                  std::to_string(tape.size()) + "; ";
   };
   auto body = [&](Var<float> x) {
     c.h = remat::tanh(remat::linear(x, c.w1, c.c1));
@@ -249,8 +246,8 @@ void check_case(const char* op, const Bad& bad, Judge judge = Judge::strict) {
     if (judge == Judge::strict && (m == Mode::plain || m == Mode::shapes_only) &&
         (got.memory.live_bytes != reference.memory.live_bytes ||
          got.memory.saved_bytes != reference.memory.saved_bytes))
-      failure += std::string("[") + name_of(m) + "] after backward: " + text(got.memory) + " but a fresh tape " +
-                 text(reference.memory) + "; ";
+      failure += std::string("[") + name_of(m) + "] after backward: " + remat_test::describe(got.memory) +
+                 " but a fresh tape " + remat_test::describe(reference.memory) + "; ";
     EXPECT_TRUE(failure.empty()) << op << ": " << failure;
   }
 }
@@ -480,7 +477,7 @@ TEST(ErrorPaths, RegeneratingAnEvictedValueFromAModifiedParameterThrowsStaleAndC
           ADD_FAILURE() << op << ": " << e.what();
         }
         EXPECT_TRUE(same_memory(before, s.tape.memory()))
-            << op << ": " << text(before) << " -> " << text(s.tape.memory());
+            << op << ": " << remat_test::describe(before) << " -> " << remat_test::describe(s.tape.memory());
         EXPECT_EQ(size, s.tape.size()) << op;
       };
       // a = x·W is evicted: regenerating it would read the new W.
@@ -534,7 +531,8 @@ TEST(ErrorPaths, ClearAndAnUnmeetableBudgetInsideARegionAreCaughtThereAndTheRegi
       EXPECT_NE(std::string(e.what()).find("exp"), std::string::npos) << e.what();
       EXPECT_EQ(e.budget_bytes(), 16u);
     }
-    EXPECT_TRUE(same_memory(before_budget, tape.memory())) << text(before_budget) << " -> " << text(tape.memory());
+    EXPECT_TRUE(same_memory(before_budget, tape.memory()))
+        << remat_test::describe(before_budget) << " -> " << remat_test::describe(tape.memory());
     tape.set_memory_budget(0);
     return remat::exp(a);
   })(x);
@@ -794,12 +792,7 @@ TEST(ErrorPathsDefects, ScalarsThatAreNotFiniteInFloatThrowOnAFloatTape) {
   const std::size_t size = tape.size();
   auto expect_domain_error = [&](const char* op, auto&& call) {
     SCOPED_TRACE(op);
-    try {
-      call();
-      ADD_FAILURE() << "no exception";
-    } catch (const remat::domain_error& e) {
-      EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
-    }
+    remat_test::expect_error_naming<remat::domain_error>(call, {op});
     EXPECT_TRUE(same_memory(before, tape.memory()));
     EXPECT_EQ(tape.size(), size);
   };

@@ -17,11 +17,14 @@ constexpr std::size_t bytes(remat::Index rows, remat::Index cols) {
   return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * sizeof(T);
 }
 
-/// "live=… peak=… saved=… replayed=… (… ops) cached=…", for failure messages.
+/// "live=… peak=… saved=… replayed=… (… ops) cached=… evictions=… rematerialized=… (… ops)", for failure
+/// messages.
 inline std::string describe(const remat::MemoryStats& m) {
   std::ostringstream s;
   s << "live=" << m.live_bytes << " peak=" << m.peak_bytes << " saved=" << m.saved_bytes
-    << " replayed=" << m.replayed_bytes << " (" << m.replayed_ops << " ops) cached=" << m.cached_bytes;
+    << " replayed=" << m.replayed_bytes << " (" << m.replayed_ops << " ops) cached=" << m.cached_bytes
+    << " evictions=" << m.evictions << " rematerialized=" << m.rematerialized_bytes << " (" << m.rematerialized_ops
+    << " ops)";
   return s.str();
 }
 

@@ -86,15 +86,6 @@ const OpTable<T>* op_table_of() {
   return &table;
 }
 
-/// Whether `shape` has at least one row and one column (or is [0,0] when `may_be_none`) and at most
-/// max_value_bytes (2^48) bytes of `element_bytes` each.
-inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t element_bytes) {
-  if (may_be_none && shape.rows == 0 && shape.cols == 0) return true;
-  Index elements;
-  return shape.rows >= 1 && shape.cols >= 1 && !__builtin_mul_overflow(shape.rows, shape.cols, &elements) &&
-         static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
-}
-
 /// The shape_error check_op_shapes throws for the first invalid shape of `s`.
 [[noreturn]] inline void throw_op_shape_error(const char* op, const OpShapes& s, std::size_t element_bytes) {
   const Shape* shapes[3] = {&s.output, &s.extra, &s.scratch};

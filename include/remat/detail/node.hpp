@@ -57,6 +57,15 @@ constexpr int max_region_depth = 62;
 /// shapes-only tape accepts shapes no machine could allocate). Larger shapes throw shape_error when recorded.
 constexpr std::size_t max_value_bytes = std::size_t{1} << 48;
 
+/// Whether `shape` has at least one row and one column (or is [0,0] when `may_be_none`) and at most
+/// max_value_bytes (2^48) bytes of `element_bytes` each.
+inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t element_bytes) {
+  if (may_be_none && shape.rows == 0 && shape.cols == 0) return true;
+  Index elements;
+  return shape.rows >= 1 && shape.cols >= 1 && !__builtin_mul_overflow(shape.rows, shape.cols, &elements) &&
+         static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
+}
+
 /// Per-node attributes that, with the op and the input ids, make a node re-executable. The tape knows
 /// none of their meanings: `params` holds the op's own Params struct (trivially copyable, copied in by
 /// apply_op), `indices` a range of the tape's integer store (token ids, class labels), `tag` a name any

@@ -290,9 +290,7 @@ class Recorder {
     if (shape.rows <= 0 || shape.cols <= 0)
       throw shape_error(std::string(op) + ": empty " + what + " " + to_string(shape) +
                         "; every tensor needs at least one row and one column");
-    Index elements;
-    if (__builtin_mul_overflow(shape.rows, shape.cols, &elements) ||
-        static_cast<std::size_t>(elements) > max_value_bytes / sizeof(T))
+    if (!valid_op_shape(shape, false, sizeof(T)))
       throw shape_error(std::string(op) + ": " + what + " " + to_string(shape) +
                         " needs more than the 2^48 bytes a tensor may have");
   }

@@ -89,9 +89,7 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   }
   // The whole concatenation must be a valid tensor: every partial one of the tree is then valid too, so no
   // record of it throws a shape_error after the first was recorded.
-  Index elements;
-  if (__builtin_mul_overflow(parts[0].rows(), columns, &elements) ||
-      static_cast<std::size_t>(elements) > detail::max_value_bytes / sizeof(T))
+  if (!detail::valid_op_shape(Shape{parts[0].rows(), columns}, false, sizeof(T)))
     throw shape_error("concat_cols: the parts make a [" + std::to_string(parts[0].rows()) + "," +
                       std::to_string(columns) + "] tensor, more than the 2^48 bytes a tensor may have");
   // Room for every record of the tree first: a std::bad_alloc must not leave the pairs recorded before it.
