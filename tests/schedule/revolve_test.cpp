@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "memory.hpp"
@@ -158,6 +160,24 @@ TEST(Revolve, HugeCountsMatchClosedFormsOrThrow) {
   EXPECT_TRUE(bitwise_equal(huge.grad_weight, plain.grad_weight));
   EXPECT_TRUE(bitwise_equal(huge.grad_x0, plain.grad_x0));
   EXPECT_EQ(huge.after_backward.peak_bytes, exact.after_backward.peak_bytes);
+}
+
+// revolve()'s doc names where its regions first nest deeper than the tape's 62 levels: 64 steps with 1
+// checkpoint (depth steps − 1), 2 017 with 2, 43 681 with 3. Both sides of each threshold.
+TEST(Revolve, NestingLimitThresholdsAreTheDocumented) {
+  const int limit = remat::detail::max_region_depth;
+  for (const auto& [steps, checkpoints] : {std::pair<std::int64_t, std::int64_t>{64, 1}, {2017, 2}, {43681, 3}}) {
+    SCOPED_TRACE(std::to_string(steps) + " steps, " + std::to_string(checkpoints) + " checkpoints");
+    EXPECT_LE(remat::detail::revolve_depth(steps - 1, checkpoints, limit), limit);
+    EXPECT_GT(remat::detail::revolve_depth(steps, checkpoints, limit), limit);
+  }
+  EXPECT_EQ(remat::detail::revolve_depth(63, 1, limit), 62);  // exact below the limit: steps − 1
+  remat::Tape<double> tape;
+  auto x = tape.variable(remat::Matrix<double>::Constant(1, 1, 0.5));
+  const auto step = [](remat::Var<double> v) { return remat::tanh(v); };
+  EXPECT_THROW(remat::revolve(step, x, 64, 1), remat::domain_error);
+  EXPECT_EQ(tape.size(), 1u);
+  EXPECT_NO_THROW(remat::revolve(step, x, 63, 1));
 }
 
 TEST(Revolve, StepEvaluationsMemoryAndGradientsOnTheTape) {
