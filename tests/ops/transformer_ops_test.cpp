@@ -30,8 +30,8 @@ TEST(Embedding, AnIdOutsideTheTableThrowsDomainErrorNamingTheIdAndVAndRecordsNot
   Tape<float> tape;
   const Var<float> table = tape.variable(random({5, 3}, 1));
   const std::size_t nodes = tape.size();
-  expect_error_naming<remat::domain_error>([&] { remat::embedding(table, {0, 5, 1}); }, {"embedding", "id 5", "5"});
-  expect_error_naming<remat::domain_error>([&] { remat::embedding(table, {-1}); }, {"embedding", "id -1"});
+  expect_error_naming<remat::index_error>([&] { remat::embedding(table, {0, 5, 1}); }, {"embedding", "id 5", "5"});
+  expect_error_naming<remat::index_error>([&] { remat::embedding(table, {-1}); }, {"embedding", "id -1"});
   expect_error_naming<remat::shape_error>([&] { remat::embedding(table, {}); }, {"embedding", "no ids"});
   EXPECT_EQ(tape.size(), nodes);
   EXPECT_NO_THROW(tape.backward(remat::sum(remat::embedding(table, {4, 4}))));

@@ -42,15 +42,15 @@ struct EmbeddingOp : OpBase {
 
 /// Row lookup: y row i = table row ids[i]. table: [V,H], ids: N entries in [0, V) → [N,H].
 /// d table row v = Σ over i with ids[i] = v of dy row i (a scatter-add: repeated ids accumulate).
-/// The ids are copied to the tape. Throws shape_error for no ids, remat::domain_error naming the id, its
-/// position and V for an id outside [0, V).
+/// The ids are copied to the tape. Throws shape_error for no ids, index_error naming the id, its position
+/// and V for an id outside [0, V) (as cross_entropy does for a label).
 template <class T>
 Var<T> embedding(const Var<T>& table, const std::vector<int>& ids) {
   const Shape s = table.shape();
   if (ids.empty()) throw shape_error("embedding: no ids (table " + to_string(s) + "); pass at least one");
   for (std::size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= s.rows)
-      throw domain_error("embedding: id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+      throw index_error("embedding: id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
                          " is outside [0, " + std::to_string(s.rows) + ") for a table of " + std::to_string(s.rows) +
                          " rows (V = " + std::to_string(s.rows) + ")");
   OpCall<detail::EmbeddingOp> call;
