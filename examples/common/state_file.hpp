@@ -10,6 +10,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -18,8 +19,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -196,19 +195,62 @@ inline void write_state_file(const std::string& path, const StateFormat& format,
   }
 }
 
-/// Reads and validates a state file: magic, version, length and CRC-32. Returns a reader over the
-/// payload. Throws state_error describing the first problem found.
+namespace detail {
+
+/// An open file descriptor, closed on every path out.
+class ReadOnlyFile {
+ public:
+  explicit ReadOnlyFile(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_ < 0) throw state_error(path, std::string("cannot open: ") + std::strerror(errno));
+  }
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+  ~ReadOnlyFile() { ::close(fd_); }
+
+  /// The file's size in bytes; throws state_error for anything but a regular file (a directory, a device
+  /// such as /dev/zero, a pipe: none of them can be a state file, and some never end).
+  std::uint64_t regular_size() const {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) throw state_error(path_, std::string("cannot stat: ") + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw state_error(path_, "not a regular file (a directory, device or pipe?)");
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+
+  /// Reads up to `count` bytes; fewer only at the end of the file. Throws state_error for a read error.
+  std::size_t read(unsigned char* out, std::size_t count) const {
+    std::size_t done = 0;
+    while (done < count) {
+      const ssize_t got = ::read(fd_, out + done, std::min<std::size_t>(count - done, std::size_t{1} << 30));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw state_error(path_, std::string("read error: ") + std::strerror(errno));
+      if (got == 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    return done;
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+}  // namespace detail
+
+/// Reads and validates a state file: magic, version, length and CRC-32, in that order, the header
+/// checked before the payload is read (a wrong path to a huge file is refused from its first 24 bytes).
+/// Returns a reader over the payload. Throws state_error describing the first problem found, for a path
+/// that is not a regular file too.
 inline StateReader read_state_file(const std::string& path, const StateFormat& format) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw state_error(path, std::string("cannot open: ") + std::strerror(errno));
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw state_error(path, "read error");
-  if (bytes.size() < state_header_bytes)
-    throw state_error(path, "truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the " +
+  const detail::ReadOnlyFile file(path);
+  const std::uint64_t size = file.regular_size();
+  unsigned char head[state_header_bytes];
+  const std::size_t got = file.read(head, state_header_bytes);
+  if (got < state_header_bytes)
+    throw state_error(path, "truncated: " + std::to_string(got) + " bytes, shorter than the " +
                                 std::to_string(state_header_bytes) + "-byte header");
-  if (std::memcmp(bytes.data(), format.magic, 8) != 0)
+  if (std::memcmp(head, format.magic, 8) != 0)
     throw state_error(path, std::string("not a ") + format.name + " state file (bad magic number)");
-  StateReader header(path, std::vector<unsigned char>(bytes.begin() + 8, bytes.begin() + state_header_bytes));
+  StateReader header(path, std::vector<unsigned char>(head + 8, head + state_header_bytes));
   const std::uint32_t version = header.u32();
   const std::uint64_t length = header.u64();
   const std::uint32_t crc = header.u32();
@@ -216,11 +258,15 @@ inline StateReader read_state_file(const std::string& path, const StateFormat& f
     throw state_error(path, "format version " + std::to_string(version) +
                                 " is not supported (this program reads version " + std::to_string(format.version) +
                                 ")");
-  const std::uint64_t actual = bytes.size() - state_header_bytes;
+  const std::uint64_t actual = size - state_header_bytes;
   if (actual != length)
     throw state_error(path, (actual < length ? "truncated: the payload has " : "length mismatch: the payload has ") +
                                 std::to_string(actual) + " bytes but the header says " + std::to_string(length));
-  std::vector<unsigned char> payload(bytes.begin() + state_header_bytes, bytes.end());
+  std::vector<unsigned char> payload(static_cast<std::size_t>(length));
+  const std::size_t read = file.read(payload.data(), payload.size());
+  unsigned char more;
+  if (read != payload.size() || file.read(&more, 1) != 0)
+    throw state_error(path, "changed while it was read (its size is no longer " + std::to_string(size) + " bytes)");
   if (crc32_of(payload) != crc) throw state_error(path, "checksum mismatch: the file was altered or damaged");
   return StateReader(path, std::move(payload));
 }

@@ -103,6 +103,11 @@ inline Corpus read_corpus(const std::string& directory) {
 /// (The last 5 % of the sorted fortunes files would be one file, zippy and work, not a sample of the
 /// corpus.) Throws data_error unless each split holds at least one window of S + 1 bytes.
 inline void split(Corpus& c, std::size_t seq_len) {
+  const std::string size = std::to_string(c.bytes.size()) + " bytes";
+  // Checked first, so that S + 1 below cannot wrap (a state file may give any S).
+  if (seq_len >= c.bytes.size())
+    throw data_error(c.directory, "the corpus (" + size + ") is too small for one window of --seq-len " +
+                                      std::to_string(seq_len) + " + 1 bytes");
   c.block = std::max<std::size_t>(1024, seq_len + 1);
   c.train = {};
   c.validation = {};
@@ -120,11 +125,12 @@ inline void split(Corpus& c, std::size_t seq_len) {
     for (const Runs::Run& run : r.runs) n = std::max(n, run.length);
     return n;
   };
-  if (longest(c.train) < seq_len + 1 || longest(c.validation) < seq_len + 1)
-    throw data_error(c.directory, "the corpus (" + std::to_string(c.bytes.size()) +
-                                      " bytes) is too small: validation is every 20th block of " +
+  // Validation's first block, 19, holds a window from 19 blocks and S + 1 bytes on.
+  if (longest(c.train) <= seq_len || longest(c.validation) <= seq_len)
+    throw data_error(c.directory, "the corpus (" + size + ") is too small: validation is every 20th block of " +
                                       std::to_string(c.block) + " bytes, so it needs at least " +
-                                      std::to_string(20 * c.block) + " bytes for --seq-len " + std::to_string(seq_len));
+                                      std::to_string(19 * c.block + seq_len + 1) + " bytes for --seq-len " +
+                                      std::to_string(seq_len));
 }
 
 /// The start offsets of the windows of S + 1 bytes inside the runs, counted through the runs in order:
@@ -133,7 +139,7 @@ class Windows {
  public:
   Windows(const Runs& runs, std::size_t seq_len) : seq_len_(seq_len) {
     for (const Runs::Run& r : runs.runs)
-      if (r.length >= seq_len + 1) {
+      if (r.length > seq_len) {  // not seq_len + 1, which wraps for SIZE_MAX
         begins_.push_back(r.begin);
         first_.push_back(count_);
         count_ += r.length - seq_len;

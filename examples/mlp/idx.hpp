@@ -74,6 +74,22 @@ class GzFile {
                                   std::to_string(got) + " are there");
   }
 
+  /// Reads exactly `count` bytes of `what` into `out` (resized to them), in chunks of at most 16 MiB that
+  /// `out` grows by as the data arrives: a header that declares terabytes on a file of a few bytes is
+  /// truncated data, found after reading what is there, not an allocation of the declared size.
+  void read_growing(std::vector<unsigned char>& out, std::size_t count, const std::string& what) {
+    constexpr std::size_t chunk = std::size_t{16} << 20;
+    out.clear();
+    while (out.size() < count) {
+      const std::size_t have = out.size(), want = std::min(chunk, count - have);
+      out.resize(have + want);
+      const std::size_t got = read(out.data() + have, want);
+      if (got != want)
+        throw data_error(path_, "truncated: " + what + " needs " + std::to_string(count) + " bytes but only " +
+                                    std::to_string(have + got) + " are there");
+    }
+  }
+
   /// Checks that nothing follows the data (this also makes zlib verify the gzip trailer's CRC-32).
   void expect_end(const std::string& what) {
     unsigned char extra[64];
@@ -130,8 +146,8 @@ inline remat::Matrix<float> read_idx_images(const std::string& path, int& rows, 
   if (r == 0 || c == 0 || r > idx_max_side || c > idx_max_side)
     throw data_error(path, "implausible image size " + std::to_string(r) + "x" + std::to_string(c));
   const std::size_t pixels = std::size_t{r} * c;
-  std::vector<unsigned char> bytes(std::size_t{count} * pixels);
-  file.read_exactly(bytes.data(), bytes.size(),
+  std::vector<unsigned char> bytes;
+  file.read_growing(bytes, std::size_t{count} * pixels,
                     std::to_string(count) + " images of " + std::to_string(r) + "x" + std::to_string(c) + " pixels");
   file.expect_end("pixel data");
   remat::Matrix<float> images(static_cast<remat::Index>(count), static_cast<remat::Index>(pixels));
@@ -151,8 +167,8 @@ inline std::vector<int> read_idx_labels(const std::string& path, int classes) {
   if (count == 0 || count > idx_max_count)
     throw data_error(path, "implausible label count " + std::to_string(count) + " (expected 1.." +
                                std::to_string(idx_max_count) + ")");
-  std::vector<unsigned char> bytes(count);
-  file.read_exactly(bytes.data(), bytes.size(), std::to_string(count) + " labels");
+  std::vector<unsigned char> bytes;
+  file.read_growing(bytes, count, std::to_string(count) + " labels");
   file.expect_end("labels");
   std::vector<int> labels(count);
   for (std::size_t i = 0; i < bytes.size(); ++i) {

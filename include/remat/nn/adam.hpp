@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/nn/optimizer.hpp"
@@ -114,25 +115,30 @@ class Adam : public detail::AdamBase<T, Adam<T>> {
     double epsilon = 1e-8;        ///< ε, added to √v̂
   };
 
-  /// Zero moments, t = 0. Throws domain_error unless α > 0, 0 ≤ β₁, β₂ < 1 and ε > 0, and for a null
-  /// pointer.
+  /// Zero moments, t = 0. Throws domain_error unless 0 < α < ∞, 0 ≤ β₁, β₂ < 1 and 0 < ε < ∞ (as
+  /// nn::AdamW and nn::SGD: an infinite α turns a zero gradient's update into NaN), for a null pointer and
+  /// for a parameter given twice (it would be updated twice a step).
   explicit Adam(const std::vector<Parameter<T>*>& parameters, Options options = {}) : options_(options) {
-    if (!(options.learning_rate > 0) || !(options.beta1 >= 0 && options.beta1 < 1) ||
-        !(options.beta2 >= 0 && options.beta2 < 1) || !(options.epsilon > 0))
-      throw domain_error("nn::Adam: need learning_rate > 0, 0 <= beta1, beta2 < 1 and epsilon > 0; got " +
-                         std::to_string(options.learning_rate) + ", " + std::to_string(options.beta1) + ", " +
-                         std::to_string(options.beta2) + ", " + std::to_string(options.epsilon));
+    const auto& o = options;
+    if (!(o.learning_rate > 0 && std::isfinite(o.learning_rate)) || !(o.beta1 >= 0 && o.beta1 < 1) ||
+        !(o.beta2 >= 0 && o.beta2 < 1) || !(o.epsilon > 0 && std::isfinite(o.epsilon)))
+      throw domain_error(
+          "nn::Adam: need 0 < learning_rate < inf, 0 <= beta1, beta2 < 1 and 0 < epsilon < inf; got learning_rate " +
+          detail::number_text(o.learning_rate) + ", beta1 " + detail::number_text(o.beta1) + ", beta2 " +
+          detail::number_text(o.beta2) + ", epsilon " + detail::number_text(o.epsilon));
     for (Parameter<T>* p : parameters) this->add(p);
+    this->reject_duplicates();
   }
 
   // step(), step(gradients), zero_grad(), size(), step_count(), value(k): detail::Optimizer;
   // first_moment(k), second_moment(k): detail::AdamBase.
 
   const Options& options() const { return options_; }
-  /// Sets α for the following steps (a learning-rate schedule). Throws domain_error unless α > 0.
+  /// Sets α for the following steps (a learning-rate schedule). Throws domain_error, changing nothing,
+  /// unless 0 < α < ∞.
   void set_learning_rate(double learning_rate) {
-    if (!(learning_rate > 0))
-      throw domain_error("nn::Adam: learning_rate must be > 0, got " + std::to_string(learning_rate));
+    if (!(learning_rate > 0 && std::isfinite(learning_rate)))
+      throw domain_error("nn::Adam: learning_rate must be > 0 and finite, got " + detail::number_text(learning_rate));
     options_.learning_rate = learning_rate;
   }
 
