@@ -174,7 +174,8 @@ class Model {
 
   /// Logits [B·S, V] of token ids (B·S of them, B whole sequences of seq_len, each in [0, V)) recorded on
   /// `tape`. Throws remat::shape_error if ids.size() is not a positive multiple of seq_len,
-  /// remat::domain_error for an id outside [0, V) or fused attention with dropout in training mode.
+  /// remat::index_error for an id outside [0, V) (from remat::embedding), remat::domain_error for fused
+  /// attention with dropout in training mode.
   Var<T> logits(remat::Tape<T>& tape, const std::vector<int>& ids, const Options& options = {}) {
     return logits_with(tape, ids, options.attention,
                        [&](std::vector<BlockVars>& w, Var<T> x) { return run_blocks(w, std::move(x), options); });
