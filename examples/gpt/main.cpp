@@ -7,11 +7,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <remat/nn/adamw.hpp>
@@ -20,6 +23,7 @@
 
 #include "../common/data_parallel.hpp"
 #include "../common/report.hpp"
+#include "../common/settings.hpp"
 #include "../common/state_file.hpp"
 #include "../common/threads.hpp"
 #include "corpus.hpp"
@@ -28,14 +32,24 @@
 
 namespace {
 
+using examples::check_setting;
 using examples::cpu_seconds;
 using examples::dropout_seed;
+using examples::finite_number;
 using examples::json_string;
+using examples::Limits;
 using examples::megabytes;
 using examples::number;
+using examples::positive_limits;
 using examples::Ranks;
+using examples::setting_text;
 
 using remat::Var;
+
+constexpr Limits<int> layers_limits{1, 1024}, batch_limits{1, 1 << 20}, steps_limits{1, 1 << 30},
+    warmup_limits{0, 1 << 30};
+constexpr Limits<int> size_limits{1, 1 << 16};  ///< --width, --heads and --seq-len
+constexpr Limits<double> dropout_limits{0.0, 0.99};
 
 /// The command line.
 struct Options {
@@ -134,33 +148,44 @@ std::vector<unsigned char> encode_state(const Options& o, const gpt::Corpus& cor
 /// command line that contradicts them is an error (the run could not continue identically), except
 /// --steps, which extends or shortens the run (the cosine schedule is then recomputed for the new total).
 void decode_settings(examples::StateReader& r, Options& o, const CLI::App& app) {
-  auto text = [](double v) {
-    std::ostringstream s;
-    s << v;
-    return s.str();
-  };
   auto take = [&](const char* flag, auto& option, auto file_value) {
     using V = std::decay_t<decltype(option)>;
     const V value = static_cast<V>(file_value);
     if (app.count(flag) && option != value)
-      throw examples::state_error(r.path(), std::string("was written with ") + flag + " " + text(value) +
-                                                " but the command line gives " + text(option) +
+      throw examples::state_error(r.path(), std::string("was written with ") + flag + " " + setting_text(value) +
+                                                " but the command line gives " + setting_text(option) +
                                                 "; drop the flag to continue with the file's setting");
     option = value;
   };
   take("--seed", o.seed, r.u64());
-  for (auto [flag, option] :
-       {std::pair{"--layers", &o.layers}, std::pair{"--width", &o.width}, std::pair{"--heads", &o.heads},
-        std::pair{"--seq-len", &o.seq_len}, std::pair{"--batch", &o.batch}, std::pair{"--warmup", &o.warmup}})
-    take(flag, *option, r.u32());
-  const auto steps = static_cast<int>(r.u64());
+  for (auto [flag, option, limits] :
+       {std::tuple{"--layers", &o.layers, layers_limits}, std::tuple{"--width", &o.width, size_limits},
+        std::tuple{"--heads", &o.heads, size_limits}, std::tuple{"--seq-len", &o.seq_len, size_limits},
+        std::tuple{"--batch", &o.batch, batch_limits}, std::tuple{"--warmup", &o.warmup, warmup_limits}}) {
+    const std::uint32_t value = r.u32();
+    check_setting(r, flag, value, limits);  // before the cast to int: 0xFFFFFFFF would become -1
+    take(flag, *option, value);
+  }
+  const std::uint64_t steps = r.u64();
+  check_setting(r, "--steps", steps, steps_limits);
   if (!app.count("--steps"))
-    o.steps = steps;
-  else if (o.steps != steps)
-    std::printf("note: the run was planned for %d steps, now %d: the cosine schedule is recomputed for %d\n", steps,
-                o.steps, o.steps);
-  take("--dropout", o.dropout, r.f64());
-  take("--lr", o.lr, r.f64());
+    o.steps = static_cast<int>(steps);
+  else if (static_cast<std::uint64_t>(o.steps) != steps)
+    std::printf("note: the run was planned for %llu steps, now %d: the cosine schedule is recomputed for %d\n",
+                static_cast<unsigned long long>(steps), o.steps, o.steps);
+  const double dropout = r.f64(), lr = r.f64();
+  check_setting(r, "--dropout", dropout, dropout_limits);
+  check_setting(r, "--lr", lr, positive_limits);
+  take("--dropout", o.dropout, dropout);
+  take("--lr", o.lr, lr);
+  // run()'s checks of the flags, made here of the file's settings so that the message names the file. Given on
+  // the command line, --width and --heads equal the file's (take); --steps may differ and is run()'s to check.
+  if (o.width % o.heads != 0)
+    throw examples::state_error(r.path(), "was written with --width " + std::to_string(o.width) +
+                                              ", which its --heads " + std::to_string(o.heads) + " does not divide");
+  if (!app.count("--steps") && o.steps <= o.warmup)
+    throw examples::state_error(r.path(), "was written with --steps " + std::to_string(o.steps) +
+                                              ", which does not exceed its --warmup " + std::to_string(o.warmup));
 }
 
 /// Reads the rest of the file into `t` (made for the file's settings). Everything is read into
@@ -535,27 +560,35 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data,
                  "Corpus directory: its regular files not ending in .dat or .u8, sorted by name, concatenated")
       ->capture_default_str();
-  app.add_option("--layers", o.layers, "Transformer blocks L")->capture_default_str()->check(CLI::Range(1, 1024));
-  app.add_option("--width", o.width, "Model width H")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--layers", o.layers, "Transformer blocks L")
+      ->capture_default_str()
+      ->check(CLI::Range(layers_limits.min, layers_limits.max));
+  app.add_option("--width", o.width, "Model width H")
+      ->capture_default_str()
+      ->check(CLI::Range(size_limits.min, size_limits.max));
   app.add_option("--heads", o.heads, "Attention heads (must divide --width)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(CLI::Range(size_limits.min, size_limits.max));
   app.add_option("--seq-len", o.seq_len, "Context length S (bytes)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  app.add_option("--batch", o.batch, "Sequences per batch B")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(size_limits.min, size_limits.max));
+  app.add_option("--batch", o.batch, "Sequences per batch B")
+      ->capture_default_str()
+      ->check(CLI::Range(batch_limits.min, batch_limits.max));
   app.add_option("--steps", o.steps, "Total optimizer steps (a resumed run continues up to this count)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30));
+      ->check(CLI::Range(steps_limits.min, steps_limits.max));
   app.add_option("--lr", o.lr, "Peak AdamW learning rate (betas 0.9/0.95, weight decay 0.1 on the weight matrices)")
       ->capture_default_str()
+      ->check(finite_number)
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "Linear warm-up steps, then a cosine decay to lr/10 at --steps")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
+      ->check(CLI::Range(warmup_limits.min, warmup_limits.max));
   app.add_option("--dropout", o.dropout, "Dropout on attention probabilities and both residual branches")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.99));
+      ->check(finite_number)
+      ->check(CLI::Range(dropout_limits.min, dropout_limits.max));
   app.add_option("--seed", o.seed, "Seed of the initialisation, the batches, dropout and sampling")
       ->capture_default_str();
   app.add_option("--threads", o.threads,
@@ -586,6 +619,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--temperature", o.temperature, "Sampling temperature (0 = greedy)")
       ->capture_default_str()
+      ->check(finite_number)
       ->check(CLI::Range(0.0, 100.0));
   app.add_option("--prompt", o.prompt, "Text the sample continues (default: \"%\\n\", the start of a fortune)");
   app.add_flag("--flush-denormal,!--no-flush-denormal", o.flush_denormal,

@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -22,6 +24,7 @@
 
 #include "../common/data_parallel.hpp"
 #include "../common/report.hpp"
+#include "../common/settings.hpp"
 #include "../common/threads.hpp"
 #include "idx.hpp"
 #include "state_file.hpp"
@@ -29,11 +32,16 @@
 
 namespace {
 
+using examples::check_setting;
 using examples::cpu_seconds;
 using examples::dropout_seed;
+using examples::finite_number;
+using examples::Limits;
 using examples::megabytes;
 using examples::number;
+using examples::positive_limits;
 using examples::Ranks;
+using examples::setting_text;
 
 using remat::Matrix;
 using remat::Var;
@@ -41,6 +49,9 @@ using remat::Var;
 constexpr int classes = 10;
 /// Fashion-MNIST's 28×28 images, flattened: the input width of --estimate, which reads no data.
 constexpr remat::Index image_pixels = 28 * 28;
+
+constexpr Limits<int> epochs_limits{0, 100000}, batch_limits{1, 1 << 20};
+constexpr Limits<double> dropout_limits{0.0, 0.99};
 
 /// The command line; hidden, activation, dropout and checkpoint are mlp::NetworkOptions (training_step.hpp).
 struct Options : mlp::NetworkOptions {
@@ -174,6 +185,28 @@ std::vector<unsigned char> encode_state(const Options& o, Model& model, std::uin
   return w.bytes();
 }
 
+/// The epoch records at the end of the file. The count is checked before anything is allocated for it: no more
+/// records than the epochs the run was planned for (each save follows an epoch ≤ --epochs, and --epochs is
+/// saved with it), and a payload ending before them names the history.
+std::vector<EpochRecord> decode_history(mlp::StateReader& r, std::uint32_t planned_epochs) {
+  const std::uint32_t count = r.u32();
+  if (count > planned_epochs)
+    throw mlp::state_error(r.path(), "has a history of " + std::to_string(count) + " epochs but was planned for " +
+                                         std::to_string(planned_epochs));
+  std::vector<EpochRecord> history(count);
+  try {
+    for (EpochRecord& e : history) {
+      e.loss = r.f64();
+      e.train_accuracy = r.f64();
+      e.test_accuracy = r.f64();
+      e.seconds = r.f64();
+    }
+  } catch (const mlp::state_error&) {
+    throw mlp::state_error(r.path(), "the payload ends inside the history of " + std::to_string(count) + " epochs");
+  }
+  return history;
+}
+
 /// Restores `model` from a validated file. The file's training settings win; a flag given on the
 /// command line that contradicts them is an error (the run could not continue identically).
 void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& model, std::uint64_t train_count) {
@@ -182,20 +215,18 @@ void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& m
                                          " but the command line gives " + given +
                                          "; drop the flag to continue with the file's setting");
   };
-  auto text = [](double v) {
-    std::ostringstream s;
-    s << v;
-    return s.str();
-  };
   const std::uint64_t seed = r.u64();
   if (app.count("--seed") && seed != o.seed) conflict("--seed", std::to_string(seed), std::to_string(o.seed));
   o.seed = seed;
   const std::uint32_t batch = r.u32();
+  check_setting(r, "--batch", batch, batch_limits);
   if (app.count("--batch") && batch != static_cast<std::uint32_t>(o.batch))
     conflict("--batch", std::to_string(batch), std::to_string(o.batch));
   o.batch = static_cast<int>(batch);
   const double dropout = r.f64();
-  if (app.count("--dropout") && dropout != o.dropout) conflict("--dropout", text(dropout), text(o.dropout));
+  check_setting(r, "--dropout", dropout, dropout_limits);
+  if (app.count("--dropout") && dropout != o.dropout)
+    conflict("--dropout", setting_text(dropout), setting_text(o.dropout));
   o.dropout = dropout;
   const std::uint64_t count = r.u64();
   if (count != train_count)
@@ -213,7 +244,9 @@ void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& m
   a.beta1 = r.f64();
   a.beta2 = r.f64();
   a.epsilon = r.f64();
-  if (app.count("--lr") && a.learning_rate != o.lr) conflict("--lr", text(a.learning_rate), text(o.lr));
+  check_setting(r, "--lr", a.learning_rate, positive_limits);
+  check_setting(r, "--epochs", epochs, epochs_limits);
+  if (app.count("--lr") && a.learning_rate != o.lr) conflict("--lr", setting_text(a.learning_rate), setting_text(o.lr));
   o.lr = a.learning_rate;
   if (schedule > 1) throw mlp::state_error(r.path(), "unknown schedule id " + std::to_string(schedule));
   const char* schedule_name = schedule == 1 ? "cosine" : "constant";
@@ -236,7 +269,12 @@ void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& m
     parameters.push_back(&layer.bias);
   }
   // Read everything into temporaries first: a file that fails half-way changes nothing.
-  auto adam = std::make_unique<remat::nn::Adam<float>>(parameters, a);
+  std::unique_ptr<remat::nn::Adam<float>> adam;
+  try {  // the betas and epsilon have no flag: Adam's own check, naming the file
+    adam = std::make_unique<remat::nn::Adam<float>>(parameters, a);
+  } catch (const remat::domain_error& e) {
+    throw mlp::state_error(r.path(), std::string("has Adam settings that are refused: ") + e.what());
+  }
   std::vector<Matrix<float>> values(parameters.size());
   for (std::size_t k = 0; k < parameters.size(); ++k) {
     const std::string what = (k % 2 ? "bias " : "weight ") + std::to_string(k / 2);
@@ -244,13 +282,7 @@ void decode_state(mlp::StateReader& r, Options& o, const CLI::App& app, Model& m
     r.matrix(adam->first_moment(k), parameters[k]->rows(), parameters[k]->cols(), what + " first moment");
     r.matrix(adam->second_moment(k), parameters[k]->rows(), parameters[k]->cols(), what + " second moment");
   }
-  std::vector<EpochRecord> history(r.u32());
-  for (EpochRecord& e : history) {
-    e.loss = r.f64();
-    e.train_accuracy = r.f64();
-    e.test_accuracy = r.f64();
-    e.seconds = r.f64();
-  }
+  std::vector<EpochRecord> history = decode_history(r, epochs);
   r.expect_end();
   adam->step_count() = steps;
   for (std::size_t k = 0; k < parameters.size(); ++k) parameters[k]->mutable_value() = values[k];
@@ -270,10 +302,20 @@ void progress_bar(int epoch, int epochs, std::size_t done, std::size_t total, do
   std::fflush(stdout);
 }
 
-int run(Options& o, const CLI::App& app, const Ranks& ranks) {
+/// Every rank needs a row of each batch of the `n` training images (none if n is 0: --estimate reads no data).
+void check_batch_fits(const Options& o, const Ranks& ranks, std::size_t n) {
   if (o.batch < ranks.size)
     throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is smaller than the " +
                                 std::to_string(ranks.size) + " ranks: every rank needs a row of each batch");
+  if (n % static_cast<std::size_t>(o.batch) != 0 &&
+      n % static_cast<std::size_t>(o.batch) < static_cast<std::size_t>(ranks.size))
+    throw std::invalid_argument("the epoch's last batch has " + std::to_string(n % static_cast<std::size_t>(o.batch)) +
+                                " rows, fewer than the " + std::to_string(ranks.size) +
+                                " ranks; choose --batch or --limit so that every rank gets a row of it");
+}
+
+int run(Options& o, const CLI::App& app, const Ranks& ranks) {
+  check_batch_fits(o, ranks, 0);
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   // Adam's first moments of weights of almost always black pixels decay into subnormals, which are slow:
@@ -293,11 +335,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   }
   const auto n = static_cast<std::size_t>(train.images.rows());
   const auto inputs = train.images.cols();
-  if (n % static_cast<std::size_t>(o.batch) != 0 &&
-      n % static_cast<std::size_t>(o.batch) < static_cast<std::size_t>(ranks.size))
-    throw std::invalid_argument("the epoch's last batch has " + std::to_string(n % static_cast<std::size_t>(o.batch)) +
-                                " rows, fewer than the " + std::to_string(ranks.size) +
-                                " ranks; choose --batch or --limit so that every rank gets a row of it");
+  check_batch_fits(o, ranks, n);
 
   Model model;
   model.layers = make_layers(o, inputs);
@@ -309,6 +347,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   if (!o.resume.empty()) {
     mlp::StateReader reader = mlp::read_state_file(o.resume);
     decode_state(reader, o, app, model, n);
+    check_batch_fits(o, ranks, n);  // with the file's batch
   } else {
     remat::nn::Adam<float>::Options a;
     a.learning_rate = o.lr;
@@ -501,8 +540,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Total number of epochs (a resumed run continues up to this count)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 100000));
-  app.add_option("--batch", o.batch, "Mini-batch size")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(epochs_limits.min, epochs_limits.max));
+  app.add_option("--batch", o.batch, "Mini-batch size")
+      ->capture_default_str()
+      ->check(CLI::Range(batch_limits.min, batch_limits.max));
   app.add_option("--hidden", o.hidden, "Hidden layer widths, comma-separated (e.g. 1024,1024,1024)")
       ->delimiter(',')
       ->capture_default_str()
@@ -512,10 +553,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"relu", "tanh", "gelu"}));
   app.add_option("--lr", o.lr, "Adam learning rate (Kingma & Ba 2015; betas 0.9, 0.999, eps 1e-8)")
       ->capture_default_str()
+      ->check(finite_number)
       ->check(CLI::PositiveNumber);
   app.add_option("--dropout", o.dropout, "Dropout probability after each hidden activation (0 = off)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.99));
+      ->check(finite_number)
+      ->check(CLI::Range(dropout_limits.min, dropout_limits.max));
   app.add_option("--threads", o.threads,
                  "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads); 0: the "
                  "machine's cores (OMP_NUM_THREADS when set), shared among the MPI ranks on this machine")
