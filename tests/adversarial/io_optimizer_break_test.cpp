@@ -3,7 +3,7 @@
 // (include/remat/nn/). Suites:
 //   IoOptimizerDefects: the defects this file found, each stating the expected behaviour (doc comment or
 //                       PyTorch's documented semantics); they failed before the fixes of 43db879 (the readers,
-//                       nn::Adam) and of the commit after it (the examples' flags and state settings).
+//                       nn::Adam) and of ccc5bca (the examples' flags and state settings).
 //   IoOptimizerBreak:   behaviour checked against an independent oracle and found correct.
 // Oracles are closed forms, hand computations in double and the formats as their doc comments describe them
 // (e.g. a CRC-32 computed bit by bit here), never values computed by the code under test.
