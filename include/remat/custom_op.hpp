@@ -4,6 +4,7 @@
 //
 // An op is a struct deriving from remat::OpBase with:
 //   static constexpr const char* name;            reported in errors, OpInfo::name and print_saved_residuals
+//                                                 (non-empty: a null or empty name does not compile)
 //   static constexpr remat::OpKind kind;          what policies see (dot, elementwise, ...)
 //   struct Params { ... };                        optional: its attributes, trivially copyable, ≤ 40 bytes
 //   static constexpr bool batch_dims;             optional: a dot with batch dimensions

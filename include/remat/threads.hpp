@@ -2,6 +2,7 @@
 // team, docs/design.md §6) and OpenBLAS's matrix products together.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -47,6 +48,15 @@ inline int num_threads() {
 #endif
 }
 
+/// The most threads set_num_threads accepts: 1024, or OpenMP's thread limit (OMP_THREAD_LIMIT) if lower.
+inline int max_threads() {
+  int limit = 1024;
+#ifdef _OPENMP
+  limit = std::min(limit, omp_get_thread_limit());
+#endif
+  return limit;
+}
+
 /// Sets the threads of remat's op kernels and of OpenBLAS's matrix products to n (≥ 1) together: the
 /// kernels' OpenMP team has n threads, and openblas_set_num_threads(n) is called when the program is linked
 /// with OpenBLAS. The two never work at the same time: a kernel's team runs between products, and the
@@ -57,9 +67,12 @@ inline int num_threads() {
 /// default (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, at most the cores): OMP_NUM_THREADS=n pins both.
 /// remat itself does not change the user's OpenMP setting (omp_set_num_threads), but OpenBLAS's OpenMP build
 /// (the one remat's CMake prefers with REMAT_USE_OPENMP) does: its openblas_set_num_threads(n) also calls
-/// omp_set_num_threads(n). Throws remat::domain_error for n < 1.
+/// omp_set_num_threads(n). Throws remat::domain_error, changing nothing, for n < 1 and n > max_threads()
+/// (a team of 2^30 threads would not be refused by OpenMP until the next kernel, which dies allocating it).
 inline void set_num_threads(int n) {
-  if (n < 1) throw domain_error("set_num_threads: n must be at least 1, got " + std::to_string(n));
+  if (n < 1 || n > max_threads())
+    throw domain_error("set_num_threads: n must be in [1, " + std::to_string(max_threads()) + "], got " +
+                       std::to_string(n));
   detail::thread_setting.store(n, std::memory_order_relaxed);
   int largest = detail::largest_thread_setting.load(std::memory_order_relaxed);
   while (n > largest && !detail::largest_thread_setting.compare_exchange_weak(largest, n)) {

@@ -69,12 +69,19 @@ double flops_of(const Shape* inputs, int arity, const Shape& output, const Attri
     return Op::flops(inputs, arity, output);
 }
 
+/// Whether `name` can name an op: not null, not empty (every error message and OpInfo::name starts with it).
+constexpr bool valid_op_name(const char* name) {
+  return name != nullptr && name[0] != '\0';
+}
+
 /// The static table describing Op for scalar type T (constant-initialised: no guard at run time). A
 /// function template, not an inline variable, so that an explicit instantiation declaration
 /// (REMAT_OP_KERNELS, remat/detail/op_kernels.hpp) keeps a translation unit from instantiating the op's
 /// kernels, which are its only users.
 template <class Op, class T>
 const OpTable<T>* op_table_of() {
+  static_assert(valid_op_name(Op::name),
+                "an op's name must be a non-empty string: errors, OpInfo::name and the diagnostics report it");
   static constexpr OpTable<T> table = {Op::name,
                                        Op::kind,
                                        Op::batch_dims,

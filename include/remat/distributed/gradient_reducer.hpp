@@ -11,12 +11,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "remat/detail/number_text.hpp"
 #include "remat/distributed/environment.hpp"
 #include "remat/distributed/parameters.hpp"
 #include "remat/distributed/step_timing.hpp"
@@ -69,8 +71,8 @@ class GradientReducer {
   static constexpr std::size_t default_bucket_bytes = std::size_t{25} << 20;
 
   /// Collective over `comm`. Throws shape_error if the ranks' parameter lists differ (count or shapes; on
-  /// every rank), domain_error for a null or repeated parameter, a zero bucket size or a parameter of more
-  /// than INT_MAX − 1 elements, mpi_error.
+  /// every rank), domain_error for a parameter repeated on any rank (on every rank), a null parameter (on
+  /// the rank that has it), a zero bucket size or a parameter of more than INT_MAX − 1 elements, mpi_error.
   explicit GradientReducer(const std::vector<Parameter<T>*>& parameters, MPI_Comm comm = MPI_COMM_WORLD,
                            std::size_t bucket_bytes = default_bucket_bytes)
       : comm_(comm) {
@@ -83,11 +85,7 @@ class GradientReducer {
     }
     for (std::size_t k = 0; k < storages_.size(); ++k) lookup_.push_back({storages_[k].get(), k});
     std::sort(lookup_.begin(), lookup_.end());
-    for (std::size_t k = 1; k < lookup_.size(); ++k)
-      if (lookup_[k].first == lookup_[k - 1].first)
-        throw domain_error(
-            "GradientReducer: parameters " + std::to_string(std::min(lookup_[k].second, lookup_[k - 1].second)) +
-            " and " + std::to_string(std::max(lookup_[k].second, lookup_[k - 1].second)) + " are the same parameter");
+    reject_repeated_parameters();
     slots_.resize(storages_.size());
     copied_.assign(storages_.size(), 0);
     std::size_t bytes = 0;
@@ -202,9 +200,23 @@ class GradientReducer {
   NoSync no_sync() { return NoSync(*this); }
 
   /// This rank's gradients are multiplied by `w` before the sum over ranks (default 1/size(): the average).
-  /// Throws domain_error for a weight that is not finite.
+  /// Set it between steps: the gradients reported during a backward are weighted then. Throws, changing
+  /// nothing, domain_error for a weight that is not finite or whose magnitude is outside T's normal range
+  /// (other than 0), and tape_error once this step has weighted a gradient (after a backward reported one,
+  /// before finish()).
   void set_local_weight(double w) {
-    if (!std::isfinite(w)) throw domain_error("GradientReducer::set_local_weight: the weight is not finite");
+    const double magnitude = std::abs(w);
+    if (!std::isfinite(w) || (w != 0 && (magnitude < static_cast<double>(std::numeric_limits<T>::min()) ||
+                                         magnitude > static_cast<double>(std::numeric_limits<T>::max()))))
+      throw domain_error("GradientReducer::set_local_weight: the weight " + remat::detail::number_text(w) +
+                         " is not 0 or a finite number of magnitude " +
+                         remat::detail::number_text(static_cast<double>(std::numeric_limits<T>::min())) + " to " +
+                         remat::detail::number_text(static_cast<double>(std::numeric_limits<T>::max())) +
+                         " (the gradients' type's normal range)");
+    if (std::find(copied_.begin(), copied_.end(), std::uint8_t{1}) != copied_.end())
+      throw tape_error("GradientReducer::set_local_weight(" + remat::detail::number_text(w) +
+                       "): this step has already weighted gradients by " + remat::detail::number_text(weight_) +
+                       "; set the weight before the step's backward, or after finish()");
     weight_ = w;
   }
   double local_weight() const { return weight_; }
@@ -224,6 +236,8 @@ class GradientReducer {
       for (MPI_Request& request : requests_)
         detail::check(MPI_Wait(&request, MPI_STATUS_IGNORE), "GradientReducer::finish: MPI_Wait");
     }
+    // A parameter resized after its gradient was packed: its buffer no longer holds the reduced values.
+    for (std::size_t k = 0; k < storages_.size(); ++k) check_shape(k, "GradientReducer::finish");
     for (std::size_t k = 0; k < storages_.size(); ++k) {
       const Slot& s = slots_[k];
       const Bucket& bucket = buckets_[s.bucket];
@@ -276,13 +290,40 @@ class GradientReducer {
     return it != lookup_.end() && it->first == storage ? it->second : npos;
   }
 
+  /// Throws shape_error naming `who` if parameter k is no longer of the shape it had when the reducer was made.
+  void check_shape(std::size_t k, const char* who) const {
+    const remat::detail::ParameterStorage<T>& p = *storages_[k];
+    if (p.value.rows() != shapes_[k].rows || p.value.cols() != shapes_[k].cols)
+      throw shape_error(std::string(who) + ": parameter " + std::to_string(k) + " is " +
+                        to_string(Shape{p.value.rows(), p.value.cols()}) + " but was " + to_string(shapes_[k]) +
+                        " when the reducer was made");
+  }
+
+  /// Collective (after check_same_parameters): a parameter given twice on any rank is refused on every rank,
+  /// so that no rank is left waiting in the first finish() for one that threw here. Throws domain_error.
+  void reject_repeated_parameters() {
+    long long repeated[2] = {-1, -1};  // this rank's first repeated pair
+    for (std::size_t k = 1; k < lookup_.size() && repeated[0] < 0; ++k)
+      if (lookup_[k].first == lookup_[k - 1].first) {
+        repeated[0] = static_cast<long long>(std::min(lookup_[k].second, lookup_[k - 1].second));
+        repeated[1] = static_cast<long long>(std::max(lookup_[k].second, lookup_[k - 1].second));
+      }
+    const int ranks = size(comm_);
+    std::vector<long long> all(2 * static_cast<std::size_t>(ranks));
+    detail::check(MPI_Allgather(repeated, 2, MPI_LONG_LONG, all.data(), 2, MPI_LONG_LONG, comm_),
+                  "GradientReducer: MPI_Allgather");
+    for (int r = 0; r < ranks; ++r) {
+      const long long* pair = &all[2 * static_cast<std::size_t>(r)];
+      if (pair[0] >= 0)
+        throw domain_error("GradientReducer: parameters " + std::to_string(pair[0]) + " and " +
+                           std::to_string(pair[1]) + " are the same parameter on rank " + std::to_string(r));
+    }
+  }
+
   /// Copies parameter k's gradient × weight (zeros if it has none) into its bucket slot.
   void pack(std::size_t k) {
     remat::detail::ParameterStorage<T>& p = *storages_[k];
-    if (p.value.rows() != shapes_[k].rows || p.value.cols() != shapes_[k].cols)
-      throw shape_error("GradientReducer: parameter " + std::to_string(k) + " is " +
-                        to_string(Shape{p.value.rows(), p.value.cols()}) + " but was " + to_string(shapes_[k]) +
-                        " when the reducer was made");
+    check_shape(k, "GradientReducer");
     p.check_grad_size("GradientReducer");
     const Slot& s = slots_[k];
     Bucket& bucket = buckets_[s.bucket];
