@@ -235,8 +235,8 @@ TEST(Gpt, FusedAttentionNeverHoldsAnSxSMatrixBeyondItsTemporary) {
 TEST(Gpt, RejectsBadInputWithTypedErrorsAndLeavesTheTapeUsable) {
   auto model = gpt::Model<float>::deterministic({8, 4, 2, 3, 1, 0});
   Tape<float> tape;
-  EXPECT_THROW(model.logits(tape, {1, 2}), remat::shape_error);      // not a whole sequence
-  EXPECT_THROW(model.logits(tape, {1, 2, 8}), remat::index_error);   // id 8 outside [0, 8)
+  EXPECT_THROW(model.logits(tape, {1, 2}), remat::shape_error);     // not a whole sequence
+  EXPECT_THROW(model.logits(tape, {1, 2, 8}), remat::index_error);  // id 8 outside [0, 8)
   const Var<float> loss = model.loss(tape, {1, 2, 3}, {2, 3, 4});
   EXPECT_NO_THROW(tape.backward(loss));
   EXPECT_THROW(gpt::Model<float>({8, 6, 4, 3, 1, 0}), remat::shape_error);  // 6 not divisible by 4 heads

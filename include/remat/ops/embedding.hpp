@@ -51,8 +51,8 @@ Var<T> embedding(const Var<T>& table, const std::vector<int>& ids) {
   for (std::size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= s.rows)
       throw index_error("embedding: id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                         " is outside [0, " + std::to_string(s.rows) + ") for a table of " + std::to_string(s.rows) +
-                         " rows (V = " + std::to_string(s.rows) + ")");
+                        " is outside [0, " + std::to_string(s.rows) + ") for a table of " + std::to_string(s.rows) +
+                        " rows (V = " + std::to_string(s.rows) + ")");
   OpCall<detail::EmbeddingOp> call;
   call.params.rows = static_cast<Index>(ids.size());
   call.indices = ids.data();
