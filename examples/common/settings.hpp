@@ -9,6 +9,9 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <type_traits>
+
+#include <remat/detail/number_text.hpp>
 
 #include "state_file.hpp"
 
@@ -36,12 +39,17 @@ inline const CLI::Validator finite_number(
     },
     "", "FINITE");
 
-/// A setting as a message shows it: integers exactly, doubles as %g.
+/// A setting as a message shows it: integers exactly, floating-point values by remat's number_text (all the
+/// digits that tell it apart: a dropout of 0.9900001 is not shown as the bound 0.99).
 template <typename V>
 std::string setting_text(V v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
+  if constexpr (std::is_floating_point_v<V>) {
+    return remat::detail::number_text(static_cast<double>(v));
+  } else {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  }
 }
 
 /// Throws state_error unless `value` is in the range of `flag` (NaN is in none). A file with a valid checksum

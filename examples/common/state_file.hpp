@@ -200,7 +200,10 @@ namespace detail {
 /// An open file descriptor, closed on every path out.
 class ReadOnlyFile {
  public:
-  explicit ReadOnlyFile(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  /// O_NONBLOCK: opening a FIFO would otherwise wait for a writer, before regular_size() could refuse it
+  /// (on a regular file it changes nothing).
+  explicit ReadOnlyFile(const std::string& path)
+      : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {
     if (fd_ < 0) throw state_error(path, std::string("cannot open: ") + std::strerror(errno));
   }
   ReadOnlyFile(const ReadOnlyFile&) = delete;
@@ -244,7 +247,8 @@ inline StateReader read_state_file(const std::string& path, const StateFormat& f
   const detail::ReadOnlyFile file(path);
   const std::uint64_t size = file.regular_size();
   unsigned char head[state_header_bytes];
-  const std::size_t got = file.read(head, state_header_bytes);
+  // Judged by the size fstat gave, which the payload's length is compared with below.
+  const std::uint64_t got = size < state_header_bytes ? size : file.read(head, state_header_bytes);
   if (got < state_header_bytes)
     throw state_error(path, "truncated: " + std::to_string(got) + " bytes, shorter than the " +
                                 std::to_string(state_header_bytes) + "-byte header");

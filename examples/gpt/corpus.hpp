@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -104,10 +105,18 @@ inline Corpus read_corpus(const std::string& directory) {
 /// corpus.) Throws data_error unless each split holds at least one window of S + 1 bytes.
 inline void split(Corpus& c, std::size_t seq_len) {
   const std::string size = std::to_string(c.bytes.size()) + " bytes";
-  // Checked first, so that S + 1 below cannot wrap (a state file may give any S).
-  if (seq_len >= c.bytes.size())
-    throw data_error(c.directory, "the corpus (" + size + ") is too small for one window of --seq-len " +
-                                      std::to_string(seq_len) + " + 1 bytes");
+  // Checked first, so that S + 1 below cannot wrap (a state file may give any S); the minimum is then
+  // stated only where it fits in a size_t.
+  if (seq_len >= c.bytes.size()) {
+    const std::size_t block = std::max<std::size_t>(1024, seq_len + 1);
+    const bool stated = seq_len < std::numeric_limits<std::size_t>::max() / 40;
+    throw data_error(
+        c.directory,
+        "the corpus (" + size + ") is too small: validation is every 20th block of " +
+            (stated ? std::to_string(block) : std::string("S + 1")) + " bytes, so it needs at least " +
+            (stated ? std::to_string(19 * block + seq_len + 1) + " bytes" : std::string("19 blocks and S + 1 bytes")) +
+            " for --seq-len " + std::to_string(seq_len));
+  }
   c.block = std::max<std::size_t>(1024, seq_len + 1);
   c.train = {};
   c.validation = {};

@@ -315,7 +315,7 @@ void check_batch_fits(const Options& o, const Ranks& ranks, std::size_t n) {
 }
 
 int run(Options& o, const CLI::App& app, const Ranks& ranks) {
-  check_batch_fits(o, ranks, 0);
+  if (o.resume.empty()) check_batch_fits(o, ranks, 0);  // a resumed run's batch is the file's: checked after it
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   // Adam's first moments of weights of almost always black pixels decay into subnormals, which are slow:
@@ -335,7 +335,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   }
   const auto n = static_cast<std::size_t>(train.images.rows());
   const auto inputs = train.images.cols();
-  check_batch_fits(o, ranks, n);
+  if (o.resume.empty()) check_batch_fits(o, ranks, n);
 
   Model model;
   model.layers = make_layers(o, inputs);

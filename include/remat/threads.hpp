@@ -35,26 +35,27 @@ inline bool openblas_uses_openmp() {
 
 }  // namespace detail
 
-/// The number of threads remat's op kernels use: the last set_num_threads(n), or by default
-/// omp_get_max_threads() (the machine's cores, or OMP_NUM_THREADS when it is set) in a build with OpenMP
-/// (REMAT_USE_OPENMP, compiled with -fopenmp), 1 without (every kernel then runs on the calling thread).
-inline int num_threads() {
-  const int n = detail::thread_setting.load(std::memory_order_relaxed);
-  if (n > 0) return n;
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
 /// The most threads set_num_threads accepts: 1024, or OpenMP's thread limit (OMP_THREAD_LIMIT) if lower.
-inline int max_threads() {
+inline int thread_limit() {
   int limit = 1024;
 #ifdef _OPENMP
   limit = std::min(limit, omp_get_thread_limit());
 #endif
   return limit;
+}
+
+/// The number of threads remat's op kernels use: the last set_num_threads(n), or by default
+/// omp_get_max_threads() (the machine's cores, or OMP_NUM_THREADS when it is set) capped at thread_limit(),
+/// in a build with OpenMP (REMAT_USE_OPENMP, compiled with -fopenmp); 1 without (every kernel then runs on
+/// the calling thread). So set_num_threads(num_threads()) always succeeds.
+inline int num_threads() {
+  const int n = detail::thread_setting.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+#ifdef _OPENMP
+  return std::min(omp_get_max_threads(), thread_limit());
+#else
+  return 1;
+#endif
 }
 
 /// Sets the threads of remat's op kernels and of OpenBLAS's matrix products to n (≥ 1) together: the
@@ -67,11 +68,11 @@ inline int max_threads() {
 /// default (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, at most the cores): OMP_NUM_THREADS=n pins both.
 /// remat itself does not change the user's OpenMP setting (omp_set_num_threads), but OpenBLAS's OpenMP build
 /// (the one remat's CMake prefers with REMAT_USE_OPENMP) does: its openblas_set_num_threads(n) also calls
-/// omp_set_num_threads(n). Throws remat::domain_error, changing nothing, for n < 1 and n > max_threads()
+/// omp_set_num_threads(n). Throws remat::domain_error, changing nothing, for n < 1 and n > thread_limit()
 /// (a team of 2^30 threads would not be refused by OpenMP until the next kernel, which dies allocating it).
 inline void set_num_threads(int n) {
-  if (n < 1 || n > max_threads())
-    throw domain_error("set_num_threads: n must be in [1, " + std::to_string(max_threads()) + "], got " +
+  if (n < 1 || n > thread_limit())
+    throw domain_error("set_num_threads: n must be in [1, " + std::to_string(thread_limit()) + "], got " +
                        std::to_string(n));
   detail::thread_setting.store(n, std::memory_order_relaxed);
   int largest = detail::largest_thread_setting.load(std::memory_order_relaxed);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -565,6 +566,28 @@ TEST(IoOptimizerDefects, StateFileThatIsADirectoryIsAStateErrorNamingIt) {
   const std::string directory = dir / "a_directory";
   fs::create_directory(directory);
   expect_error_naming<examples::state_error>([&] { mlp::read_state_file(directory); }, {directory});
+}
+
+// DEFECT (a review of the fix above): read_state_file opened the path O_RDONLY, which for a FIFO waits for a
+// writer, so `--resume FIFO` hung before the regular-file check could refuse it. Expected: state_error naming
+// the path, at once (the child has 10 s).
+TEST(IoOptimizerDefects, StateFileThatIsAFifoIsRefusedWithoutWaitingForAWriter) {
+  TempDir dir;
+  const std::string fifo = dir / "a_fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  GTEST_FLAG_SET(death_test_style, "fast");  // the child opens the FIFO made above; the parent removes it
+  EXPECT_EXIT(run_in_child(
+                  [&] {
+                    try {
+                      mlp::read_state_file(fifo);
+                      std::_Exit(2);
+                    } catch (const examples::state_error& e) {
+                      if (!contains(e.what(), fifo) || !contains(e.what(), "not a regular file")) std::_Exit(3);
+                    }
+                  },
+                  10),
+              ::testing::ExitedWithCode(0), "");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
 }
 
 // DEFECT: examples/common/state_file.hpp:204 (read_state_file) reads the whole file into memory before looking
@@ -1115,6 +1138,9 @@ TEST(IoOptimizerDefects, MlpStateFileWithAZeroBatchOrAHugeHistoryCountIsAStateEr
   s = {};
   s.dropout = 5;
   cases.push_back({"dropout 5", s, "dropout"});
+  s = {};
+  s.dropout = 0.9900001;  // just above the flag's 0.99: the message must not round it onto the bound
+  cases.push_back({"dropout 0.9900001", s, "--dropout 0.9900001"});
   s = {};
   s.history_count = 0xFFFFFFFFu;
   cases.push_back({"history count 0xFFFFFFFF", s, ""});  // any message that names the file

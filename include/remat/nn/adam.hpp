@@ -115,9 +115,9 @@ class Adam : public detail::AdamBase<T, Adam<T>> {
     double epsilon = 1e-8;        ///< ε, added to √v̂
   };
 
-  /// Zero moments, t = 0. Throws domain_error unless 0 < α < ∞, 0 ≤ β₁, β₂ < 1 and 0 < ε < ∞ (as
-  /// nn::AdamW and nn::SGD: an infinite α turns a zero gradient's update into NaN), for a null pointer and
-  /// for a parameter given twice (it would be updated twice a step).
+  /// Zero moments, t = 0. Throws domain_error unless 0 < α < ∞, 0 ≤ β₁, β₂ < 1 and 0 < ε < ∞ (finite, as
+  /// nn::AdamW and nn::SGD require: an infinite α turns a zero gradient's update into NaN; unlike them, α = 0
+  /// is refused), for a null pointer and for a parameter given twice (it would be updated twice a step).
   explicit Adam(const std::vector<Parameter<T>*>& parameters, Options options = {}) : options_(options) {
     const auto& o = options;
     if (!(o.learning_rate > 0 && std::isfinite(o.learning_rate)) || !(o.beta1 >= 0 && o.beta1 < 1) ||
