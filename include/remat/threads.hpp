@@ -64,7 +64,7 @@ inline int num_threads() {
 /// products a kernel makes inside its team (the attention ops') run with OpenBLAS on one thread, so at most
 /// n threads compute at any moment. Results are bitwise identical for every n in remat's kernels
 /// (docs/design.md §6); OpenBLAS's multi-threaded products may round differently from its one-thread
-/// products. Without set_num_threads, remat's team has omp_get_max_threads() threads and OpenBLAS its own
+/// products. Without set_num_threads, remat's team has num_threads() threads (see there) and OpenBLAS its own
 /// default (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, at most the cores): OMP_NUM_THREADS=n pins both.
 /// remat itself does not change the user's OpenMP setting (omp_set_num_threads), but OpenBLAS's OpenMP build
 /// (the one remat's CMake prefers with REMAT_USE_OPENMP) does: its openblas_set_num_threads(n) also calls
