@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "fma_op.hpp"
 #include "gpt/gpt.hpp"
 #include "random.hpp"
 #include "remat/nn/adamw.hpp"
@@ -33,6 +34,9 @@
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace transformer_break_test {
+
+using remat_test::fma;
+using remat_test::FmaOp;
 
 using remat::Index;
 using remat::Matrix;
@@ -235,38 +239,6 @@ struct ScratchOp : remat::OpBase {
   }
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
 };
-
-/// y = a ⊙ b + c: da reads b, db reads a, dc reads nothing.
-struct FmaOp : remat::OpBase {
-  static constexpr const char* name = "fma";
-  static constexpr remat::OpKind kind = remat::OpKind::elementwise;
-  static unsigned reads(remat::GradInputs g) {
-    return (remat::wants(g, 0) ? remat::reads_input1 : 0u) | (remat::wants(g, 1) ? remat::reads_input0 : 0u);
-  }
-  static Shape output_shape(const Shape* in, const Params&) {
-    if (in[0] != in[1] || in[0] != in[2])
-      throw remat::shape_error("fma: a " + remat::to_string(in[0]) + ", b " + remat::to_string(in[1]) + ", c " +
-                               remat::to_string(in[2]));
-    return in[0];
-  }
-  template <class T>
-  static void forward(const remat::ForwardContext<T>& c) {
-    c.out().array() = c.in(0).array() * c.in(1).array() + c.in(2).array();
-  }
-  template <class T>
-  static void backward(const remat::BackwardContext<T>& c) {
-    const auto g = c.grad_out().array();
-    if (c.wants_grad(0)) c.add_grad(0, g * c.in(1).array());
-    if (c.wants_grad(1)) c.add_grad(1, g * c.in(0).array());
-    if (c.wants_grad(2)) c.add_grad(2, g);
-  }
-  static double flops(const Shape*, int, const Shape& out) { return 2.0 * static_cast<double>(out.size()); }
-};
-
-template <class T>
-Var<T> fma(const Var<T>& a, const Var<T>& b, const Var<T>& c) {
-  return remat::apply_op<FmaOp>(a, b, c);
-}
 
 /// An op whose output, extra or temporary shape is whatever its Params say (a buggy user op).
 struct ShapeFromParamsOp : remat::OpBase {
