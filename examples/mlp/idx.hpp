@@ -5,13 +5,19 @@
 // [count, rows, cols], 0x00000801 (2049) for unsigned-byte labels [count] — followed by the bytes.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -39,9 +45,24 @@ namespace detail {
 class GzFile {
  public:
   explicit GzFile(const std::string& path) : path_(path) {
-    errno = 0;
-    file_ = gzopen(path.c_str(), "rb");
-    if (!file_) throw data_error(path, std::string("cannot open: ") + (errno ? std::strerror(errno) : "out of memory"));
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw data_error(path, std::string("cannot open: ") + std::strerror(errno));
+    struct stat status {};
+    if (::fstat(fd, &status) != 0) {
+      const int error = errno;
+      ::close(fd);
+      throw data_error(path, std::string("cannot open: ") + std::strerror(error));
+    }
+    if (S_ISDIR(status.st_mode)) {
+      ::close(fd);
+      throw data_error(path, "cannot read: Is a directory");
+    }
+    if (S_ISREG(status.st_mode)) file_bytes_ = static_cast<std::uint64_t>(status.st_size);
+    file_ = gzdopen(fd, "rb");  // owns fd from here: gzclose closes it
+    if (!file_) {
+      ::close(fd);
+      throw data_error(path, "cannot open: out of memory");
+    }
   }
   GzFile(const GzFile&) = delete;
   GzFile& operator=(const GzFile&) = delete;
@@ -90,6 +111,9 @@ class GzFile {
     }
   }
 
+  /// The file's size on disk, or nullopt when it is not a regular file (a pipe, a device).
+  std::optional<std::uint64_t> file_bytes() const { return file_bytes_; }
+
   /// Checks that nothing follows the data (this also makes zlib verify the gzip trailer's CRC-32).
   void expect_end(const std::string& what) {
     unsigned char extra[64];
@@ -110,8 +134,14 @@ class GzFile {
     return message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size()) : message;
   }
   std::string path_;
-  gzFile file_;
+  gzFile file_ = nullptr;
+  std::optional<std::uint64_t> file_bytes_;  // a regular file's size on disk
 };
+
+/// Deflate's largest expansion, output bytes per input byte (zlib's technical details,
+/// https://zlib.net/zlib_tech.html, "Maximum Compression Factor"); a plain file, which zlib reads as it is,
+/// holds its own size.
+constexpr std::uint64_t deflate_max_expansion = 1032;
 
 inline std::uint32_t big_endian(const unsigned char* p) {
   return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | std::uint32_t{p[3]};
@@ -145,13 +175,36 @@ inline remat::Matrix<float> read_idx_images(const std::string& path, int& rows, 
                                std::to_string(idx_max_count) + ")");
   if (r == 0 || c == 0 || r > idx_max_side || c > idx_max_side)
     throw data_error(path, "implausible image size " + std::to_string(r) + "x" + std::to_string(c));
-  const std::size_t pixels = std::size_t{r} * c;
-  std::vector<unsigned char> bytes;
-  file.read_growing(bytes, std::size_t{count} * pixels,
-                    std::to_string(count) + " images of " + std::to_string(r) + "x" + std::to_string(c) + " pixels");
+  const std::size_t pixels = std::size_t{r} * c, total = std::size_t{count} * pixels;
+  const std::string what =
+      std::to_string(count) + " images of " + std::to_string(r) + "x" + std::to_string(c) + " pixels";
+  // A header that declares more than the file can hold is truncated data, found before allocating it.
+  if (const auto size = file.file_bytes();
+      size && *size <= std::numeric_limits<std::uint64_t>::max() / detail::deflate_max_expansion &&
+      total > *size * detail::deflate_max_expansion)
+    throw data_error(path, "truncated: " + what + " need " + std::to_string(total) + " bytes, more than a file of " +
+                               std::to_string(*size) + " bytes can hold (deflate expands at most " +
+                               std::to_string(detail::deflate_max_expansion) + "-fold)");
+  remat::Matrix<float> images;
+  try {
+    images.resize(static_cast<remat::Index>(count), static_cast<remat::Index>(pixels));
+  } catch (const std::bad_alloc&) {
+    throw data_error(path, "out of memory for " + what + " (" + std::to_string(4 * total) + " bytes as floats)");
+  }
+  // The pixels are converted as they arrive, through one small buffer: a file-sized temporary costs a second
+  // pass over the data, and on some virtual machines its release (a large munmap) makes the next pass over the
+  // images slow; it cost the first epoch 0.3 s here (docs/mlp.md, "Loading the data").
+  std::vector<unsigned char> chunk(std::min<std::size_t>(total, std::size_t{1} << 20));
+  for (std::size_t done = 0; done < total;) {
+    const std::size_t want = std::min(chunk.size(), total - done), got = file.read(chunk.data(), want);
+    if (got != want)
+      throw data_error(path, "truncated: " + what + " need " + std::to_string(total) + " bytes but only " +
+                                 std::to_string(done + got) + " are there");
+    float* out = images.data() + done;
+    for (std::size_t i = 0; i < got; ++i) out[i] = static_cast<float>(chunk[i]) / 255.0f;
+    done += got;
+  }
   file.expect_end("pixel data");
-  remat::Matrix<float> images(static_cast<remat::Index>(count), static_cast<remat::Index>(pixels));
-  for (std::size_t i = 0; i < bytes.size(); ++i) images.data()[i] = static_cast<float>(bytes[i]) / 255.0f;
   rows = static_cast<int>(r);
   cols = static_cast<int>(c);
   return images;

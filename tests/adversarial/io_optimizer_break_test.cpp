@@ -369,6 +369,37 @@ TEST(IoOptimizerBreak, IdxMalformedFilesThrowDataErrorNamingFileAndProblem) {
   EXPECT_EQ(mlp::read_idx_labels(bad, 10), (std::vector<int>{9, 0, 5}));
 }
 
+// read_idx_images allocates the declared images before reading them, after checking that the file can hold
+// them: deflate expands at most 1032-fold (zlib's technical details), a plain file holds its own size. The
+// check must refuse a declaration just above the bound and let one just below it be read (and found short),
+// and must not refuse a real file compressed near deflate's limit.
+TEST(IoOptimizerBreak, IdxDeclaredSizeIsCheckedAgainstWhatTheFileCanHoldAtDeflatesLimit) {
+  TempDir dir;
+  int r = 0, c = 0;
+  const std::string zeros = dir / "zeros.gz";
+  const std::uint32_t count = 12;  // 12 MiB of zero pixels, compressed at level 9
+  const Bytes file = idx_images(count, 1024, 1024, Bytes(std::size_t{count} << 20, 0));
+  gzFile f = gzopen(zeros.c_str(), "wb9");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, file.data(), static_cast<unsigned>(file.size())), static_cast<int>(file.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+  const double ratio = static_cast<double>(file.size()) / static_cast<double>(std::filesystem::file_size(zeros));
+  ASSERT_GT(ratio, 1000.0);  // a bound below deflate's real limit (say 1000-fold) would refuse this file
+  const MF images = mlp::read_idx_images(zeros, r, c);
+  ASSERT_EQ(images.rows(), count);
+  ASSERT_EQ(images.cols(), 1024 * 1024);
+  EXPECT_EQ(images.cwiseAbs().maxCoeff(), 0.0f);
+
+  // A plain file of 32 bytes (header and 16 pixels) holds at most 32 · 1032 = 33,024 bytes.
+  const std::string plain = dir / "plain.idx";
+  write_file(plain, idx_images(1, 182, 182, Bytes(16, 0)));  // declares 33,124: refused before allocating
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(plain, r, c); },
+                                       {plain, "truncated", "33124 bytes", "a file of 32 bytes can hold"});
+  write_file(plain, idx_images(1, 181, 181, Bytes(16, 0)));  // declares 32,761: read, and 16 are there
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(plain, r, c); },
+                                       {plain, "truncated", "32761 bytes but only 16 are there"});
+}
+
 TEST(IoOptimizerBreak, IdxDatasetWithImagesAndLabelsOfDifferentCountsIsRefused) {
   TempDir dir;
   write_file(dir / "x-images-idx3-ubyte.gz", idx_images(3, 2, 2, pattern_bytes(12, 6)));
