@@ -4,12 +4,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <type_traits>
+#include <vector>
 
 #include <remat/detail/number_text.hpp>
 
@@ -38,6 +42,65 @@ inline const CLI::Validator finite_number(
       return "Value " + input + " is not a finite number";
     },
     "", "FINITE");
+
+/// The integer `text` spells in decimal, or nullopt unless it is decimal digits (after a '-' for a signed T)
+/// whose value fits in T. Leading zeros are decimal too: "010" is 10.
+template <typename T>
+std::optional<T> parse_decimal(const std::string& text) {
+  static_assert(std::is_integral_v<T>);
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value, 10);
+  if (text.empty() || error != std::errc{} || stop != end) return std::nullopt;
+  return value;
+}
+
+/// "Value <text> is not a decimal integer from <min> to <max>", for T's range.
+template <typename T>
+std::string not_decimal_message(const std::string& text) {
+  return "Value " + text + " is not a decimal integer from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
+         std::to_string(std::numeric_limits<T>::max());
+}
+
+/// CLI11 2.1 converts integers with base 0 (`--epochs 010` is octal 8, `--epochs 0x10` is 16) and narrows an
+/// unsigned value out of range to the type's largest (`--seed -1` and `--seed 18446744073709551616` both
+/// become 2^64 − 1) without a word. This transform runs first among an integer flag's validators (CLI11 puts
+/// transforms before checks): it refuses anything but decimal digits ('-' only for a signed T) of a value in
+/// T's range, and rewrites the text as plain decimal for the conversion and the range check after it.
+template <typename T>
+CLI::Validator decimal_integer() {
+  return CLI::Validator(
+      [](std::string& input) {
+        const std::optional<T> value = parse_decimal<T>(input);
+        if (!value) return not_decimal_message<T>(input);
+        input = std::to_string(*value);
+        return std::string();
+      },
+      "", "DECIMAL");
+}
+
+/// A comma-separated list of decimal integers in [limits.min, limits.max] (--hidden): every field must be
+/// one, so "8,,8" or "8," is refused rather than read as two layers or one. Throws CLI::ValidationError
+/// naming `flag`.
+template <typename T>
+std::vector<T> parse_decimal_list(const char* flag, const std::string& text, Limits<T> limits) {
+  std::vector<T> values;
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', begin);
+    const std::string field = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    const std::string where = "field " + std::to_string(values.size() + 1) + " of " + text;
+    if (field.empty()) throw CLI::ValidationError(flag, where + " is empty");
+    const std::optional<T> value = parse_decimal<T>(field);
+    if (!value) throw CLI::ValidationError(flag, where + ": " + not_decimal_message<T>(field));
+    if (*value < limits.min || *value > limits.max)
+      throw CLI::ValidationError(flag, where + ": Value " + field + " not in range " + std::to_string(limits.min) +
+                                           " to " + std::to_string(limits.max));
+    values.push_back(*value);
+    if (comma == std::string::npos) return values;
+    begin = comma + 1;
+  }
+}
 
 /// A setting as a message shows it: integers exactly, floating-point values by remat's number_text (all the
 /// digits that tell it apart: a dropout of 0.9900001 is not shown as the bound 0.99).

@@ -147,6 +147,28 @@ inline std::uint32_t crc32_of(const std::vector<unsigned char>& bytes) {
   return static_cast<std::uint32_t>(crc);
 }
 
+/// The directory a file at `path` is in: "." for a bare name.
+inline std::string directory_of(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+/// Throws state_error naming `path` unless write_state_file could create it: its directory exists and lets
+/// this process create files, and `path` is not a directory. The examples check this before training, so
+/// that a mistyped --save or --state fails at once instead of after the first epoch or --save-every steps.
+inline void check_state_destination(const std::string& path) {
+  const std::string dir = directory_of(path);
+  struct stat status {};
+  if (::stat(dir.c_str(), &status) != 0)
+    throw state_error(path,
+                      "cannot be written: its directory " + dir + " cannot be used (" + std::strerror(errno) + ")");
+  if (!S_ISDIR(status.st_mode)) throw state_error(path, "cannot be written: " + dir + " is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw state_error(path, "cannot be written: no file can be created in " + dir + " (" + std::strerror(errno) + ")");
+  if (::stat(path.c_str(), &status) == 0 && S_ISDIR(status.st_mode))
+    throw state_error(path, "cannot be written: it is a directory");
+}
+
 /// Writes header + payload to `path` atomically: into a temporary file in the same directory, flushed
 /// and fsync'ed, then renamed over `path` (rename is atomic on POSIX file systems), then the directory
 /// is fsync'ed. A crash leaves either the old file or the new one, never a mixture. Throws state_error.
@@ -160,8 +182,7 @@ inline void write_state_file(const std::string& path, const StateFormat& format,
   bytes.insert(bytes.end(), h.bytes().begin(), h.bytes().end());
   bytes.insert(bytes.end(), payload.begin(), payload.end());
 
-  const std::size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string dir = directory_of(path);
   std::string temporary = path + ".tmp.XXXXXX";
   std::vector<char> name(temporary.begin(), temporary.end());
   name.push_back('\0');

@@ -2,14 +2,17 @@
 // split into training and validation bytes, and the windows of S + 1 bytes a batch is made of.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -60,9 +63,70 @@ inline bool is_corpus_file(const std::filesystem::directory_entry& entry) {
   return !ends_with(".dat") && !ends_with(".u8") && name[0] != '.';
 }
 
+namespace detail {
+
+/// Reserves room for the files' bytes (their sizes now; a file that grows is still read whole). Throws
+/// data_error naming the directory and its largest file when that is more than memory holds.
+inline void reserve_corpus(const std::string& directory, const std::vector<std::string>& files,
+                           std::vector<unsigned char>& bytes) {
+  namespace fs = std::filesystem;
+  std::uintmax_t total = 0, largest = 0;
+  std::string largest_path;
+  for (const std::string& name : files) {
+    std::error_code ec;
+    const std::string path = (fs::path(directory) / name).string();
+    const std::uintmax_t size = fs::file_size(path, ec);
+    if (ec) throw data_error(path, "cannot read its size: " + ec.message());
+    total += size;
+    if (size >= largest) {
+      largest = size;
+      largest_path = path;
+    }
+  }
+  bool reserved = total <= bytes.max_size();
+  try {
+    if (reserved) bytes.reserve(static_cast<std::size_t>(total));
+  } catch (const std::bad_alloc&) {
+    reserved = false;
+  }
+  if (!reserved)
+    throw data_error(directory, "out of memory for the corpus's " + std::to_string(total) +
+                                    " bytes (the largest file: " + largest_path + ", " + std::to_string(largest) +
+                                    " bytes)");
+}
+
+/// Appends the bytes of the regular file `path` to `out`. Throws data_error naming the file when it cannot
+/// be opened or read, is no longer a regular file, or does not fit in memory. (POSIX reads, not an
+/// std::ifstream: libstdc++'s filebuf throws std::ios_base::failure for a read error, naming no file.)
+inline void append_file(const std::string& path, std::vector<unsigned char>& out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO swapped in: no wait
+  if (fd < 0) throw data_error(path, std::string("cannot open: ") + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat status {};
+  if (::fstat(fd, &status) != 0) throw data_error(path, std::string("cannot read: ") + std::strerror(errno));
+  if (!S_ISREG(status.st_mode)) throw data_error(path, "cannot read: not a regular file");
+  std::vector<unsigned char> buffer(std::size_t{1} << 16);
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw data_error(path, std::string("read error: ") + std::strerror(errno));
+    if (got == 0) return;
+    try {
+      out.insert(out.end(), buffer.data(), buffer.data() + got);
+    } catch (const std::bad_alloc&) {  // the file grew past what was reserved, and memory ran out
+      throw data_error(path, "out of memory after " + std::to_string(out.size()) + " bytes of the corpus");
+    }
+  }
+}
+
+}  // namespace detail
+
 /// Reads the corpus files of `directory` (is_corpus_file), sorted by name so the corpus is the same
 /// on every machine, and concatenates them. Throws data_error for a missing or unreadable directory or
-/// file, and for a corpus of 0 bytes.
+/// file, a corpus larger than memory holds (naming its largest file), and a corpus of 0 bytes.
 inline Corpus read_corpus(const std::string& directory) {
   namespace fs = std::filesystem;
   Corpus c;
@@ -79,13 +143,8 @@ inline Corpus read_corpus(const std::string& directory) {
     if (is_corpus_file(*it)) c.files.push_back(it->path().filename().string());
   }
   std::sort(c.files.begin(), c.files.end());
-  for (const std::string& name : c.files) {
-    const std::string path = (fs::path(directory) / name).string();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw data_error(path, "cannot open");
-    c.bytes.insert(c.bytes.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (in.bad()) throw data_error(path, "read error");
-  }
+  detail::reserve_corpus(directory, c.files, c.bytes);
+  for (const std::string& name : c.files) detail::append_file((fs::path(directory) / name).string(), c.bytes);
   if (c.bytes.empty())
     throw data_error(directory, "the corpus is empty (" + std::to_string(c.files.size()) +
                                     " files of 0 bytes; it reads the regular files not ending in .dat or .u8)");

@@ -355,6 +355,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
     throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is smaller than the " +
                                 std::to_string(ranks.size) + " ranks: every rank needs a sequence of each batch");
   if (o.estimate) return estimate_step(o);
+  if (!o.state.empty() && ranks.rank == 0) examples::check_state_destination(o.state);  // before steps are spent
 
   gpt::Corpus corpus = gpt::read_corpus(o.data);
   gpt::split(corpus, static_cast<std::size_t>(o.seq_len));
@@ -561,21 +562,27 @@ int main(int argc, char** argv) {
                  "Corpus directory: its regular files not ending in .dat or .u8, sorted by name, concatenated")
       ->capture_default_str();
   app.add_option("--layers", o.layers, "Transformer blocks L")
+      ->transform(examples::decimal_integer<decltype(o.layers)>())
       ->capture_default_str()
       ->check(CLI::Range(layers_limits.min, layers_limits.max));
   app.add_option("--width", o.width, "Model width H")
+      ->transform(examples::decimal_integer<decltype(o.width)>())
       ->capture_default_str()
       ->check(CLI::Range(size_limits.min, size_limits.max));
   app.add_option("--heads", o.heads, "Attention heads (must divide --width)")
+      ->transform(examples::decimal_integer<decltype(o.heads)>())
       ->capture_default_str()
       ->check(CLI::Range(size_limits.min, size_limits.max));
   app.add_option("--seq-len", o.seq_len, "Context length S (bytes)")
+      ->transform(examples::decimal_integer<decltype(o.seq_len)>())
       ->capture_default_str()
       ->check(CLI::Range(size_limits.min, size_limits.max));
   app.add_option("--batch", o.batch, "Sequences per batch B")
+      ->transform(examples::decimal_integer<decltype(o.batch)>())
       ->capture_default_str()
       ->check(CLI::Range(batch_limits.min, batch_limits.max));
   app.add_option("--steps", o.steps, "Total optimizer steps (a resumed run continues up to this count)")
+      ->transform(examples::decimal_integer<decltype(o.steps)>())
       ->capture_default_str()
       ->check(CLI::Range(steps_limits.min, steps_limits.max));
   app.add_option("--lr", o.lr, "Peak AdamW learning rate (betas 0.9/0.95, weight decay 0.1 on the weight matrices)")
@@ -583,6 +590,7 @@ int main(int argc, char** argv) {
       ->check(finite_number)
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "Linear warm-up steps, then a cosine decay to lr/10 at --steps")
+      ->transform(examples::decimal_integer<decltype(o.warmup)>())
       ->capture_default_str()
       ->check(CLI::Range(warmup_limits.min, warmup_limits.max));
   app.add_option("--dropout", o.dropout, "Dropout on attention probabilities and both residual branches")
@@ -590,10 +598,12 @@ int main(int argc, char** argv) {
       ->check(finite_number)
       ->check(CLI::Range(dropout_limits.min, dropout_limits.max));
   app.add_option("--seed", o.seed, "Seed of the initialisation, the batches, dropout and sampling")
+      ->transform(examples::decimal_integer<decltype(o.seed)>())
       ->capture_default_str();
   app.add_option("--threads", o.threads,
                  "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads); 0: the "
                  "machine's cores (OMP_NUM_THREADS when set), shared among the MPI ranks on this machine")
+      ->transform(examples::decimal_integer<decltype(o.threads)>())
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
   app.add_option("--checkpoint", o.checkpoint,
@@ -606,15 +616,19 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"unfused", "fused"}));
   app.add_option("--log-every", o.log_every, "Print a progress line every N steps (0 = never)")
+      ->transform(examples::decimal_integer<decltype(o.log_every)>())
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 30));
   app.add_option("--eval-every", o.eval_every, "Validation loss every N steps (0 = only at the end)")
+      ->transform(examples::decimal_integer<decltype(o.eval_every)>())
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 30));
   app.add_option("--eval-batches", o.eval_batches, "Batches of B windows in each validation")
+      ->transform(examples::decimal_integer<decltype(o.eval_batches)>())
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--sample-bytes", o.sample_bytes, "Bytes of text to generate at the end (0 = none)")
+      ->transform(examples::decimal_integer<decltype(o.sample_bytes)>())
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--temperature", o.temperature, "Sampling temperature (0 = greedy)")
@@ -635,10 +649,12 @@ int main(int argc, char** argv) {
                  "Training state file: resumed from if it exists, written every --save-every steps and at the end "
                  "(atomically)");
   app.add_option("--save-every", o.save_every, "Write --state every N steps (0 = only at the end)")
+      ->transform(examples::decimal_integer<decltype(o.save_every)>())
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 30));
   app.add_option("--stop-after", o.stop_after,
                  "Stop after N steps of this run, as if interrupted (continue with the same --state; 0 = never)")
+      ->transform(examples::decimal_integer<decltype(o.stop_after)>())
       ->check(CLI::Range(0, 1 << 30));
   app.add_flag("--distributed", o.distributed,
                "Data-parallel training over MPI ranks (mpirun -np N gpt --distributed): each rank trains on its "

@@ -17,7 +17,6 @@
 #include <limits>
 #include <memory>
 #include <new>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,10 +41,19 @@ struct Dataset {
 
 namespace detail {
 
+/// Deflate's largest expansion, output bytes per input byte (zlib's technical details,
+/// https://zlib.net/zlib_tech.html, "Maximum Compression Factor"); a plain file, which zlib reads as it is,
+/// holds its own size.
+constexpr std::uint64_t deflate_max_expansion = 1032;
+
 class GzFile {
  public:
+  /// Opens a regular file (O_NONBLOCK: opening a FIFO would otherwise wait for a writer before the check
+  /// below could refuse it; on a regular file it changes nothing). Throws data_error for a missing or
+  /// unreadable path and for anything but a regular file: a directory, a device or a pipe cannot be an
+  /// IDX file, some never end, and none has a size to check a header against.
   explicit GzFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw data_error(path, std::string("cannot open: ") + std::strerror(errno));
     struct stat status {};
     if (::fstat(fd, &status) != 0) {
@@ -53,11 +61,12 @@ class GzFile {
       ::close(fd);
       throw data_error(path, std::string("cannot open: ") + std::strerror(error));
     }
-    if (S_ISDIR(status.st_mode)) {
+    if (!S_ISREG(status.st_mode)) {
       ::close(fd);
-      throw data_error(path, "cannot read: Is a directory");
+      throw data_error(path, S_ISDIR(status.st_mode) ? "cannot read: Is a directory"
+                                                     : "cannot read: not a regular file (a device or a pipe?)");
     }
-    if (S_ISREG(status.st_mode)) file_bytes_ = static_cast<std::uint64_t>(status.st_size);
+    file_bytes_ = static_cast<std::uint64_t>(status.st_size);
     file_ = gzdopen(fd, "rb");  // owns fd from here: gzclose closes it
     if (!file_) {
       ::close(fd);
@@ -111,8 +120,19 @@ class GzFile {
     }
   }
 
-  /// The file's size on disk, or nullopt when it is not a regular file (a pipe, a device).
-  std::optional<std::uint64_t> file_bytes() const { return file_bytes_; }
+  /// The file's size on disk (bytes).
+  std::uint64_t file_bytes() const { return file_bytes_; }
+
+  /// The most bytes of data the file can hold: its own size if zlib reads it as it is (a plain file; known
+  /// after the first read), deflate's limit of 1032 output bytes per input byte if it is gzip-compressed.
+  std::uint64_t can_hold() const {
+    if (!compressed()) return file_bytes_;
+    return file_bytes_ <= std::numeric_limits<std::uint64_t>::max() / deflate_max_expansion
+               ? file_bytes_ * deflate_max_expansion
+               : std::numeric_limits<std::uint64_t>::max();
+  }
+  /// Whether zlib decompresses the file (gzip) rather than reading it as it is; known after the first read.
+  bool compressed() const { return gzdirect(file_) == 0; }
 
   /// Checks that nothing follows the data (this also makes zlib verify the gzip trailer's CRC-32).
   void expect_end(const std::string& what) {
@@ -135,13 +155,8 @@ class GzFile {
   }
   std::string path_;
   gzFile file_ = nullptr;
-  std::optional<std::uint64_t> file_bytes_;  // a regular file's size on disk
+  std::uint64_t file_bytes_ = 0;  // the file's size on disk
 };
-
-/// Deflate's largest expansion, output bytes per input byte (zlib's technical details,
-/// https://zlib.net/zlib_tech.html, "Maximum Compression Factor"); a plain file, which zlib reads as it is,
-/// holds its own size.
-constexpr std::uint64_t deflate_max_expansion = 1032;
 
 inline std::uint32_t big_endian(const unsigned char* p) {
   return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | std::uint32_t{p[3]};
@@ -161,8 +176,11 @@ constexpr std::uint32_t idx_max_count = 10'000'000;
 constexpr std::uint32_t idx_max_side = 1024;
 
 /// Reads an IDX image file (gzip or plain; zlib reads both); pixels are scaled from 0..255 to [0, 1].
-/// Returns [count, rows·cols]. Throws data_error for a missing file, wrong magic, implausible
-/// dimensions, truncated or corrupt data, or trailing bytes.
+/// Returns [count, rows·cols]. Throws data_error for a missing file or one that is not a regular file, wrong
+/// magic, implausible dimensions, dimensions that need more bytes than the file can hold (a plain file its own
+/// size, a gzip file 1032 times it), truncated or corrupt data, or trailing data. Bytes after the last gzip
+/// member that do not begin another member are ignored, as zlib's gzread (and `gzip -d`, with a warning)
+/// ignores them: what is read is the members' data, checked against their CRC-32s.
 inline remat::Matrix<float> read_idx_images(const std::string& path, int& rows, int& cols) {
   detail::GzFile file(path);
   unsigned char header[16];
@@ -179,12 +197,14 @@ inline remat::Matrix<float> read_idx_images(const std::string& path, int& rows, 
   const std::string what =
       std::to_string(count) + " images of " + std::to_string(r) + "x" + std::to_string(c) + " pixels";
   // A header that declares more than the file can hold is truncated data, found before allocating it.
-  if (const auto size = file.file_bytes();
-      size && *size <= std::numeric_limits<std::uint64_t>::max() / detail::deflate_max_expansion &&
-      total > *size * detail::deflate_max_expansion)
-    throw data_error(path, "truncated: " + what + " need " + std::to_string(total) + " bytes, more than a file of " +
-                               std::to_string(*size) + " bytes can hold (deflate expands at most " +
-                               std::to_string(detail::deflate_max_expansion) + "-fold)");
+  if (const std::uint64_t can_hold = file.can_hold(); total + sizeof header > can_hold)
+    throw data_error(
+        path,
+        "truncated: " + what + " need " + std::to_string(total) + " bytes after the " + std::to_string(sizeof header) +
+            "-byte header, more than a " + (file.compressed() ? "gzip" : "plain") + " file of " +
+            std::to_string(file.file_bytes()) + " bytes can hold" +
+            (file.compressed() ? " (deflate expands at most " + std::to_string(detail::deflate_max_expansion) + "-fold)"
+                               : std::string()));
   remat::Matrix<float> images;
   try {
     images.resize(static_cast<remat::Index>(count), static_cast<remat::Index>(pixels));

@@ -15,6 +15,7 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -322,6 +323,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   // flushed, every epoch runs as fast as the first (remat/flush_denormal.hpp, bench/RESULTS.md §11).
   remat::set_flush_denormal(o.flush_denormal);
   if (o.estimate) return estimate_step(o);
+  if (!o.save.empty() && ranks.rank == 0) examples::check_state_destination(o.save);  // before an epoch is spent
   mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
   mlp::Dataset test = mlp::read_idx_dataset(o.data, "t10k", classes);
   if (test.image_rows != train.image_rows || test.image_cols != train.image_cols)
@@ -454,6 +456,11 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
       loss_sum = sums[0];
       correct = static_cast<long>(sums[1]);
     }
+    // Every rank sees the same sums, so every rank stops here together (a NaN spreads to every rank's
+    // parameters through the all-reduced gradients, but may show in one rank's shard first).
+    if (!std::isfinite(loss_sum))
+      throw std::runtime_error("training diverged in epoch " + std::to_string(epoch) + ": the mean loss is " +
+                               number(loss_sum / static_cast<double>(n)) + " (try a smaller --lr)");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double cpu = cpu_seconds() - cpu_start;
     run_cpu_seconds += cpu;
@@ -539,15 +546,23 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "Directory with the Fashion-MNIST IDX files (*-idx3-ubyte.gz, *-idx1-ubyte.gz)")
       ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Total number of epochs (a resumed run continues up to this count)")
+      ->transform(examples::decimal_integer<decltype(o.epochs)>())
       ->capture_default_str()
       ->check(CLI::Range(epochs_limits.min, epochs_limits.max));
   app.add_option("--batch", o.batch, "Mini-batch size")
+      ->transform(examples::decimal_integer<decltype(o.batch)>())
       ->capture_default_str()
       ->check(CLI::Range(batch_limits.min, batch_limits.max));
-  app.add_option("--hidden", o.hidden, "Hidden layer widths, comma-separated (e.g. 1024,1024,1024)")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+  // One string, split here: CLI11's delimiter drops empty fields, which would read "8,,8" as two layers.
+  std::string default_hidden;
+  for (std::size_t i = 0; i < o.hidden.size(); ++i) default_hidden += (i ? "," : "") + std::to_string(o.hidden[i]);
+  app.add_option_function<std::string>(
+         "--hidden",
+         [&o](const std::string& text) {
+           o.hidden = examples::parse_decimal_list("--hidden", text, examples::Limits<int>{1, 1 << 16});
+         },
+         "Hidden layer widths, comma-separated (e.g. 1024,1024,1024)")
+      ->default_str(default_hidden);
   app.add_option("--activation", o.activation, "Hidden activation")
       ->capture_default_str()
       ->check(CLI::IsMember({"relu", "tanh", "gelu"}));
@@ -562,9 +577,11 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads,
                  "Threads of remat's kernels and of OpenBLAS's matrix products (remat::set_num_threads); 0: the "
                  "machine's cores (OMP_NUM_THREADS when set), shared among the MPI ranks on this machine")
+      ->transform(examples::decimal_integer<decltype(o.threads)>())
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
   app.add_option("--limit", o.limit, "Train on the first N training images only (0 = all 60000)")
+      ->transform(examples::decimal_integer<decltype(o.limit)>())
       ->capture_default_str()
       ->check(CLI::Range(0L, 100000000L));
   app.add_option("--checkpoint", o.checkpoint,
@@ -579,8 +596,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cosine", "constant"}));
   app.add_option("--stop-after", o.stop_after,
                  "Stop after this many epochs in this run, as if interrupted (continue with --resume; 0 = never)")
+      ->transform(examples::decimal_integer<decltype(o.stop_after)>())
       ->check(CLI::Range(0, 100000));
-  app.add_option("--seed", o.seed, "Seed of the initialisation, shuffling and dropout")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the initialisation, shuffling and dropout")
+      ->capture_default_str()
+      ->transform(examples::decimal_integer<decltype(o.seed)>());
   app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
   app.add_option("--save", o.save, "Write parameters and optimizer state to this file after each epoch (atomically)");
   app.add_option("--resume", o.resume, "Continue training from a file written by --save");
@@ -601,6 +621,7 @@ int main(int argc, char** argv) {
                "moments of the weights of almost always black pixels decay into subnormals and later epochs run slower")
       ->capture_default_str();
   app.add_option("--eval-batch", o.eval_batch, "Batch size of the test-set evaluation")
+      ->transform(examples::decimal_integer<decltype(o.eval_batch)>())
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   try {

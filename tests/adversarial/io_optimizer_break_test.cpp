@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -346,8 +348,11 @@ TEST(IoOptimizerBreak, IdxMalformedFilesThrowDataErrorNamingFileAndProblem) {
 
   // Truncated pixel data (plain and gzip), trailing bytes, a gzip stream cut short.
   const Bytes good = idx_images(2, 3, 3, pattern_bytes(18, 4));
-  write_file(bad, Bytes(good.begin(), good.end() - 1));
-  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(bad, r, c); }, {bad, "truncated", "17"});
+  write_file(bad, Bytes(good.begin(), good.end() - 1));  // refused from the header: a plain file of 33 bytes
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(bad, r, c); },
+                                       {bad, "truncated", "18 bytes", "plain file of 33 bytes"});
+  write_gz(bad, Bytes(good.begin(), good.end() - 1));  // a gzip file could hold them: read, and 17 are there
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(bad, r, c); }, {bad, "truncated", "only 17"});
   Bytes longer = good;
   longer.push_back(0);
   write_gz(bad, longer);
@@ -370,10 +375,11 @@ TEST(IoOptimizerBreak, IdxMalformedFilesThrowDataErrorNamingFileAndProblem) {
 }
 
 // read_idx_images allocates the declared images before reading them, after checking that the file can hold
-// them: deflate expands at most 1032-fold (zlib's technical details), a plain file holds its own size. The
-// check must refuse a declaration just above the bound and let one just below it be read (and found short),
-// and must not refuse a real file compressed near deflate's limit.
-TEST(IoOptimizerBreak, IdxDeclaredSizeIsCheckedAgainstWhatTheFileCanHoldAtDeflatesLimit) {
+// them: a plain file holds its own size, a gzip file at most 1032 times it (deflate's limit, zlib's technical
+// details). The check must refuse a declaration just above each bound and let one at it be read (and found
+// short), and must not refuse a real file compressed near deflate's limit. (Until the plain bound, a plain
+// 8 MiB file declaring 8256 images of 1024x1024, 1032 times its size, was allocated as 34.6 GB of floats.)
+TEST(IoOptimizerBreak, IdxDeclaredSizeIsCheckedAgainstWhatTheFileCanHoldPlainOrGzip) {
   TempDir dir;
   int r = 0, c = 0;
   const std::string zeros = dir / "zeros.gz";
@@ -390,14 +396,93 @@ TEST(IoOptimizerBreak, IdxDeclaredSizeIsCheckedAgainstWhatTheFileCanHoldAtDeflat
   ASSERT_EQ(images.cols(), 1024 * 1024);
   EXPECT_EQ(images.cwiseAbs().maxCoeff(), 0.0f);
 
-  // A plain file of 32 bytes (header and 16 pixels) holds at most 32 · 1032 = 33,024 bytes.
+  // A plain file of 32 bytes (header and 16 pixels) holds 16 pixels.
   const std::string plain = dir / "plain.idx";
-  write_file(plain, idx_images(1, 182, 182, Bytes(16, 0)));  // declares 33,124: refused before allocating
+  write_file(plain, idx_images(1, 1, 17, Bytes(16, 0)));  // declares 17: refused before allocating
   expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(plain, r, c); },
-                                       {plain, "truncated", "33124 bytes", "a file of 32 bytes can hold"});
-  write_file(plain, idx_images(1, 181, 181, Bytes(16, 0)));  // declares 32,761: read, and 16 are there
-  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(plain, r, c); },
-                                       {plain, "truncated", "32761 bytes but only 16 are there"});
+                                       {plain, "truncated", "17 bytes", "a plain file of 32 bytes can hold"});
+  write_file(plain, idx_images(1, 4, 4, Bytes(15, 0)));  // declares 16 in a file of 31: refused
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(plain, r, c); }, {plain, "plain file of 31 bytes"});
+  write_file(plain, idx_images(1, 4, 4, Bytes(16, 7)));  // exactly what it holds: read
+  EXPECT_EQ(mlp::read_idx_images(plain, r, c).rows(), 1);
+  // The 1032-fold bound of a plain file's size, which the gzip bound would allow, is refused for a plain file.
+  write_file(plain, idx_images(1, 181, 181, Bytes(16, 0)));  // 32,761 ≤ 32 · 1032 but a plain file holds 16
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(plain, r, c); }, {plain, "32761 bytes", "can hold"});
+
+  // A gzip file of S bytes holds at most 1032·S: the first row count of 1024 pixels past that bound (S depends
+  // on the header's digits, so each count is compressed and measured) is refused with the bound, the count
+  // before it is read and found short.
+  const std::string gz = dir / "small.gz";
+  auto past_bound = [&](std::uint32_t rows) {
+    write_gz(gz, idx_images(1, rows, 1024, Bytes(16, 0)));
+    return std::uint64_t{rows} * 1024 + 16 > 1032 * std::filesystem::file_size(gz);
+  };
+  std::uint32_t above = 1;
+  while (above <= 1024 && !past_bound(above)) ++above;
+  ASSERT_GT(above, 1u);
+  ASSERT_LE(above, 1024u);
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(gz, r, c); },
+                                       {gz, "truncated", "more than a gzip file of", "1032-fold"});
+  ASSERT_FALSE(past_bound(above - 1));
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(gz, r, c); },
+                                       {gz, "truncated", "but only 16 are there"});
+}
+
+// DEFECT: the reader opened the path O_RDONLY and accepted every kind of file: a FIFO made open() wait for a
+// writer forever (`mlp --data DIR` hung with DIR/train-images-idx3-ubyte.gz a FIFO), and with a writer nothing
+// bounded what its header declared. Now anything but a regular file is refused at once, naming it.
+TEST(IoOptimizerDefects, IdxFifoOrDeviceIsRefusedWithoutWaitingForAWriter) {
+  TempDir dir;
+  const std::string fifo = dir / "train-images-idx3-ubyte.gz";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  GTEST_FLAG_SET(death_test_style, "fast");  // the child opens the FIFO made above; the parent removes it
+  EXPECT_EXIT(run_in_child(
+                  [&] {
+                    for (const std::string& path : {fifo, std::string("/dev/zero")}) {
+                      int r = 0, c = 0;
+                      try {
+                        mlp::read_idx_images(path, r, c);
+                        std::_Exit(2);
+                      } catch (const mlp::data_error& e) {
+                        if (!contains(e.what(), path) || !contains(e.what(), "not a regular file")) std::_Exit(3);
+                      }
+                      try {
+                        mlp::read_idx_labels(path, 10);
+                        std::_Exit(4);
+                      } catch (const mlp::data_error& e) {
+                        if (!contains(e.what(), path) || !contains(e.what(), "not a regular file")) std::_Exit(5);
+                      }
+                    }
+                  },
+                  10),
+              ::testing::ExitedWithCode(0), "");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+}
+
+// zlib's gzread ignores bytes after a gzip member that do not begin another one (gzip -d warns about them);
+// the reader documents it: what it returns is the member's data, checked by its CRC-32. A second member
+// with data is still trailing data, refused.
+TEST(IoOptimizerBreak, IdxGzipMemberFollowedByNonGzipBytesReadsTheMembersDataOnly) {
+  TempDir dir;
+  const std::string path = dir / "i.gz";
+  const Bytes pixels = pattern_bytes(3 * 784, 1);
+  write_gz(path, idx_images(3, 28, 28, pixels));
+  Bytes b = read_file(path);
+  const Bytes member = b;
+  b.insert(b.end(), 1000, 0);
+  write_file(path, b);
+  int r = 0, c = 0;
+  const MF images = mlp::read_idx_images(path, r, c);
+  ASSERT_EQ(images.rows(), 3);
+  for (std::size_t i = 0; i < pixels.size(); ++i)
+    ASSERT_EQ(images.data()[i], static_cast<float>(pixels[i]) / 255.0f) << i;
+  Bytes two = member;
+  const std::string extra = dir / "extra.gz";
+  write_gz(extra, Bytes(5, 1));
+  const Bytes second = read_file(extra);
+  two.insert(two.end(), second.begin(), second.end());
+  write_file(path, two);
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(path, r, c); }, {path, "length mismatch"});
 }
 
 TEST(IoOptimizerBreak, IdxDatasetWithImagesAndLabelsOfDifferentCountsIsRefused) {
@@ -1207,6 +1292,137 @@ TEST(IoOptimizerDefects, GptStateFileWithZeroHeadsIsAStateErrorNotADivisionByZer
   r = run_binary(dir, gpt_binary, "--estimate --state " + state);
   EXPECT_EQ(r.code, 2) << describe(r);
   EXPECT_TRUE(contains(r.err, state) && contains(r.err, "heads")) << describe(r);
+}
+
+// DEFECT: read_corpus read each file through an std::istreambuf_iterator, and libstdc++'s filebuf throws
+// std::ios_base::failure on a read error ("basic_filebuf::underflow error reading the file: Invalid argument"),
+// which escaped naming no file; an allocation failure escaped as std::bad_alloc. A directory whose regular
+// files fail to read (sysfs: a loopback device's speed is EINVAL) must give data_error naming the file.
+TEST(IoOptimizerDefects, CorpusFileWithAReadErrorIsADataErrorNamingTheFile) {
+  const std::string dir = "/sys/devices/virtual/net/lo";
+  {
+    const int fd = ::open((dir + "/speed").c_str(), O_RDONLY);
+    char b;
+    const bool fails = fd >= 0 && ::read(fd, &b, 1) < 0;
+    if (fd >= 0) ::close(fd);
+    if (!fails) GTEST_SKIP() << dir << "/speed is absent or readable on this machine";
+  }
+  expect_error_naming<gpt::data_error>([&] { gpt::read_corpus(dir); }, {dir + "/"});
+}
+
+#if !defined(__SANITIZE_ADDRESS__)  // RLIMIT_AS and ASan's shadow memory do not mix
+// A corpus larger than memory (here a sparse 4 GiB file under a 1 GiB address-space limit): data_error naming
+// the directory and its largest file, not std::bad_alloc after reading it byte by byte.
+TEST(IoOptimizerDefects, CorpusLargerThanMemoryIsADataErrorNamingItsLargestFile) {
+  TempDir dir;
+  const std::string big = dir / "big";
+  write_file(big, {'x'});
+  ASSERT_EQ(truncate(big.c_str(), off_t{4} << 30), 0);  // sparse: no disk used
+  write_file(dir / "small", {'y', 'z'});
+  GTEST_FLAG_SET(death_test_style, "fast");
+  EXPECT_EXIT(run_in_child(
+                  [&] {
+                    const rlimit limit{rlim_t{1} << 30, rlim_t{1} << 30};
+                    if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(6);
+                    try {
+                      gpt::read_corpus(dir.path());
+                      std::_Exit(2);
+                    } catch (const gpt::data_error& e) {
+                      if (!contains(e.what(), big) || !contains(e.what(), "out of memory")) std::_Exit(3);
+                    } catch (const std::bad_alloc&) {
+                      std::_Exit(4);
+                    }
+                  },
+                  60),
+              ::testing::ExitedWithCode(0), "");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+}
+#endif
+
+// DEFECT: the MLP example never checked that training stayed finite (the GPT example does): with --lr 1e308 it
+// exited 0 and its --json printed "loss":-nan, which is not JSON. Now a learning rate that diverges (1e20)
+// stops it after the epoch, as the GPT example does, naming --lr; 1e308 is refused by nn::Adam<float> before
+// training; and a sane run's JSON has no NaN.
+TEST(IoOptimizerDefects, MlpDivergedTrainingIsAnErrorNamingTheLearningRate) {
+  const std::string mlp_binary = example_binary("mlp");
+  if (mlp_binary.empty()) GTEST_SKIP() << "examples/mlp/mlp not built (cmake --build <build> --target mlp)";
+  TempDir dir;
+  const std::string data = dir / "data";
+  write_mlp_dataset(data);
+  const std::string flags = "--data " + data + " --hidden 8 --batch 4 --epochs 2 --threads 1 --json --lr ";
+  RunResult r = run_binary(dir, mlp_binary, flags + "1e20");
+  EXPECT_EQ(r.code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "diverged in epoch 1") && contains(r.err, "--lr")) << describe(r);
+  r = run_binary(dir, mlp_binary, flags + "1e308");  // Adam's first step would be inf in float: refused
+  EXPECT_EQ(r.code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "nn::Adam: learning_rate 1e+308") && contains(r.err, "float")) << describe(r);
+  r = run_binary(dir, mlp_binary, flags + "1e-3");
+  EXPECT_EQ(r.code, 0) << describe(r);
+  EXPECT_FALSE(contains(r.out, "nan")) << describe(r);
+}
+
+// DEFECT: CLI11 2.1.2 converts integers with base 0 and narrows unsigned ones silently: `--epochs 0x10` trained 16
+// epochs, `--batch 010` was 8 (octal), `--seed -1` and `--seed 18446744073709551616` became 2^64 − 1, and
+// `--hidden 8,,8` was read as two layers. Integer flags now take decimal digits only ("010" is 10), in range.
+TEST(IoOptimizerDefects, ExamplesReadIntegerFlagsAsDecimalAndRefuseTheRest) {
+  const std::string mlp_binary = example_binary("mlp"), gpt_binary = example_binary("gpt");
+  if (mlp_binary.empty() || gpt_binary.empty())
+    GTEST_SKIP() << "examples not built (cmake --build <build> --target mlp gpt)";
+  TempDir dir;
+  for (const std::string bad :
+       {"--seed -1", "--seed 18446744073709551616", "--seed -18446744073709551615", "--seed 1e3", "--epochs 0x10",
+        "--eval-batch 0x8", "--batch +4", "--hidden 8,,8", "--hidden 8,", "--hidden ,8", "--hidden 0x8"}) {
+    const RunResult r = run_binary(dir, mlp_binary, "--estimate " + bad);
+    EXPECT_EQ(r.code, 2) << "mlp " << bad << "\n" << describe(r);
+    EXPECT_TRUE(contains(r.err, bad.substr(0, bad.find(' ')))) << "mlp " << bad << "\n" << describe(r);
+  }
+  RunResult r = run_binary(dir, mlp_binary, "--estimate --json --batch 010 --hidden 016,8");
+  ASSERT_EQ(r.code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.out, "\"batch\":10")) << describe(r);
+  EXPECT_TRUE(contains(r.out, "784→16→8→10")) << describe(r);
+  const std::string gpt_flags = "--estimate --layers 1 --width 8 --seq-len 8 --warmup 0 ";
+  for (const std::string bad : {"--seed -1", "--seed 18446744073709551616", "--steps 0x10", "--heads 02x"}) {
+    const RunResult g =
+        run_binary(dir, gpt_binary, gpt_flags + (bad.rfind("--heads", 0) == 0 ? "" : "--heads 2 ") + bad);
+    EXPECT_EQ(g.code, 2) << "gpt " << bad << "\n" << describe(g);
+    EXPECT_TRUE(contains(g.err, bad.substr(0, bad.find(' ')))) << "gpt " << bad << "\n" << describe(g);
+  }
+  r = run_binary(dir, gpt_binary, gpt_flags + "--heads 02");
+  EXPECT_EQ(r.code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.out, "heads=2")) << describe(r);
+}
+
+// DEFECT (late failure): `mlp --save /missing/dir/state` trained a whole epoch and only then failed ("cannot
+// create a temporary file next to it"); `gpt --state` the same after --save-every steps. Both now fail before
+// training, naming the path.
+TEST(IoOptimizerDefects, SaveIntoAMissingDirectoryFailsBeforeTraining) {
+  const std::string mlp_binary = example_binary("mlp"), gpt_binary = example_binary("gpt");
+  if (mlp_binary.empty() || gpt_binary.empty())
+    GTEST_SKIP() << "examples not built (cmake --build <build> --target mlp gpt)";
+  TempDir dir;
+  const std::string data = dir / "data";
+  write_mlp_dataset(data);
+  const std::string save = dir / "absent/state";
+  RunResult r =
+      run_binary(dir, mlp_binary, "--data " + data + " --hidden 8 --batch 4 --epochs 1 --threads 1 --save " + save);
+  EXPECT_EQ(r.code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, save) && contains(r.err, "cannot be written")) << describe(r);
+  EXPECT_FALSE(contains(r.out, "epoch  1/1")) << "an epoch was trained first\n" << describe(r);
+  r = run_binary(dir, mlp_binary, "--data " + data + " --hidden 8 --batch 4 --epochs 1 --threads 1 --save " + data);
+  EXPECT_EQ(r.code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "it is a directory")) << describe(r);
+  const std::string corpus = dir / "corpus";
+  fs::create_directories(corpus);
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "a fortune, " + std::to_string(i) + "\n%\n";
+  write_file(corpus + "/text", Bytes(text.begin(), text.end()));
+  r = run_binary(dir, gpt_binary,
+                 "--data " + corpus +
+                     " --layers 1 --width 8 --heads 2 --seq-len 8 --batch 2 --steps 3 --warmup 1 "
+                     "--threads 1 --state " +
+                     save);
+  EXPECT_EQ(r.code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, save) && contains(r.err, "cannot be written")) << describe(r);
 }
 
 }  // namespace io_optimizer_break_test
