@@ -73,6 +73,11 @@ struct ParameterStorage {
 
 struct ParameterAccess;
 
+/// Frees an Eigen::internal::aligned_malloc'ed buffer (a gradient being copied, before it is committed).
+struct AlignedFree {
+  void operator()(void* p) const noexcept { Eigen::internal::aligned_free(p); }
+};
+
 }  // namespace detail
 
 /// A trainable weight matrix owned by the user (or a layer) across training steps, with its gradient.
@@ -114,24 +119,38 @@ class Parameter {
 
   /// Replaces the value (and gradient): a modification, so the version moves past both operands' versions
   /// and a tape that recorded this parameter becomes stale. Tapes and optimizers keep referencing this
-  /// object's storage.
+  /// object's storage. Assigning a handle of the same storage (itself, or the Parameter a gradient-ready
+  /// callback receives) changes nothing. Throws shape_error if `other`'s gradient no longer fits its value
+  /// (resized after the gradient was written), std::bad_alloc; this parameter is unchanged then.
   Parameter& operator=(const Parameter& other) {
-    if (this == &other) return *this;
+    if (other.storage_ && other.storage_ == storage_) return *this;
     auto& s = storage();
+    const detail::ParameterStorage<T>* o = other.storage_.get();
+    if (o) o->check_grad_size("Parameter: copy");
+    // Copies made first, so that a std::bad_alloc leaves this parameter as it was.
+    Matrix<T> value = other.value();
+    const bool copy_grad = o && o->grad_defined;
+    std::unique_ptr<T, detail::AlignedFree> grad;  // a new buffer, unless this one's has the size already
+    if (copy_grad && !(s.grad && s.grad_size == o->grad_size))
+      grad.reset(static_cast<T*>(Eigen::internal::aligned_malloc(static_cast<std::size_t>(o->grad_size) * sizeof(T))));
+    // Nothing below throws.
     const std::uint64_t next = std::max(s.version, other.version()) + 1;
-    s.value = other.value();
-    if (other.storage_)
-      s.copy_grad_from(*other.storage_);
-    else
-      s.grad_defined = false;
+    s.value.swap(value);
+    if (grad) {
+      Eigen::internal::aligned_free(s.grad);
+      s.grad = grad.release();
+      s.grad_size = o->grad_size;
+    }
+    if (copy_grad) std::copy(o->grad, o->grad + o->grad_size, s.grad);
+    s.grad_defined = copy_grad;
     s.version = next;
     ++s.assignments;
     return *this;
   }
   /// As copy assignment; `other`'s value moves out, which also makes `other` stale for tapes that
-  /// recorded it.
+  /// recorded it. Moving a handle of the same storage changes nothing.
   Parameter& operator=(Parameter&& other) {
-    if (this == &other) return *this;
+    if (this == &other || (other.storage_ && other.storage_ == storage_)) return *this;
     if (!other.storage_) return *this = Parameter();
     auto& s = storage();
     auto& o = *other.storage_;

@@ -4,6 +4,7 @@
 // parameters' storage. The sanitizer build runs every case: none may read freed memory.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <type_traits>
@@ -246,6 +247,56 @@ TEST(Adam, OutlivesItsParameters) {
   adam.step();  // updates the storage it shares; no parameter object is touched
   adam.zero_grad();
   EXPECT_EQ(adam.value(0).rows(), 3);
+}
+
+// A copy assignment from a Parameter whose gradient no longer fits its value threw shape_error after it had
+// replaced the value, without moving the version: a tape that recorded the target then computed a gradient
+// from the new value without a word. Now the target is unchanged (value, version, gradient).
+TEST(Parameter, CopyAssignmentThatThrowsLeavesTheTargetUnchanged) {
+  Parameter<double> a(Matrix<double>::Constant(2, 2, 1.0)), x(Matrix<double>::Constant(2, 2, 3.0));
+  a.mutable_grad().setConstant(5.0);
+  Tape<double> tape;
+  Var<double> loss = remat::sum(tape.variable(x) * tape.variable(a));  // d loss / d x = a, read at backward
+  Parameter<double> b(Matrix<double>::Constant(3, 3, 7.0));
+  b.mutable_grad().setOnes();
+  b.mutable_value() = Matrix<double>::Constant(2, 2, 100.0);  // a gradient of 9 elements for a value of 4
+  const std::uint64_t version = a.version();
+  EXPECT_THROW(a = b, remat::shape_error);
+  EXPECT_EQ(a.value(), Matrix<double>(Matrix<double>::Constant(2, 2, 1.0)));
+  EXPECT_EQ(a.version(), version);
+  EXPECT_EQ(a.grad(), Matrix<double>(Matrix<double>::Constant(2, 2, 5.0)));
+  tape.backward(loss);
+  EXPECT_EQ(x.grad(), Matrix<double>(Matrix<double>::Constant(2, 2, 1.0)));
+  // The assignment that succeeds copies value and gradient and makes the tape's record stale.
+  Parameter<double> c(Matrix<double>::Constant(2, 2, 4.0));
+  c.mutable_grad().setConstant(2.0);
+  Tape<double> second;
+  Var<double> again = remat::sum(second.variable(x) * second.variable(a));
+  a = c;
+  EXPECT_EQ(a.value(), c.value());
+  EXPECT_EQ(a.grad(), c.grad());
+  EXPECT_THROW(second.backward(again), remat::stale_value_error);
+}
+
+// Assigning between two handles of one storage (a gradient-ready callback's Parameter is one) cleared the
+// gradient (copy) or emptied the value (move). Both are no-ops, as assigning an object to itself is.
+TEST(Parameter, AssignmentFromAHandleOfTheSameStorageChangesNothing) {
+  for (const bool move : {false, true}) {
+    Parameter<double> w(Matrix<double>::Constant(1, 2, 2.0));
+    Tape<double> tape;
+    tape.on_gradient_ready([&](Parameter<double>& handle) {
+      if (move)
+        w = std::move(handle);
+      else
+        w = handle;
+    });
+    tape.backward(remat::sum(tape.variable(w) * tape.constant(Matrix<double>::Constant(1, 2, 3.0))));
+    ASSERT_EQ(w.rows(), 1) << "move " << move;
+    ASSERT_EQ(w.cols(), 2) << "move " << move;
+    ASSERT_TRUE(w.has_grad()) << "move " << move;
+    EXPECT_EQ(w.value(), Matrix<double>(Matrix<double>::Constant(1, 2, 2.0))) << "move " << move;
+    EXPECT_EQ(w.grad(), Matrix<double>(Matrix<double>::Constant(1, 2, 3.0))) << "move " << move;
+  }
 }
 
 }  // namespace parameter_test
