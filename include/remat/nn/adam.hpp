@@ -41,13 +41,14 @@ class AdamBase : public Optimizer<T, Derived> {
   ///   θ ← θ·(1 − α·λ)   (skipped when the factor is 1: the product would be θ exactly)
   ///   m ← β₁·m + (1−β₁)·g,   v ← β₂·v + (1−β₂)·g²,
   ///   θ ← θ − (α/(1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε).
-  /// α/(1−β₁ᵗ), √(1−β₂ᵗ) and 1 − α·λ are computed in double and rounded to T; β₁, β₂ and ε are rounded to T
-  /// and 1 − β₁, 1 − β₂ computed in T (as nn::Adam always did; torch rounds the double 1 − β to T instead,
-  /// which can differ by an ulp in float, not in double).
+  /// α/(1−β₁ᵗ), √(1−β₂ᵗ), 1 − α·λ, 1 − β₁ and 1 − β₂ are computed in double and rounded to T, and β₁, β₂ and ε
+  /// are rounded to T, as torch does. (1 − β computed in float would be 111 ulps off for β₂ = 0.999: the
+  /// float nearest 0.999 is 0.99900001287.)
   void adam_update(std::size_t k, const T* g, double learning_rate, double beta1_, double beta2_, double epsilon_,
                    double weight_decay) {
     const double t = static_cast<double>(this->step_count());
     const T beta1 = static_cast<T>(beta1_), beta2 = static_cast<T>(beta2_);
+    const T one_minus_beta1 = static_cast<T>(1 - beta1_), one_minus_beta2 = static_cast<T>(1 - beta2_);
     const T step_size = static_cast<T>(learning_rate / (1 - std::pow(beta1_, t)));
     const T correction2 = static_cast<T>(std::sqrt(1 - std::pow(beta2_, t)));
     const T epsilon = static_cast<T>(epsilon_);
@@ -65,8 +66,8 @@ class AdamBase : public Optimizer<T, Derived> {
       const Eigen::Map<const Array> gi(g + i, n);
       Eigen::Map<Array> mi(m + i, n), vi(v + i, n), thetai(theta + i, n);
       if (decay != T(1)) thetai *= decay;
-      mi = beta1 * mi + (1 - beta1) * gi;
-      vi = beta2 * vi + (1 - beta2) * gi.square();
+      mi = beta1 * mi + one_minus_beta1 * gi;
+      vi = beta2 * vi + one_minus_beta2 * gi.square();
       thetai -= step_size * mi / (vi.sqrt() / correction2 + epsilon);
     }
   }
@@ -117,7 +118,9 @@ class Adam : public detail::AdamBase<T, Adam<T>> {
 
   /// Zero moments, t = 0. Throws domain_error unless 0 < α < ∞, 0 ≤ β₁, β₂ < 1 and 0 < ε < ∞ (finite, as
   /// nn::AdamW and nn::SGD require: an infinite α turns a zero gradient's update into NaN; unlike them, α = 0
-  /// is refused), for a null pointer and for a parameter given twice (it would be updated twice a step).
+  /// is refused), also once rounded to T, where the update computes (β₁, β₂ below 1, ε above 0, the first
+  /// step's size α/(1 − β₁) finite: detail::check_adam_settings_in), for a null pointer and for a parameter
+  /// given twice (it would be updated twice a step).
   explicit Adam(const std::vector<Parameter<T>*>& parameters, Options options = {}) : options_(options) {
     const auto& o = options;
     if (!(o.learning_rate > 0 && std::isfinite(o.learning_rate)) || !(o.beta1 >= 0 && o.beta1 < 1) ||
@@ -126,6 +129,7 @@ class Adam : public detail::AdamBase<T, Adam<T>> {
           "nn::Adam: need 0 < learning_rate < inf, 0 <= beta1, beta2 < 1 and 0 < epsilon < inf; got learning_rate " +
           detail::number_text(o.learning_rate) + ", beta1 " + detail::number_text(o.beta1) + ", beta2 " +
           detail::number_text(o.beta2) + ", epsilon " + detail::number_text(o.epsilon));
+    detail::check_adam_settings_in<T>(name, o.learning_rate, o.beta1, o.beta2, o.epsilon);
     for (Parameter<T>* p : parameters) this->add(p);
     this->reject_duplicates();
   }
@@ -135,10 +139,11 @@ class Adam : public detail::AdamBase<T, Adam<T>> {
 
   const Options& options() const { return options_; }
   /// Sets α for the following steps (a learning-rate schedule). Throws domain_error, changing nothing,
-  /// unless 0 < α < ∞.
+  /// unless 0 < α < ∞ and the first step's size α/(1 − β₁) is finite in T.
   void set_learning_rate(double learning_rate) {
     if (!(learning_rate > 0 && std::isfinite(learning_rate)))
       throw domain_error("nn::Adam: learning_rate must be > 0 and finite, got " + detail::number_text(learning_rate));
+    detail::check_adam_step_size_in<T>(name, learning_rate, options_.beta1);
     options_.learning_rate = learning_rate;
   }
 

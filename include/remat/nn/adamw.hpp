@@ -48,8 +48,8 @@ class AdamW : public detail::AdamBase<T, AdamW<T>> {
   };
 
   /// Every parameter decays by options.weight_decay. Zero moments, t = 0. Throws domain_error unless
-  /// 0 ≤ α < ∞, 0 ≤ β₁, β₂ < 1, 0 < ε < ∞ and 0 ≤ λ < ∞, for a null pointer, and for a parameter given
-  /// twice.
+  /// 0 ≤ α < ∞, 0 ≤ β₁, β₂ < 1, 0 < ε < ∞ and 0 ≤ λ < ∞, also once rounded to T (as nn::Adam's, and the
+  /// decay factor 1 − α·λ finite), for a null pointer, and for a parameter given twice.
   explicit AdamW(const std::vector<Parameter<T>*>& parameters, Options options = {})
       : AdamW(std::vector<ParameterGroup<T>>{ParameterGroup<T>{parameters}}, options) {}
 
@@ -72,11 +72,13 @@ class AdamW : public detail::AdamBase<T, AdamW<T>> {
           detail::number_text(o.learning_rate) + ", beta1 " + detail::number_text(o.beta1) + ", beta2 " +
           detail::number_text(o.beta2) + ", epsilon " + detail::number_text(o.epsilon) + ", weight_decay " +
           detail::number_text(o.weight_decay));
+    detail::check_adam_settings_in<T>(name, o.learning_rate, o.beta1, o.beta2, o.epsilon);
     for (std::size_t i = 0; i < groups.size(); ++i) {
       const double decay = groups[i].weight_decay.value_or(o.weight_decay);
       if (!(decay >= 0 && std::isfinite(decay)))
         throw domain_error("nn::AdamW: group " + std::to_string(i) + " has weight_decay " + detail::number_text(decay) +
                            "; it must be >= 0 and finite");
+      check_decay_factor(o.learning_rate, decay);
       for (Parameter<T>* p : groups[i].parameters) {
         this->add(p);
         weight_decay_.push_back(decay);
@@ -92,16 +94,30 @@ class AdamW : public detail::AdamBase<T, AdamW<T>> {
   /// λ of parameter k. Throws std::out_of_range unless k < size().
   double weight_decay(std::size_t k) const { return weight_decay_.at(k); }
   /// Sets α for the following steps (a learning-rate schedule; the decay θ·(1 − α·λ) follows it too).
-  /// Throws domain_error, changing nothing, unless 0 ≤ α < ∞.
+  /// Throws domain_error, changing nothing, unless 0 ≤ α < ∞, and α/(1 − β₁) and every 1 − α·λ are finite in T.
   void set_learning_rate(double learning_rate) {
     if (!(learning_rate >= 0 && std::isfinite(learning_rate)))
       throw domain_error("nn::AdamW: learning_rate must be >= 0 and finite, got " + detail::number_text(learning_rate));
+    detail::check_adam_step_size_in<T>(name, learning_rate, options_.beta1);
+    for (const double decay : weight_decay_) check_decay_factor(learning_rate, decay);
     options_.learning_rate = learning_rate;
   }
 
  private:
   friend class detail::Optimizer<T, AdamW<T>>;
   static constexpr const char* name = "nn::AdamW";
+  /// Throws domain_error unless the decay factor 1 − α·λ, computed in double, is finite in T.
+  static void check_decay_factor(double learning_rate, double decay) {
+    const double factor = 1 - learning_rate * decay;
+    if (!(std::abs(factor) <= detail::largest_finite<T>))
+      detail::throw_setting_in_type(name,
+                                    "learning_rate " + detail::number_text(learning_rate) + " and weight_decay " +
+                                        detail::number_text(decay) +
+                                        " make the decay factor 1 - learning_rate * "
+                                        "weight_decay = " +
+                                        detail::number_text(factor) + " infinite",
+                                    detail::type_name<T>());
+  }
   void update(std::size_t k, const T* g) {
     this->adam_update(k, g, options_.learning_rate, options_.beta1, options_.beta2, options_.epsilon, weight_decay_[k]);
   }

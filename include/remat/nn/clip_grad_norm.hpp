@@ -16,7 +16,9 @@ namespace remat::nn {
 /// The global L2 norm of the parameters' gradients, N = √(Σ_k Σ_i g_ki²) over every parameter that has a
 /// gradient (Parameter::has_grad(); the others are skipped, neither counted nor changed), as if the
 /// gradients were one vector. If the factor c = max_norm / (N + 1e-6) is below 1, multiplies every one of
-/// those gradients by c (rounded to T), which leaves their norm just under max_norm. Returns N, the norm
+/// those gradients by c (rounded to T), which leaves their norm at max_norm·N/(N + 1e-6), up to the rounding
+/// of c and of each product to T (in float it can end a few parts in 10⁸ above max_norm, as torch's does).
+/// Returns N, the norm
 /// before clipping (0 if no parameter has a gradient). As torch.nn.utils.clip_grad_norm_ (torch 1.13,
 /// norm_type 2), except that torch computes N in T as the norm of the per-parameter norms: here the
 /// squares are summed in double, in one sum (a float gradient's squares are exact in double; the sum

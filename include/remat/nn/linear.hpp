@@ -26,8 +26,10 @@ class Generator {
   }
   /// Uniform in [0, 1) with 53 random bits.
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  /// Uniform integer in [0, n), n > 0, without modulo bias (rejection sampling).
+  /// Uniform integer in [0, n) without modulo bias (rejection sampling). Throws domain_error for n = 0 (an
+  /// empty range has no member).
   std::uint64_t below(std::uint64_t n) {
+    if (n == 0) throw domain_error("nn::Generator::below: n is 0; the range [0, n) must not be empty");
     const std::uint64_t limit = ~std::uint64_t{0} - (~std::uint64_t{0} % n);
     std::uint64_t r;
     do r = next();

@@ -2,12 +2,17 @@
 // step count and the two ways of taking a step of nn::Adam, nn::AdamW and nn::SGD).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/parameter.hpp"
@@ -27,6 +32,53 @@ struct ParameterGroup {
 }  // namespace remat::nn
 
 namespace remat::detail {
+
+/// An optimizer of T parameters computes its update in T: a setting valid as a double must stay valid once
+/// rounded to T (in float, 1e39 is inf, 0.99999999 is 1 and 1e-46 is 0). The largest finite T as a double.
+template <class T>
+inline constexpr double largest_finite = static_cast<double>(std::numeric_limits<T>::max());
+
+/// Throws domain_error "<who>: <problem> in float, the parameters' type" (double, or "T" for another type).
+[[noreturn]] inline void throw_setting_in_type(const char* who, const std::string& problem, const char* type) {
+  throw domain_error(std::string(who) + ": " + problem + " in " + type + ", the parameters' type");
+}
+template <class T>
+constexpr const char* type_name() {
+  return std::is_same_v<T, float> ? "float" : std::is_same_v<T, double> ? "double" : "T";
+}
+
+/// Throws domain_error unless `value` (a setting already checked finite and ≥ 0 as a double) is finite in T.
+template <class T>
+void check_finite_in(const char* who, const char* setting, double value) {
+  if (!(value <= largest_finite<T>))
+    throw_setting_in_type(who, std::string(setting) + " " + number_text(value) + " is infinite", type_name<T>());
+}
+
+/// Adam's and AdamW's first step moves by α/(1 − β₁) times a ratio of at most about 1 (bias-corrected m over
+/// √v): throws domain_error unless that size is finite in T (α = 1e38 with β₁ = 0.9 is not, in float).
+template <class T>
+void check_adam_step_size_in(const char* who, double learning_rate, double beta1) {
+  const double size = learning_rate / (1 - beta1);
+  if (!(size <= largest_finite<T>))
+    throw_setting_in_type(who,
+                          "learning_rate " + number_text(learning_rate) + " makes the first step's size " +
+                              "learning_rate / (1 - beta1) = " + number_text(size) + " infinite",
+                          type_name<T>());
+}
+
+/// Throws domain_error unless Adam's settings, valid as doubles (0 ≤ β < 1, 0 < ε < ∞), stay valid rounded to
+/// T, where the update computes: β₁ and β₂ below 1 (0.99999999 is 1 in float: m or v would never move), ε
+/// finite and above 0 (1e-46 is 0 in float: 0/0 for a gradient of 0), and the first step's size finite.
+template <class T>
+void check_adam_settings_in(const char* who, double learning_rate, double beta1, double beta2, double epsilon) {
+  for (const auto& [setting, beta] : {std::pair{"beta1", beta1}, std::pair{"beta2", beta2}})
+    if (!(static_cast<T>(beta) < T(1)))
+      throw_setting_in_type(who, std::string(setting) + " " + number_text(beta) + " rounds to 1", type_name<T>());
+  check_finite_in<T>(who, "epsilon", epsilon);
+  if (!(static_cast<T>(epsilon) > T(0)))
+    throw_setting_in_type(who, "epsilon " + number_text(epsilon) + " rounds to 0", type_name<T>());
+  check_adam_step_size_in<T>(who, learning_rate, beta1);
+}
 
 /// The part of an optimizer that does not depend on its update rule: the parameters (whose storage it
 /// shares, as a tape does, so a Parameter moved or destroyed after construction is still updated safely),

@@ -45,8 +45,8 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
   };
 
   /// Every parameter decays by options.weight_decay; zero buffers. Throws domain_error unless
-  /// 0 ≤ α < ∞, 0 ≤ μ < ∞, 0 ≤ λ < ∞ and (nesterov ⇒ μ > 0), for a null pointer, and for a parameter given
-  /// twice.
+  /// 0 ≤ α < ∞, 0 ≤ μ < ∞, 0 ≤ λ < ∞ (also once rounded to T, where the update computes: 1e39 is inf in
+  /// float) and (nesterov ⇒ μ > 0), for a null pointer, and for a parameter given twice.
   explicit SGD(const std::vector<Parameter<T>*>& parameters, Options options = {})
       : SGD(std::vector<ParameterGroup<T>>{ParameterGroup<T>{parameters}}, options) {}
 
@@ -68,11 +68,14 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
           "for nesterov; got learning_rate " +
           detail::number_text(o.learning_rate) + ", momentum " + detail::number_text(o.momentum) + ", weight_decay " +
           detail::number_text(o.weight_decay) + ", nesterov " + (o.nesterov ? "true" : "false"));
+    detail::check_finite_in<T>(name, "learning_rate", o.learning_rate);
+    detail::check_finite_in<T>(name, "momentum", o.momentum);
     for (std::size_t i = 0; i < groups.size(); ++i) {
       const double decay = groups[i].weight_decay.value_or(o.weight_decay);
       if (!(decay >= 0 && std::isfinite(decay)))
         throw domain_error("nn::SGD: group " + std::to_string(i) + " has weight_decay " + detail::number_text(decay) +
                            "; it must be >= 0 and finite");
+      detail::check_finite_in<T>(name, "weight_decay", decay);
       for (Parameter<T>* p : groups[i].parameters) {
         this->add(p);
         weight_decay_.push_back(decay);
@@ -93,10 +96,11 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
   Matrix<T>& momentum_buffer(std::size_t k) { return buffers_.at(k); }
   const Matrix<T>& momentum_buffer(std::size_t k) const { return buffers_.at(k); }
   /// Sets α for the following steps (a learning-rate schedule). Throws domain_error, changing nothing,
-  /// unless 0 ≤ α < ∞.
+  /// unless 0 ≤ α < ∞, also in T.
   void set_learning_rate(double learning_rate) {
     if (!(learning_rate >= 0 && std::isfinite(learning_rate)))
       throw domain_error("nn::SGD: learning_rate must be >= 0 and finite, got " + detail::number_text(learning_rate));
+    detail::check_finite_in<T>(name, "learning_rate", learning_rate);
     options_.learning_rate = learning_rate;
   }
 

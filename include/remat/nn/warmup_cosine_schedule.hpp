@@ -1,6 +1,7 @@
 // nn::WarmupCosineSchedule: a learning rate with linear warm-up then cosine decay, as GPT training uses.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -41,10 +42,13 @@ class WarmupCosineSchedule {
 
   /// lr(step), as the class comment defines it: in (0, peak_lr] during warm-up, then in [min_lr, peak_lr].
   double at(std::uint64_t step) const {
-    if (step < warmup_) return peak_ * static_cast<double>(step + 1) / static_cast<double>(warmup_);
+    // peak · ((t+1)/W): a factor ≤ 1, so the product never rounds above peak, and is peak at t = W − 1.
+    if (step < warmup_) return peak_ * (static_cast<double>(step + 1) / static_cast<double>(warmup_));
     if (step >= total_) return min_;
     const double progress = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
-    return min_ + 0.5 * (peak_ - min_) * (1 + std::cos(pi * progress));
+    // peak − ½(peak − min)(1 − cos): the same rate, exactly peak at t = W; kept in [min, peak] against rounding.
+    const double rate = peak_ - 0.5 * (peak_ - min_) * (1 - std::cos(pi * progress));
+    return std::min(peak_, std::max(min_, rate));
   }
 
   double peak_lr() const { return peak_; }
