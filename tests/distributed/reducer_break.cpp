@@ -3,7 +3,8 @@
 // distributed_main.cpp's). The suite DistributedBreakDefects holds the defects the pass found; they failed before
 // the fixes of the commit that added this file (set_local_weight in mid-step silently ignored, a parameter
 // resized before finish() overflowed the heap, a parameter repeated on one rank left the others waiting,
-// non-finite weights unnamed, float weights outside float's range turned gradients into inf or 0).
+// non-finite weights unnamed, float weights outside float's range turned gradients into inf or 0), and of
+// later commits (a bucket_bytes unlike another rank's, or 0 or a null parameter on one rank only).
 // DistributedBreak holds what held.
 //
 // Oracle: loss_r = sum(W ⊙ C_r) with a per-rank constant C_r, so d loss_r / dW = C_r exactly, and the reduced
@@ -144,6 +145,52 @@ TEST(DistributedBreakDefects, RepeatedParameterOnOneRankThrowsOnEveryRank) {
   }
   EXPECT_TRUE(threw) << "rank " << r << " built a reducer although rank 1's list repeats a parameter";
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// bucket_bytes decides which all-reduces a rank posts: ranks that bucketed differently exchanged mismatched
+// messages (rank 0 finished with wrong gradients, rank 1 died of MPI_ERR_TRUNCATE), and a 0 on one rank threw
+// there alone and left the others waiting in the constructor's MPI_Allgather.
+TEST(DistributedBreakDefects, BucketBytesThatDifferBetweenRanksOrAreZeroThrowOnEveryRank) {
+  const int r = dist::rank();
+  Parameter<double> A(Matrix<double>::Zero(2, 3)), B(Matrix<double>::Zero(4, 1)), C(Matrix<double>::Zero(1, 5));
+  std::vector<Parameter<double>*> ps{&A, &B, &C};
+  for (const std::size_t odd : {std::size_t{8}, std::size_t{0}}) {
+    std::string message;
+    try {
+      dist::GradientReducer<double> reducer(ps, MPI_COMM_WORLD,
+                                            r == 1 ? odd : dist::GradientReducer<double>::default_bucket_bytes);
+    } catch (const remat::domain_error& e) {
+      message = e.what();
+    }
+    const bool named = message.find("bucket_bytes") != std::string::npos &&
+                       message.find(odd == 0 ? "0 on rank 1" : "but 8 on rank 1") != std::string::npos;
+    EXPECT_TRUE(all_ranks(named)) << "rank " << r << ", rank 1's bucket_bytes " << odd << ": \"" << message << "\"";
+  }
+  dist::GradientReducer<double> alike(ps, MPI_COMM_WORLD, 8);  // the same small buckets everywhere: built
+}
+
+// A null pointer in one rank's list threw on that rank only, before the collective checks: the others waited.
+TEST(DistributedBreakDefects, NullParameterOnOneRankThrowsOnEveryRank) {
+  const int r = dist::rank();
+  Parameter<float> A(Matrix<float>::Ones(2, 2)), B(Matrix<float>::Ones(2, 2));
+  std::vector<Parameter<float>*> ps{&A, r == 1 ? nullptr : &B};
+  std::string reducer_message, broadcast_message;
+  try {
+    dist::GradientReducer<float> reducer(ps);
+  } catch (const remat::domain_error& e) {
+    reducer_message = e.what();
+  }
+  try {
+    dist::broadcast_parameters(ps);
+  } catch (const remat::domain_error& e) {
+    broadcast_message = e.what();
+  }
+  EXPECT_TRUE(
+      all_ranks(reducer_message.find("GradientReducer: parameter 1 is a null pointer on rank 1") != std::string::npos))
+      << "rank " << r << ": \"" << reducer_message << "\"";
+  EXPECT_TRUE(all_ranks(broadcast_message.find("broadcast_parameters: parameter 1 is a null pointer on rank 1") !=
+                        std::string::npos))
+      << "rank " << r << ": \"" << broadcast_message << "\"";
 }
 
 // The error standard: the message names the op and the offending value.

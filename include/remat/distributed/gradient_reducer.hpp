@@ -70,13 +70,13 @@ class GradientReducer {
   /// 25 MiB, the default bucket size of PyTorch's DistributedDataParallel.
   static constexpr std::size_t default_bucket_bytes = std::size_t{25} << 20;
 
-  /// Collective over `comm`. Throws shape_error if the ranks' parameter lists differ (count or shapes; on
-  /// every rank), domain_error for a parameter repeated on any rank (on every rank), a null parameter (on
-  /// the rank that has it), a zero bucket size or a parameter of more than INT_MAX − 1 elements, mpi_error.
+  /// Collective over `comm`; every rank must pass the same bucket_bytes (it decides which all-reduces the
+  /// ranks post). Throws shape_error if the ranks' parameter lists differ (count or shapes), domain_error for
+  /// a null or repeated parameter on any rank, a bucket_bytes of 0 or one that differs between ranks, all on
+  /// every rank; domain_error for a parameter of more than INT_MAX − 1 elements, mpi_error.
   explicit GradientReducer(const std::vector<Parameter<T>*>& parameters, MPI_Comm comm = MPI_COMM_WORLD,
                            std::size_t bucket_bytes = default_bucket_bytes)
       : comm_(comm) {
-    if (bucket_bytes == 0) throw domain_error("GradientReducer: bucket_bytes is 0");
     check_same_parameters(parameters, comm, "GradientReducer");
     weight_ = 1.0 / static_cast<double>(size(comm));
     for (Parameter<T>* p : parameters) {
@@ -85,7 +85,7 @@ class GradientReducer {
     }
     for (std::size_t k = 0; k < storages_.size(); ++k) lookup_.push_back({storages_[k].get(), k});
     std::sort(lookup_.begin(), lookup_.end());
-    reject_repeated_parameters();
+    check_ranks_agree(bucket_bytes);
     slots_.resize(storages_.size());
     copied_.assign(storages_.size(), 0);
     std::size_t bytes = 0;
@@ -299,24 +299,30 @@ class GradientReducer {
                         " when the reducer was made");
   }
 
-  /// Collective (after check_same_parameters): a parameter given twice on any rank is refused on every rank,
-  /// so that no rank is left waiting in the first finish() for one that threw here. Throws domain_error.
-  void reject_repeated_parameters() {
-    long long repeated[2] = {-1, -1};  // this rank's first repeated pair
-    for (std::size_t k = 1; k < lookup_.size() && repeated[0] < 0; ++k)
+  /// Collective (after check_same_parameters): a parameter given twice on any rank, and a bucket_bytes of 0 or
+  /// one unlike rank 0's, are refused on every rank, so that no rank is left waiting in the first finish()
+  /// (or an all-reduce of another bucket's size) for one that threw here. Throws domain_error.
+  void check_ranks_agree(std::size_t bucket_bytes) {
+    long long mine[3] = {-1, -1, static_cast<long long>(std::min<std::size_t>(bucket_bytes, LLONG_MAX))};
+    for (std::size_t k = 1; k < lookup_.size() && mine[0] < 0; ++k)  // this rank's first repeated pair
       if (lookup_[k].first == lookup_[k - 1].first) {
-        repeated[0] = static_cast<long long>(std::min(lookup_[k].second, lookup_[k - 1].second));
-        repeated[1] = static_cast<long long>(std::max(lookup_[k].second, lookup_[k - 1].second));
+        mine[0] = static_cast<long long>(std::min(lookup_[k].second, lookup_[k - 1].second));
+        mine[1] = static_cast<long long>(std::max(lookup_[k].second, lookup_[k - 1].second));
       }
     const int ranks = size(comm_);
-    std::vector<long long> all(2 * static_cast<std::size_t>(ranks));
-    detail::check(MPI_Allgather(repeated, 2, MPI_LONG_LONG, all.data(), 2, MPI_LONG_LONG, comm_),
+    std::vector<long long> all(3 * static_cast<std::size_t>(ranks));
+    detail::check(MPI_Allgather(mine, 3, MPI_LONG_LONG, all.data(), 3, MPI_LONG_LONG, comm_),
                   "GradientReducer: MPI_Allgather");
     for (int r = 0; r < ranks; ++r) {
-      const long long* pair = &all[2 * static_cast<std::size_t>(r)];
-      if (pair[0] >= 0)
-        throw domain_error("GradientReducer: parameters " + std::to_string(pair[0]) + " and " +
-                           std::to_string(pair[1]) + " are the same parameter on rank " + std::to_string(r));
+      const long long* rank_r = &all[3 * static_cast<std::size_t>(r)];
+      if (rank_r[0] >= 0)
+        throw domain_error("GradientReducer: parameters " + std::to_string(rank_r[0]) + " and " +
+                           std::to_string(rank_r[1]) + " are the same parameter on rank " + std::to_string(r));
+      if (rank_r[2] == 0) throw domain_error("GradientReducer: bucket_bytes is 0 on rank " + std::to_string(r));
+      if (rank_r[2] != all[2])
+        throw domain_error("GradientReducer: bucket_bytes is " + std::to_string(all[2]) + " on rank 0 but " +
+                           std::to_string(rank_r[2]) + " on rank " + std::to_string(r) +
+                           "; every rank must pass the same (it decides the buckets each all-reduce carries)");
     }
   }
 

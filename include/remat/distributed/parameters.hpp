@@ -18,22 +18,27 @@ namespace remat::distributed {
 /// order (ranks built with different model flags would otherwise exchange mismatched buffers, or wait in a
 /// collective forever). `who` names the caller in the message. Throws, on every rank alike, shape_error
 /// "<who>: rank 0 has 6 parameters but rank 1 has 4 …" or "<who>: parameter 2 is [64,10] on rank 0 but
-/// [32,10] on rank 1 …"; domain_error for a null pointer (on the rank that has it; call it on valid lists).
+/// [32,10] on rank 1 …"; domain_error "<who>: parameter 3 is a null pointer on rank 1" for a null pointer in
+/// any rank's list (on every rank too: a rank that threw alone would leave the others waiting).
 template <class T>
 void check_same_parameters(const std::vector<Parameter<T>*>& parameters, MPI_Comm comm = MPI_COMM_WORLD,
                            const char* who = "check_same_parameters") {
-  for (std::size_t k = 0; k < parameters.size(); ++k)
-    if (!parameters[k])
-      throw domain_error(std::string(who) + ": parameter " + std::to_string(k) + " is a null pointer");
   const int ranks = size(comm);
-  long long count = static_cast<long long>(parameters.size());
-  std::vector<long long> counts(static_cast<std::size_t>(ranks));
-  detail::check(MPI_Allgather(&count, 1, MPI_LONG_LONG, counts.data(), 1, MPI_LONG_LONG, comm),
+  long long mine[2] = {static_cast<long long>(parameters.size()), -1};  // the count, the first null's index
+  for (std::size_t k = 0; k < parameters.size() && mine[1] < 0; ++k)
+    if (!parameters[k]) mine[1] = static_cast<long long>(k);
+  std::vector<long long> all_ranks(2 * static_cast<std::size_t>(ranks));
+  detail::check(MPI_Allgather(mine, 2, MPI_LONG_LONG, all_ranks.data(), 2, MPI_LONG_LONG, comm),
                 "check_same_parameters: MPI_Allgather");
+  for (int r = 0; r < ranks; ++r)
+    if (const long long null = all_ranks[2 * static_cast<std::size_t>(r) + 1]; null >= 0)
+      throw domain_error(std::string(who) + ": parameter " + std::to_string(null) + " is a null pointer on rank " +
+                         std::to_string(r));
+  const long long first_count = all_ranks[0];
   for (int r = 1; r < ranks; ++r)
-    if (counts[static_cast<std::size_t>(r)] != counts[0])
-      throw shape_error(std::string(who) + ": rank 0 has " + std::to_string(counts[0]) + " parameters but rank " +
-                        std::to_string(r) + " has " + std::to_string(counts[static_cast<std::size_t>(r)]) +
+    if (const long long count = all_ranks[2 * static_cast<std::size_t>(r)]; count != first_count)
+      throw shape_error(std::string(who) + ": rank 0 has " + std::to_string(first_count) + " parameters but rank " +
+                        std::to_string(r) + " has " + std::to_string(count) +
                         "; every rank must build the same model (same model flags)");
   std::vector<long long> shapes(2 * parameters.size()), all(2 * parameters.size() * static_cast<std::size_t>(ranks));
   for (std::size_t k = 0; k < parameters.size(); ++k) {
