@@ -55,11 +55,15 @@ std::optional<T> parse_decimal(const std::string& text) {
   return value;
 }
 
-/// "Value <text> is not a decimal integer from <min> to <max>", for T's range.
+/// Why parse_decimal<T> refused `text`: digits (after an optional '-') out of T's range, or not decimal digits.
+/// (A value in T's range but out of the flag's is the range check's to name.)
 template <typename T>
 std::string not_decimal_message(const std::string& text) {
-  return "Value " + text + " is not a decimal integer from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
-         std::to_string(std::numeric_limits<T>::max());
+  const std::size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
+  if (text.size() > digits && text.find_first_not_of("0123456789", digits) == std::string::npos)
+    return "Value " + text + " is out of range " + std::to_string(std::numeric_limits<T>::min()) + " to " +
+           std::to_string(std::numeric_limits<T>::max());
+  return "Value \"" + text + "\" is not a decimal integer (digits only: no spaces, '+', exponent or 0x prefix)";
 }
 
 /// CLI11 2.1 converts integers with base 0 (`--epochs 010` is octal 8, `--epochs 0x10` is 16) and narrows an

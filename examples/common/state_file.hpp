@@ -153,20 +153,31 @@ inline std::string directory_of(const std::string& path) {
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
 }
 
-/// Throws state_error naming `path` unless write_state_file could create it: its directory exists and lets
-/// this process create files, and `path` is not a directory. The examples check this before training, so
-/// that a mistyped --save or --state fails at once instead of after the first epoch or --save-every steps.
+/// The temporary file write_state_file writes before renaming it over `path`: `path`.tmp.XXXXXX, made by
+/// mkstemp. Returns its descriptor and sets `name`; throws state_error naming `path`.
+inline int make_temporary_next_to(const std::string& path, std::string& name) {
+  std::string pattern = path + ".tmp.XXXXXX";
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  const int fd = mkstemp(buffer.data());
+  if (fd < 0)
+    throw state_error(path, std::string("cannot create a temporary file next to it: ") + std::strerror(errno));
+  name.assign(buffer.data());
+  return fd;
+}
+
+/// Throws state_error naming `path` unless write_state_file could write it: `path` is not a directory and
+/// the temporary file next to it can be created (made and removed here, so that every reason the write
+/// would fail — a missing or read-only directory, a name too long once ".tmp.XXXXXX" is added, a file system
+/// that takes no files — shows now). The examples check this before training, so that a mistyped --save or
+/// --state fails at once instead of after the first epoch or --save-every steps.
 inline void check_state_destination(const std::string& path) {
-  const std::string dir = directory_of(path);
   struct stat status {};
-  if (::stat(dir.c_str(), &status) != 0)
-    throw state_error(path,
-                      "cannot be written: its directory " + dir + " cannot be used (" + std::strerror(errno) + ")");
-  if (!S_ISDIR(status.st_mode)) throw state_error(path, "cannot be written: " + dir + " is not a directory");
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    throw state_error(path, "cannot be written: no file can be created in " + dir + " (" + std::strerror(errno) + ")");
   if (::stat(path.c_str(), &status) == 0 && S_ISDIR(status.st_mode))
     throw state_error(path, "cannot be written: it is a directory");
+  std::string temporary;
+  ::close(make_temporary_next_to(path, temporary));
+  ::unlink(temporary.c_str());
 }
 
 /// Writes header + payload to `path` atomically: into a temporary file in the same directory, flushed
@@ -183,13 +194,8 @@ inline void write_state_file(const std::string& path, const StateFormat& format,
   bytes.insert(bytes.end(), payload.begin(), payload.end());
 
   const std::string dir = directory_of(path);
-  std::string temporary = path + ".tmp.XXXXXX";
-  std::vector<char> name(temporary.begin(), temporary.end());
-  name.push_back('\0');
-  const int fd = mkstemp(name.data());
-  if (fd < 0)
-    throw state_error(path, std::string("cannot create a temporary file next to it: ") + std::strerror(errno));
-  temporary.assign(name.data());
+  std::string temporary;
+  const int fd = make_temporary_next_to(path, temporary);
   auto fail = [&](const char* step) {
     const std::string reason = std::strerror(errno);
     ::unlink(temporary.c_str());

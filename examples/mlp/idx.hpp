@@ -134,7 +134,9 @@ class GzFile {
   /// Whether zlib decompresses the file (gzip) rather than reading it as it is; known after the first read.
   bool compressed() const { return gzdirect(file_) == 0; }
 
-  /// Checks that nothing follows the data (this also makes zlib verify the gzip trailer's CRC-32).
+  /// Checks that nothing follows the data (this also makes zlib verify the gzip trailer's CRC-32 when the
+  /// trailer is there: a file cut inside its 8-byte trailer ends without an error from gzread, so its data,
+  /// complete, is read unchecked).
   void expect_end(const std::string& what) {
     unsigned char extra[64];
     const std::size_t got = read(extra, sizeof extra);
@@ -142,6 +144,7 @@ class GzFile {
       throw data_error(path_, "length mismatch: unexpected bytes after the " + what +
                                   " (the header's dimensions do not match the file's length)");
   }
+
 
  private:
   std::string error() {
@@ -180,7 +183,8 @@ constexpr std::uint32_t idx_max_side = 1024;
 /// magic, implausible dimensions, dimensions that need more bytes than the file can hold (a plain file its own
 /// size, a gzip file 1032 times it), truncated or corrupt data, or trailing data. Bytes after the last gzip
 /// member that do not begin another member are ignored, as zlib's gzread (and `gzip -d`, with a warning)
-/// ignores them: what is read is the members' data, checked against their CRC-32s.
+/// ignores them: what is read is the members' data, checked against their CRC-32s, except the last
+/// member's when the file is cut inside its 8-byte trailer (gzread reports no error there).
 inline remat::Matrix<float> read_idx_images(const std::string& path, int& rows, int& cols) {
   detail::GzFile file(path);
   unsigned char header[16];
