@@ -671,6 +671,8 @@ TEST(Optimizers, FloatSettingsThatRoundBadlyAreRefusedNamingThem) {
   for (const auto& [o, setting] : std::vector<std::pair<A, std::string>>{{{1e-3, 0.99999999, 0.999, 1e-8}, "beta1"},
                                                                          {{1e-3, 0.9, 0.99999999, 1e-8}, "beta2"},
                                                                          {{1e-3, 0.9, 0.999, 1e-46}, "epsilon"},
+                                                                         {{1e-3, 0.9, 0.999, 1e-40}, "subnormal"},
+                                                                         {{1e-40, 0.9, 0.999, 1e-8}, "learning_rate"},
                                                                          {{1e-3, 0.9, 0.999, 1e39}, "epsilon"},
                                                                          {{1e38, 0.9, 0.999, 1e-8}, "learning_rate"}}) {
     expect_throw_naming<remat::domain_error>([&] { nn::Adam<float>(std::vector<Parameter<float>*>{&p}, o); },
@@ -687,6 +689,8 @@ TEST(Optimizers, FloatSettingsThatRoundBadlyAreRefusedNamingThem) {
   nn::Adam<float> adam(std::vector<Parameter<float>*>{&p});
   expect_throw_naming<remat::domain_error>([&] { adam.set_learning_rate(1e38); },
                                            {"nn::Adam", "learning_rate", "float"});
+  // A step size that rounds to 0 in float would never move the parameters.
+  expect_throw_naming<remat::domain_error>([&] { adam.set_learning_rate(1e-50); }, {"nn::Adam", "1e-50", "float"});
   EXPECT_EQ(adam.options().learning_rate, 1e-3);  // unchanged
 
   nn::AdamW<float>::Options w;
@@ -708,6 +712,8 @@ TEST(Optimizers, FloatSettingsThatRoundBadlyAreRefusedNamingThem) {
     expect_throw_naming<remat::domain_error>([&] { nn::SGD<float>({&p}, o); }, {"nn::SGD", setting, "float"});
   nn::SGD<float> sgd({&p});
   expect_throw_naming<remat::domain_error>([&] { sgd.set_learning_rate(1e39); }, {"nn::SGD", "learning_rate", "float"});
+  expect_throw_naming<remat::domain_error>([&] { sgd.set_learning_rate(1e-40); }, {"nn::SGD", "subnormal", "float"});
+  EXPECT_NO_THROW(sgd.set_learning_rate(0));  // a rate of 0 (a frozen phase) stays allowed
   EXPECT_NO_THROW(nn::SGD<double>({&q}, nn::SGD<double>::Options{1e39, 1e39, 1e39, false}));
 }
 
@@ -731,6 +737,20 @@ TEST(Adam, FloatStepFollowsThePaperAndOneMinusBetaIsRoundedFromDouble) {
   }
 }
 
+// The largest learning rate the float check accepts, α = 0.999·FLT_MAX·(1 − β₁), with a gradient of 100: the
+// first step is −α·m̂/(√v̂ + ε) ≈ −α, finite. The update multiplied step_size by m before dividing, which
+// overflowed to −inf for any gradient above 10.
+TEST(Adam, TheLargestAcceptedFloatLearningRateGivesAFiniteFirstStep) {
+  const double lr = static_cast<double>(std::numeric_limits<float>::max()) * (1 - 0.9) * 0.999;
+  Parameter<float> p(Matrix<float>::Zero(1, 1));
+  nn::Adam<float>::Options o;
+  o.learning_rate = lr;
+  nn::Adam<float> adam(std::vector<Parameter<float>*>{&p}, o);
+  adam.step(std::vector<Matrix<float>>{Matrix<float>::Constant(1, 1, 100.0f)});
+  ASSERT_TRUE(std::isfinite(p.value()(0, 0))) << p.value()(0, 0);
+  EXPECT_NEAR(p.value()(0, 0) / -lr, 1.0, 1e-6);
+}
+
 // The schedule's documented values, exactly: lr(W − 1) = lr(W) = peak, never above peak, never below min.
 // peak · (t+1) / W rounded above peak for peak 0.1 and W = 3 (0.10000000000000002), in 42 of 1400 pairs.
 TEST(WarmupCosineSchedule, TheWarmUpEndsExactlyAtThePeakAndNoRateLeavesMinToPeak) {
@@ -748,6 +768,13 @@ TEST(WarmupCosineSchedule, TheWarmUpEndsExactlyAtThePeakAndNoRateLeavesMinToPeak
             ASSERT_GE(s.at(t), min) << "peak " << peak << " min " << min << " W " << w << " t " << t;
         }
       }
+}
+
+// "In (0, peak_lr] during warm-up" also for a tiny peak over a long warm-up, whose product rounded to 0.
+TEST(WarmupCosineSchedule, WarmUpRatesStayPositiveForATinyPeak) {
+  EXPECT_GT(nn::WarmupCosineSchedule(5e-324, 2, 4).at(0), 0.0);
+  EXPECT_GT(nn::WarmupCosineSchedule(1e-310, std::int64_t{1} << 62, INT64_MAX).at(0), 0.0);
+  EXPECT_LE(nn::WarmupCosineSchedule(5e-324, 2, 4).at(0), 5e-324);
 }
 
 // below(0) divided by zero (SIGFPE): the empty range is a typed error.

@@ -40,7 +40,9 @@ class AdamBase : public Optimizer<T, Derived> {
   /// (and, with weight_decay 0, torch.optim.Adam) evaluates it:
   ///   θ ← θ·(1 − α·λ)   (skipped when the factor is 1: the product would be θ exactly)
   ///   m ← β₁·m + (1−β₁)·g,   v ← β₂·v + (1−β₂)·g²,
-  ///   θ ← θ − (α/(1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε).
+  ///   θ ← θ − (α/(1−β₁ᵗ)) · (m / (√v / √(1−β₂ᵗ) + ε)),
+  /// the ratio first, as the paper writes it (α · m̂/(√v̂ + ε)): step_size times m before the division overflowed
+  /// T for an α near the largest finite T times 1 − β₁ and a gradient above 10.
   /// α/(1−β₁ᵗ), √(1−β₂ᵗ), 1 − α·λ, 1 − β₁ and 1 − β₂ are computed in double and rounded to T, and β₁, β₂ and ε
   /// are rounded to T, as torch does. (1 − β computed in float would be 111 ulps off for β₂ = 0.999: the
   /// float nearest 0.999 is 0.99900001287.)
@@ -68,7 +70,7 @@ class AdamBase : public Optimizer<T, Derived> {
       if (decay != T(1)) thetai *= decay;
       mi = beta1 * mi + one_minus_beta1 * gi;
       vi = beta2 * vi + one_minus_beta2 * gi.square();
-      thetai -= step_size * mi / (vi.sqrt() / correction2 + epsilon);
+      thetai -= step_size * (mi / (vi.sqrt() / correction2 + epsilon));
     }
   }
 
@@ -90,7 +92,7 @@ namespace remat::nn {
 /// parameter θ with gradient g, at step t = 1, 2, …:
 ///   m ← β₁·m + (1−β₁)·g,   v ← β₂·v + (1−β₂)·g²,
 ///   θ ← θ − α · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε),
-/// evaluated as torch.optim.Adam does: θ ← θ − (α/(1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε).
+/// evaluated as torch.optim.Adam arranges it: θ ← θ − (α/(1−β₁ᵗ)) · (m / (√v / √(1−β₂ᵗ) + ε)).
 /// Defaults α = 1e-3, β₁ = 0.9, β₂ = 0.999, ε = 1e-8 (the paper's). No weight decay.
 ///
 /// The optimizer shares each parameter's storage (as a tape does), so a Parameter moved or destroyed after

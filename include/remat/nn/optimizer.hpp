@@ -54,10 +54,26 @@ void check_finite_in(const char* who, const char* setting, double value) {
     throw_setting_in_type(who, std::string(setting) + " " + number_text(value) + " is infinite", type_name<T>());
 }
 
+/// Throws domain_error unless `value` (a setting checked > 0 as a double) is at least T's smallest normal
+/// number: a smaller one rounds to 0 in T or is a subnormal, which remat::set_flush_denormal (the examples'
+/// default) reads as 0 (an ε of 1e-40 then makes 0/0 for a zero gradient; a learning rate of 1e-50 never
+/// moves a float parameter).
+template <class T>
+void check_normal_in(const char* who, const char* setting, double value) {
+  if (!(value >= static_cast<double>(std::numeric_limits<T>::min())))
+    throw_setting_in_type(who,
+                          std::string(setting) + " " + number_text(value) + " is below the smallest normal number (" +
+                              number_text(static_cast<double>(std::numeric_limits<T>::min())) +
+                              "): 0 or a subnormal, which flushing makes 0,",
+                          type_name<T>());
+}
+
 /// Adam's and AdamW's first step moves by α/(1 − β₁) times a ratio of at most about 1 (bias-corrected m over
-/// √v): throws domain_error unless that size is finite in T (α = 1e38 with β₁ = 0.9 is not, in float).
+/// √v): throws domain_error unless that size is finite in T (α = 1e38 with β₁ = 0.9 is not, in float), and
+/// unless a non-zero α is a normal number of T (check_normal_in).
 template <class T>
 void check_adam_step_size_in(const char* who, double learning_rate, double beta1) {
+  if (learning_rate != 0) check_normal_in<T>(who, "learning_rate", learning_rate);
   const double size = learning_rate / (1 - beta1);
   if (!(size <= largest_finite<T>))
     throw_setting_in_type(who,
@@ -75,8 +91,7 @@ void check_adam_settings_in(const char* who, double learning_rate, double beta1,
     if (!(static_cast<T>(beta) < T(1)))
       throw_setting_in_type(who, std::string(setting) + " " + number_text(beta) + " rounds to 1", type_name<T>());
   check_finite_in<T>(who, "epsilon", epsilon);
-  if (!(static_cast<T>(epsilon) > T(0)))
-    throw_setting_in_type(who, "epsilon " + number_text(epsilon) + " rounds to 0", type_name<T>());
+  check_normal_in<T>(who, "epsilon", epsilon);
   check_adam_step_size_in<T>(who, learning_rate, beta1);
 }
 

@@ -46,7 +46,8 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
 
   /// Every parameter decays by options.weight_decay; zero buffers. Throws domain_error unless
   /// 0 ≤ α < ∞, 0 ≤ μ < ∞, 0 ≤ λ < ∞ (also once rounded to T, where the update computes: 1e39 is inf in
-  /// float) and (nesterov ⇒ μ > 0), for a null pointer, and for a parameter given twice.
+  /// float; a non-zero α at least T's smallest normal number) and (nesterov ⇒ μ > 0), for a null pointer, and
+  /// for a parameter given twice.
   explicit SGD(const std::vector<Parameter<T>*>& parameters, Options options = {})
       : SGD(std::vector<ParameterGroup<T>>{ParameterGroup<T>{parameters}}, options) {}
 
@@ -69,6 +70,7 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
           detail::number_text(o.learning_rate) + ", momentum " + detail::number_text(o.momentum) + ", weight_decay " +
           detail::number_text(o.weight_decay) + ", nesterov " + (o.nesterov ? "true" : "false"));
     detail::check_finite_in<T>(name, "learning_rate", o.learning_rate);
+    if (o.learning_rate != 0) detail::check_normal_in<T>(name, "learning_rate", o.learning_rate);
     detail::check_finite_in<T>(name, "momentum", o.momentum);
     for (std::size_t i = 0; i < groups.size(); ++i) {
       const double decay = groups[i].weight_decay.value_or(o.weight_decay);
@@ -101,6 +103,7 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
     if (!(learning_rate >= 0 && std::isfinite(learning_rate)))
       throw domain_error("nn::SGD: learning_rate must be >= 0 and finite, got " + detail::number_text(learning_rate));
     detail::check_finite_in<T>(name, "learning_rate", learning_rate);
+    if (learning_rate != 0) detail::check_normal_in<T>(name, "learning_rate", learning_rate);
     options_.learning_rate = learning_rate;
   }
 

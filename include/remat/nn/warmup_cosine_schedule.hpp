@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "remat/detail/number_text.hpp"
@@ -42,8 +43,11 @@ class WarmupCosineSchedule {
 
   /// lr(step), as the class comment defines it: in (0, peak_lr] during warm-up, then in [min_lr, peak_lr].
   double at(std::uint64_t step) const {
-    // peak · ((t+1)/W): a factor ≤ 1, so the product never rounds above peak, and is peak at t = W − 1.
-    if (step < warmup_) return peak_ * (static_cast<double>(step + 1) / static_cast<double>(warmup_));
+    // peak · ((t+1)/W): a factor ≤ 1, so the product never rounds above peak, and is peak at t = W − 1; at
+    // least the smallest positive double, so that a tiny peak over a long warm-up does not round to 0.
+    if (step < warmup_)
+      return std::max(peak_ * (static_cast<double>(step + 1) / static_cast<double>(warmup_)),
+                      std::numeric_limits<double>::denorm_min());
     if (step >= total_) return min_;
     const double progress = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
     // peak − ½(peak − min)(1 − cos): the same rate, exactly peak at t = W; kept in [min, peak] against rounding.
