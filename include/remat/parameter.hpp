@@ -127,15 +127,21 @@ class Parameter {
     auto& s = storage();
     const detail::ParameterStorage<T>* o = other.storage_.get();
     if (o) o->check_grad_size("Parameter: copy");
-    // Copies made first, so that a std::bad_alloc leaves this parameter as it was.
-    Matrix<T> value = other.value();
+    // Copies made first, so that a std::bad_alloc leaves this parameter as it was. A value of the same
+    // shape is copied in place below (no allocation), so its buffer stays where tapes recorded it.
+    const bool same_shape = s.value.rows() == other.rows() && s.value.cols() == other.cols();
+    Matrix<T> value;
+    if (!same_shape) value = other.value();
     const bool copy_grad = o && o->grad_defined;
     std::unique_ptr<T, detail::AlignedFree> grad;  // a new buffer, unless this one's has the size already
     if (copy_grad && !(s.grad && s.grad_size == o->grad_size))
       grad.reset(static_cast<T*>(Eigen::internal::aligned_malloc(static_cast<std::size_t>(o->grad_size) * sizeof(T))));
     // Nothing below throws.
     const std::uint64_t next = std::max(s.version, other.version()) + 1;
-    s.value.swap(value);
+    if (same_shape)
+      s.value = other.value();  // same shape: Eigen copies into the existing buffer
+    else
+      s.value.swap(value);
     if (grad) {
       Eigen::internal::aligned_free(s.grad);
       s.grad = grad.release();

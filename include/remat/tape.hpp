@@ -112,8 +112,12 @@ class Tape {
   /// run. Callbacks run in registration order, on the thread that called backward.
   ///
   /// A callback may read and write the gradient (grad(), mutable_grad()) and do work of its own (start a
-  /// non-blocking all-reduce); it must not modify or assign to the Parameter's value, nor run a backward
-  /// that adds into it; it must not use this tape: recording, backward, gradient(), clear(), Var::grad() of
+  /// non-blocking all-reduce); it must not modify, assign or resize the value of any Parameter this tape
+  /// recorded, nor run a backward that adds into one (the sweep still reads the values and adds the
+  /// gradients of those it has not reached): a Parameter assigned or resized before its gradient was
+  /// delivered is not given it, and backward() throws stale_value_error after the sweep; a value given
+  /// another shape while ops that read it are still to run is undefined behaviour (same-shape assignments
+  /// copy in place). It must not use this tape: recording, backward, gradient(), clear(), Var::grad() of
   /// a tape variable and remove_gradient_ready() throw tape_error while it runs.
   /// Exceptions: the strong guarantee of backward() covers everything the tape checks before the sweep; a
   /// callback is called during the sweep, which cannot stop half-way. If a callback throws, the sweep

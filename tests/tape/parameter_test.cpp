@@ -299,4 +299,29 @@ TEST(Parameter, AssignmentFromAHandleOfTheSameStorageChangesNothing) {
   }
 }
 
+// A gradient-ready callback that assigns another recorded Parameter whose gradient is still pending: the sweep
+// wrote the old value's gradient into the object now holding the new value, without a word, and a 2×2
+// gradient into a 1×1 one's buffer when the new value was smaller (a heap overflow when that buffer was
+// defined). Now that gradient is not delivered, and backward() throws stale_value_error after the sweep. (Here
+// the only op reading b's value, the product with a, has run when a's callback comes; a smaller value while
+// such ops are still to run is undefined behaviour, tape.hpp says.)
+TEST(Parameter, AssigningAPendingParameterInAGradientReadyCallbackIsReported) {
+  for (const bool smaller : {false, true}) {
+    Parameter<double> a(Matrix<double>::Constant(2, 2, 1.0)), b(Matrix<double>::Constant(2, 2, 2.0));
+    Parameter<double> other(smaller ? Matrix<double>::Constant(1, 1, 9.0) : Matrix<double>::Constant(2, 2, 9.0));
+    other.mutable_grad().setConstant(7.0);
+    Tape<double> tape;
+    // b is recorded first, so its gradient is delivered after a's.
+    Var<double> scaled = tape.variable(b) * tape.constant(Matrix<double>::Constant(2, 2, 3.0));
+    Var<double> loss = remat::sum(scaled * tape.variable(a));
+    tape.on_gradient_ready([&](Parameter<double>& handle) {
+      if (&handle.value() == &a.value()) b = other;
+    });
+    EXPECT_THROW(tape.backward(loss), remat::stale_value_error) << "smaller " << smaller;
+    EXPECT_EQ(b.value(), other.value()) << "smaller " << smaller;
+    EXPECT_EQ(b.grad(), other.grad()) << "the assigned gradient, not the recorded value's; smaller " << smaller;
+    EXPECT_EQ(a.grad(), Matrix<double>(Matrix<double>::Constant(2, 2, 6.0))) << "smaller " << smaller;
+  }
+}
+
 }  // namespace parameter_test

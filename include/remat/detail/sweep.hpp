@@ -681,10 +681,37 @@ class Sweep {
     }
   }
 
+  bool changed_since_recorded(const Node<T>& n) const noexcept {
+    const ParameterStorage<T>& s = *n.parameter;
+    // Not the version: a value modified after recording but read by no backward keeps its gradient, as
+    // PyTorch's version counter allows (backward checked the values it reads before the sweep).
+    return s.assignments != n.parameter_assignments || s.value.rows() != n.shape.rows ||
+           s.value.cols() != n.shape.cols;
+  }
+  /// The stale_value_error backward() rethrows after the sweep, unless an error is kept already.
+  void keep_error(const Node<T>& n) noexcept {
+    if (callback_error_) return;
+    try {
+      throw stale_value_error("backward: a Parameter of shape " + to_string(n.shape) +
+                              " that this tape recorded was assigned or resized during the backward (by a "
+                              "gradient-ready callback?) before its gradient was delivered; that gradient, of the "
+                              "recorded value, was not added to it");
+    } catch (...) {
+      callback_error_ = std::current_exception();
+    }
+  }
+
   /// The Parameter's gradient += this node's. The first contribution since zero_grad() hands the tape's
   /// buffer over to the Parameter (no copy) and takes the Parameter's previous buffer into the pool.
   void add_to_parameter(Node<T>& n) noexcept {
     ParameterStorage<T>& s = *n.parameter;
+    if (!simulating() && changed_since_recorded(n)) {
+      // Only a gradient-ready callback can have done it (backward refuses an assigned Parameter before the
+      // sweep): the gradient is of the recorded value, and its buffer may not fit. Not delivered; reported.
+      keep_error(n);
+      free_grad(n);
+      return;
+    }
     const bool defined = s.grad_defined || (simulating() && s.simulated_sweep == simulation_);
     if (defined) {
       if (!simulating())
