@@ -2,6 +2,7 @@
 // The umbrella header: include this one.
 #pragma once
 
+#include "remat/captured_step.hpp"
 #include "remat/checkpoint.hpp"
 #include "remat/custom_op.hpp"
 #include "remat/errors.hpp"

@@ -16,6 +16,9 @@
 
 namespace remat {
 
+template <class T>
+class CapturedStep;
+
 /// The tag of a shapes-only tape: `Tape<float> tape(remat::shapes_only)`.
 struct ShapesOnly {
   explicit ShapesOnly() = default;
@@ -302,6 +305,7 @@ class Tape {
       state_->remove_last_leaf(id);  // an expression whose evaluation allocates a temporary threw
       throw;
     }
+    state_->leaf_filled(id);
     return Var<T>::adopt(state_, id);
   }
 
@@ -322,6 +326,7 @@ class Tape {
     return loss.id();
   }
 
+  friend class CapturedStep<T>;
   detail::TapeState<T>* state_;
 };
 

@@ -179,6 +179,43 @@ TEST(SteadyState, W2StepWithCheckpointingAllocatesNothingAfterTheFirstStep) {
   EXPECT_LT(last_loss, first_loss) << "Adam did not train";
 }
 
+/// A CapturedStep's replay() allocates and frees nothing, even when the Parameters' gradients are zeroed and
+/// their values updated between the replays (an SGD step in place); and the loss falls.
+TEST(SteadyState, CapturedStepReplaysAllocateNothing) {
+  std::vector<remat::Parameter<float>> weights, biases;
+  for (int l = 0; l < 4; ++l) {
+    weights.emplace_back(remat::Matrix<float>::Random(32, l == 3 ? 10 : 32) * 0.3f);
+    biases.emplace_back(remat::Matrix<float>::Zero(1, l == 3 ? 10 : 32));
+  }
+  const remat::Matrix<float> x = remat::Matrix<float>::Random(16, 32);
+  std::vector<int> labels(16);
+  for (int i = 0; i < 16; ++i) labels[static_cast<std::size_t>(i)] = i % 10;
+  remat::CapturedStep<float> step([&](remat::Tape<float>& tape) {
+    remat::Var<float> h = tape.constant(x);
+    for (int l = 0; l < 3; ++l)
+      h = remat::checkpoint([&, l](remat::Var<float> v) {
+        return remat::tanh(remat::linear(v, tape.variable(weights[static_cast<std::size_t>(l)]),
+                                         tape.variable(biases[static_cast<std::size_t>(l)])));
+      })(h);
+    return remat::cross_entropy(remat::linear(h, tape.variable(weights[3]), tape.variable(biases[3])), labels);
+  });
+  const float first_loss = step.last_loss();
+  float last_loss = first_loss;
+  for (int s = 0; s < 6; ++s) {
+    remat_alloc::Count count;
+    for (auto* group : {&weights, &biases})
+      for (remat::Parameter<float>& p : *group) {
+        p.mutable_value() -= 0.5f * p.grad();
+        p.zero_grad();
+      }
+    last_loss = step.replay();
+    const Counts c = count.stop();
+    EXPECT_EQ(c.allocations, 0) << "replay " << s + 1;
+    EXPECT_EQ(c.frees, 0) << "replay " << s + 1;
+  }
+  EXPECT_LT(last_loss, first_loss) << "SGD did not train";
+}
+
 /// Products big enough for Eigen's own GEMM to put its packing buffers on the heap (beyond
 /// EIGEN_STACK_ALLOCATION_LIMIT, 128 KB): [32,128]·[128,512] and [32,512]·[512,128], and their backward.
 TEST(SteadyState, LargeProductsAllocateNothingWithBlas) {

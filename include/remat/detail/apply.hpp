@@ -69,6 +69,13 @@ double flops_of(const Shape* inputs, int arity, const Shape& output, const Attri
     return Op::flops(inputs, arity, output);
 }
 
+/// Op::check_indices(inputs, indices, count), or null for an op without one.
+template <class Op, class = void>
+inline constexpr void (*check_indices_of)(const Shape*, const int*, std::size_t) = nullptr;
+template <class Op>
+inline constexpr void (*check_indices_of<Op, std::void_t<decltype(&Op::check_indices)>>)(
+    const Shape*, const int*, std::size_t) = &Op::check_indices;
+
 /// Whether `name` can name an op: not null, not empty (every error message and OpInfo::name starts with it).
 constexpr bool valid_op_name(const char* name) {
   return name != nullptr && name[0] != '\0';
@@ -89,7 +96,8 @@ const OpTable<T>* op_table_of() {
                                        &Op::reads,
                                        &Op::template forward<T>,
                                        &Op::template backward<T>,
-                                       &flops_of<Op>};
+                                       &flops_of<Op>,
+                                       check_indices_of<Op>};
   return &table;
 }
 

@@ -30,6 +30,7 @@
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/detail/parameter_check.hpp"
+#include "remat/detail/trace.hpp"
 #include "remat/errors.hpp"
 #include "remat/memory.hpp"
 
@@ -203,7 +204,10 @@ class Evictor {
     if (!n.value) n.value = buffers_.allocate(n.shape);
     if (n.extra_shape.size() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
     if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
-    if (!buffers_.simulating() && !buffers_.shapes_only()) n.op->forward(ForwardContext<T>{graph_, n});
+    if (!buffers_.simulating() && !buffers_.shapes_only()) {
+      if (graph_.trace) graph_.trace->log_forward(graph_, u);
+      n.op->forward(ForwardContext<T>{graph_, n});
+    }
     buffers_.free(n.scratch, n.scratch_shape);
     if (rematerialization) {
       ++rematerialized_ops_;

@@ -105,6 +105,9 @@ struct OpTable {
   void (*forward)(const ForwardContext<T>&);
   void (*backward)(const BackwardContext<T>&);
   double (*flops)(const Shape* inputs, int arity, const Shape& output, const Attributes& attributes);
+  /// Throws what the op throws for `count` integer entries (OpCall::indices) given these inputs; null for an op
+  /// that declares no check_indices (CapturedStep::set_indices then refuses it).
+  void (*check_indices)(const Shape* inputs, const int* indices, std::size_t count);
 };
 
 /// The shapes apply_op infers for an op: its output, its extra residual, its temporary (empty: none).
@@ -206,6 +209,9 @@ struct ChainPlan {
 /// The recorded graph: nodes, regions and the side stores their attributes index into. Every vector
 /// keeps its capacity across Tape::clear(), so a steady training loop does not allocate here.
 template <class T>
+class Trace;
+
+template <class T>
 struct Graph {
   std::vector<Node<T>> nodes;
   std::vector<Region> regions;
@@ -215,6 +221,7 @@ struct Graph {
   std::vector<ChainPlan> chain_plans;        // Region::plan indexes it
   std::vector<int> indices;                  // ops' integer side data (Attributes::indices_begin), flat
   std::vector<std::string> tags;             // names of tagged values, interned (kept across clear())
+  Trace<T>* trace = nullptr;                 // a CapturedStep's log while its first step runs (detail/trace.hpp)
 
   Node<T>& operator[](std::int32_t id) { return nodes[static_cast<std::size_t>(id)]; }
   const Node<T>& operator[](std::int32_t id) const { return nodes[static_cast<std::size_t>(id)]; }

@@ -16,6 +16,7 @@
 #include "remat/detail/node.hpp"
 #include "remat/detail/parameter_check.hpp"
 #include "remat/detail/replay_plan.hpp"
+#include "remat/detail/trace.hpp"
 #include "remat/errors.hpp"
 
 namespace remat::detail {
@@ -134,9 +135,13 @@ class Recorder {
     if (n.extra_shape.size() > 0) n.extra = buffers_.allocate(n.extra_shape);
     if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
     try {
-      if (!buffers_.shapes_only()) table->forward(ForwardContext<T>{graph_, n});  // placeholders: no kernel
+      if (!buffers_.shapes_only()) {  // placeholders: no kernel
+        if (graph_.trace) graph_.trace->log_forward(graph_, id);
+        table->forward(ForwardContext<T>{graph_, n});
+      }
       buffers_.free(n.scratch, n.scratch_shape);
     } catch (...) {
+      if (graph_.trace) graph_.trace->cancel_forward(id);
       buffers_.free(n.scratch, n.scratch_shape);
       buffers_.free(n.value, n.shape);
       buffers_.free(n.extra, n.extra_shape);

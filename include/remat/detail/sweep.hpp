@@ -37,6 +37,7 @@
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/detail/replay_plan.hpp"
+#include "remat/detail/trace.hpp"
 #include "remat/errors.hpp"
 
 namespace remat::detail {
@@ -557,7 +558,10 @@ class Sweep {
       evictor_.make_room(Buffers<T>::bytes(l.shape));
       l.grad = buffers_.allocate(l.shape);
     }
-    if (!simulating()) l.grad[0] = l.grad_assigned ? l.grad[0] + T(1) : T(1);
+    if (!simulating()) {
+      if (graph_.trace) graph_.trace->log_seed(graph_, loss);
+      l.grad[0] = l.grad_assigned ? l.grad[0] + T(1) : T(1);
+    }
     l.grad_assigned = true;
   }
 
@@ -607,7 +611,10 @@ class Sweep {
         evictor_.make_room(Buffers<T>::bytes(n.scratch_shape));
         n.scratch = buffers_.allocate(n.scratch_shape);
       }
-      if (!simulating()) n.op->backward(BackwardContext<T>{graph_, n, wanted.data()});
+      if (!simulating()) {
+        if (graph_.trace) graph_.trace->log_backward(graph_, i);
+        n.op->backward(BackwardContext<T>{graph_, n, wanted.data()});
+      }
       buffers_.free(n.scratch, n.scratch_shape);
       unpin_residuals(i);
     }
@@ -685,8 +692,7 @@ class Sweep {
     const ParameterStorage<T>& s = *n.parameter;
     // Not the version: a value modified after recording but read by no backward keeps its gradient, as
     // PyTorch's version counter allows (backward checked the values it reads before the sweep).
-    return s.assignments != n.parameter_assignments || s.value.rows() != n.shape.rows ||
-           s.value.cols() != n.shape.cols;
+    return s.assignments != n.parameter_assignments || s.value.rows() != n.shape.rows || s.value.cols() != n.shape.cols;
   }
   /// The stale_value_error backward() rethrows after the sweep, unless an error is kept already.
   void keep_error(const Node<T>& n) noexcept {
@@ -713,6 +719,8 @@ class Sweep {
       return;
     }
     const bool defined = s.grad_defined || (simulating() && s.simulated_sweep == simulation_);
+    if (graph_.trace && !simulating())
+      graph_.trace->log_delivery(graph_, static_cast<std::int32_t>(&n - graph_.nodes.data()), !defined);
     if (defined) {
       if (!simulating())
         Eigen::Map<Matrix<T>>(s.grad, n.shape.rows, n.shape.cols) +=

@@ -65,6 +65,10 @@ class TapeState {
   /// Undoes the last add_leaf() (filling its value threw). Never throws.
   void remove_last_leaf(std::int32_t id) noexcept { recorder_.remove_last_leaf(id); }
   T* leaf_value(std::int32_t id) { return graph_[id].value; }
+  /// The leaf's value was written (Tape::constant, Tape::variable): a capture logs it.
+  void leaf_filled(std::int32_t id) noexcept {
+    if (graph_.trace) graph_.trace->log_leaf(graph_, id);
+  }
   std::int32_t add_parameter(Parameter<T>& p) {
     check_not_in_callback("variable");
     return recorder_.add_parameter(ParameterAccess::storage(p));
@@ -72,6 +76,11 @@ class TapeState {
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     check_not_in_callback(table->name);
+    if (graph_.trace && table->kind == OpKind::random)
+      throw tape_error(std::string(table->name) +
+                       ": a CapturedStep cannot record a random op: running the step again would draw the same "
+                       "values every time. Record it on a Tape (cleared each step), or capture the step in "
+                       "evaluation mode (tape.set_training(false))");
     return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
   }
   /// Room for an op recorded as `n` nodes with these output shapes (Recorder::reserve_records). Throws
@@ -175,7 +184,7 @@ class TapeState {
       auto g = n.parameter->grad_matrix();
       return MatrixView<T>(g.data(), g.rows(), g.cols());
     }
-    check_not_in_callback("Var::grad");
+    if (!n.grad || !frozen_) check_not_in_callback("Var::grad");  // a CapturedStep's gradients may be read
     if (!n.grad) {
       buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
       const std::size_t bytes = Buffers<T>::bytes(n.shape);
@@ -215,6 +224,10 @@ class TapeState {
   /// naming `op`.
   void check_sweepable(const char* op, bool to_parameters) const {
     check_not_in_callback(op);
+    if (graph_.trace && (capture_function_running_ || !to_parameters))
+      throw tape_error(std::string(op) +
+                       ": called inside a CapturedStep's function; return the loss from it, and the CapturedStep "
+                       "runs backward(loss)");
     if (residuals_freed_)
       throw freed_value_error(std::string(op) +
                               ": the residuals were freed by the previous backward; pass retain_graph = true to the "
@@ -231,6 +244,10 @@ class TapeState {
 
   // ---- gradient-ready callbacks (Tape::on_gradient_ready) ----
   std::size_t add_gradient_ready_callback(std::function<void(Parameter<T>&)> callback) {
+    if (graph_.trace || frozen_)
+      throw tape_error(
+          "on_gradient_ready: a CapturedStep does not call gradient-ready callbacks when it runs "
+          "its step again; record a step that needs them on a Tape");
     ready_callbacks_.emplace_back(next_callback_key_, std::move(callback));
     sweep_.ready_callbacks = &ready_callbacks_;
     return next_callback_key_++;
@@ -247,6 +264,7 @@ class TapeState {
   /// Throws tape_error naming `op` while a gradient-ready callback runs inside this tape's backward: the
   /// sweep is half-way through the tape's nodes, which nothing may change then.
   void check_not_in_callback(const char* op) const {
+    if (frozen_) throw_frozen(op);
     if (sweep_.running())
       throw tape_error(std::string(op) +
                        ": called on the tape from one of its gradient-ready callbacks while its backward sweep runs; "
@@ -298,9 +316,28 @@ class TapeState {
     if (!retain_graph) residuals_freed_ = true;
   }
 
+  // ---- a CapturedStep's tape (remat/captured_step.hpp) ----
+  /// From now until end_capture(), the tape logs every kernel call to `trace`, and runs its callers'
+  /// function while `function_running`.
+  void begin_capture(Trace<T>* trace) noexcept {
+    graph_.trace = trace;
+    capture_function_running_ = true;
+  }
+  void end_capture_function() noexcept { capture_function_running_ = false; }
+  void end_capture() noexcept {
+    graph_.trace = nullptr;
+    capture_function_running_ = false;
+  }
+  /// No recording, sweep, allocation or change of any kind from now on: a CapturedStep runs its trace
+  /// on these nodes and buffers.
+  void freeze() noexcept { frozen_ = true; }
+  Graph<T>& captured_graph() { return graph_; }
+  const std::uint8_t* captured_wanted() const { return sweep_.wanted.data(); }
+
   // ---- whole tape ----
   void clear() {
     check_not_in_callback("clear");
+    if (graph_.trace) throw tape_error("clear: called inside a CapturedStep's function, which records one step");
     if (!graph_.open.empty())
       throw tape_error("clear: a checkpoint region is still open (clear() called inside a checkpointed function)");
     release_all();
@@ -452,6 +489,11 @@ class TapeState {
   }
 
  private:
+  [[noreturn]] static void throw_frozen(const char* op) {
+    throw tape_error(std::string(op) +
+                     ": the tape belongs to a CapturedStep, whose recorded step is fixed; a Var from it may be read "
+                     "(value(), item(), grad()) but not recorded on, swept or changed");
+  }
   void free_grad(Node<T>& n) {
     if (!n.parameter) buffers_.free(n.grad, n.shape);
     n.grad_assigned = false;
@@ -530,6 +572,8 @@ class TapeState {
   std::uint64_t random_offset_ = 0;
   std::function<void(const CheckpointDiagnostic&)> diagnostics_handler_;
   bool training_ = true;
+  bool frozen_ = false;                    // a CapturedStep's tape after its capture
+  bool capture_function_running_ = false;  // a CapturedStep's function runs (begin_capture)
   long refs_ = 1;
 };
 

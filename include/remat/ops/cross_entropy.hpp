@@ -16,6 +16,17 @@ struct CrossEntropyOp : OpBase {
   /// Its only residual is softmax(x), kept in its extra.
   static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_extra : reads_nothing; }
   static Shape output_shape(const Shape*, const Params&) { return {1, 1}; }
+  /// One label per row of the logits, each in [0, columns): shape_error, index_error.
+  static void check_indices(const Shape* in, const int* labels, std::size_t count) {
+    const Shape s = in[0];
+    if (static_cast<Index>(count) != s.rows)
+      throw shape_error("cross_entropy: logits are " + to_string(s) + " but there are " + std::to_string(count) +
+                        " labels; there must be one label per row");
+    for (std::size_t i = 0; i < count; ++i)
+      if (labels[i] < 0 || labels[i] >= s.cols)
+        throw index_error("cross_entropy: label " + std::to_string(labels[i]) + " at row " + std::to_string(i) +
+                          " is outside [0, " + std::to_string(s.cols) + ") for logits " + to_string(s));
+  }
   static Shape extra_shape(const Shape* in, const Params&) { return in[0]; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -60,13 +71,7 @@ struct CrossEntropyOp : OpBase {
 template <class T>
 Var<T> cross_entropy(const Var<T>& logits, const std::vector<int>& labels) {
   const Shape s = logits.shape();
-  if (static_cast<Index>(labels.size()) != s.rows)
-    throw shape_error("cross_entropy: logits are " + to_string(s) + " but there are " + std::to_string(labels.size()) +
-                      " labels; there must be one label per row");
-  for (std::size_t i = 0; i < labels.size(); ++i)
-    if (labels[i] < 0 || labels[i] >= s.cols)
-      throw index_error("cross_entropy: label " + std::to_string(labels[i]) + " at row " + std::to_string(i) +
-                        " is outside [0, " + std::to_string(s.cols) + ") for logits " + to_string(s));
+  detail::CrossEntropyOp::check_indices(&s, labels.data(), labels.size());
   OpCall<detail::CrossEntropyOp> call;
   call.indices = labels.data();
   call.index_count = labels.size();

@@ -18,6 +18,16 @@ struct EmbeddingOp : OpBase {
   /// The gradient scatters rows by id: it reads the ids (kept with the op), no tensor.
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) { return {p.rows, in[0].cols}; }
+  /// At least one id, each in [0, rows of the table): shape_error, index_error.
+  static void check_indices(const Shape* in, const int* ids, std::size_t count) {
+    const Shape s = in[0];
+    if (count == 0) throw shape_error("embedding: no ids (table " + to_string(s) + "); pass at least one");
+    for (std::size_t i = 0; i < count; ++i)
+      if (ids[i] < 0 || ids[i] >= s.rows)
+        throw index_error("embedding: id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                          " is outside [0, " + std::to_string(s.rows) + ") for a table of " + std::to_string(s.rows) +
+                          " rows (V = " + std::to_string(s.rows) + ")");
+  }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const auto table = c.in(0);
@@ -47,12 +57,7 @@ struct EmbeddingOp : OpBase {
 template <class T>
 Var<T> embedding(const Var<T>& table, const std::vector<int>& ids) {
   const Shape s = table.shape();
-  if (ids.empty()) throw shape_error("embedding: no ids (table " + to_string(s) + "); pass at least one");
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] < 0 || ids[i] >= s.rows)
-      throw index_error("embedding: id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                        " is outside [0, " + std::to_string(s.rows) + ") for a table of " + std::to_string(s.rows) +
-                        " rows (V = " + std::to_string(s.rows) + ")");
+  detail::EmbeddingOp::check_indices(&s, ids.data(), ids.size());
   OpCall<detail::EmbeddingOp> call;
   call.params.rows = static_cast<Index>(ids.size());
   call.indices = ids.data();
