@@ -1,6 +1,7 @@
 // The workloads on a remat tape, one class per workload family, parametrised by the checkpoint variant.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,49 @@ class RematModel<Workload, Variant, true> {
   std::vector<Parameter<float>> weight_, bias_;
   remat::Tape<float> tape_;
   std::vector<V> w_, b_;
+};
+
+/// W0, W1, W1-small captured once (remat::CapturedStep) and replayed: the plain step without recording it
+/// again (docs/design.md §6).
+template <class Workload>
+class RematCapturedMlp {
+ public:
+  explicit RematCapturedMlp(const Data& data) {
+    for (const Affine& a : data.affine) {
+      weight_.emplace_back(a.weight);
+      bias_.emplace_back(a.bias);
+    }
+    step_ = std::make_unique<remat::CapturedStep<float>>([&](remat::Tape<float>& tape) {
+      const std::size_t n = weight_.size();
+      V h = tape.constant(data.x);
+      for (std::size_t l = 0; l + 1 < n; ++l)
+        h = remat::tanh(remat::linear(h, tape.variable(weight_[l]), tape.variable(bias_[l])));
+      return remat::cross_entropy(remat::linear(h, tape.variable(weight_[n - 1]), tape.variable(bias_[n - 1])),
+                                  data.labels);
+    });
+  }
+
+  float step(StepMemory* memory = nullptr) {
+    for (auto* list : {&weight_, &bias_})
+      for (Parameter<float>& p : *list) p.zero_grad();
+    const float loss = step_->replay();
+    if (memory) {  // the tape's figures are the capture's (its first step), not a replay's: none reported
+      memory->saved_bytes = -1;
+      memory->peak_bytes = -1;
+      memory->replayed_bytes = -1;
+    }
+    return loss;
+  }
+
+  Gradients gradients() const {
+    Gradients g;
+    for (std::size_t l = 0; l < weight_.size(); ++l) g.affine.push_back({weight_[l].grad(), bias_[l].grad()});
+    return g;
+  }
+
+ private:
+  std::vector<Parameter<float>> weight_, bias_;
+  std::unique_ptr<remat::CapturedStep<float>> step_;
 };
 
 /// W2 on a tape: block i = h + linear(gelu(linear(layer_norm(h, gain_i, bias_i), W1_i, b1_i)), W2_i, b2_i).

@@ -51,8 +51,9 @@ Index chain_length() {
 
 // ---- implementations: each provides Model<W> with step(), memory() and gradients() ----
 
-template <class Variant>
-struct Remat {
+/// A remat model class template (`ModelOf<W>`: step(StepMemory*), gradients()) as an implementation.
+template <template <class> class ModelOf>
+struct RematWith {
   template <class W>
   struct Model {
     explicit Model(const Data& data) : model(data) {}
@@ -63,9 +64,19 @@ struct Remat {
       return m;
     }
     Gradients gradients() const { return model.gradients(); }
-    RematModel<W, Variant> model;
+    ModelOf<W> model;
   };
 };
+template <class Variant>
+struct RematModelOf {
+  template <class W>
+  using type = RematModel<W, Variant>;
+};
+/// The recorded step with a checkpoint variant.
+template <class Variant>
+using Remat = RematWith<RematModelOf<Variant>::template type>;
+/// The plain MLP step captured once and replayed (remat::CapturedStep).
+using RematCaptured = RematWith<RematCapturedMlp>;
 
 /// W3 under one recompute mode and attention kind (docs/gpt.md).
 template <gpt::Recompute R, gpt::Attention A>
@@ -366,6 +377,9 @@ BENCH_WORKLOAD(W0);
 BENCH_WORKLOAD(W1Small);
 BENCH_WORKLOAD(W1);
 BENCH_WORKLOAD(W2);
+BENCHMARK_TEMPLATE(Step, W0, RematCaptured)->Apply(configure);
+BENCHMARK_TEMPLATE(Step, W1Small, RematCaptured)->Apply(configure);
+BENCHMARK_TEMPLATE(Step, W1, RematCaptured)->Apply(configure);
 // W3: every recompute mode with unfused attention (softmax of attention_scores, then attention_values),
 // and none and block with the fused op, whose backward recomputes the probabilities itself; with LibTorch
 // (plain: its C++ API has no checkpointing) when built with it.

@@ -2,7 +2,8 @@
 // machine does not distort (bench/RESULTS.md §7.4): run it under `valgrind --tool=callgrind` at two step
 // counts; the difference divided by the difference in steps is the instructions of one steady step.
 // bench/step_pairs.py times builds of it against each other (§13).
-//   step_count <W0|W1-small|W1|W2> <remat|hand> <steps> [threads]
+//   step_count <W0|W1-small|W1|W2> <remat|captured|hand> <steps> [threads]
+// (captured: the plain step run by remat::CapturedStep::replay(), MLP workloads only)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,11 +21,19 @@ int run(const std::string& impl, long steps) {
   if (impl == "remat") {
     bench::RematModel<W, bench::Plain> model(data);
     for (long s = 0; s < steps + 1; ++s) loss = model.step();  // one warm-up step fills the pools
+  } else if (impl == "captured") {
+    if constexpr (bench::is_mlp<W>) {
+      bench::RematCapturedMlp<W> model(data);
+      for (long s = 0; s < steps + 1; ++s) loss = model.step();
+    } else {
+      std::fprintf(stderr, "step_count: captured runs the MLP workloads (W0, W1-small, W1)\n");
+      return 2;
+    }
   } else if (impl == "hand") {
     bench::HandChain<std::conditional_t<bench::is_mlp<W>, bench::HandMlp, bench::HandBlocks>> chain(data, W::shape, 1);
     for (long s = 0; s < steps + 1; ++s) loss = chain.step();
   } else {
-    std::fprintf(stderr, "step_count: implementation must be remat or hand, got %s\n", impl.c_str());
+    std::fprintf(stderr, "step_count: implementation must be remat, captured or hand, got %s\n", impl.c_str());
     return 2;
   }
   std::printf("%s %s %ld steps: loss %.6f\n", W::name, impl.c_str(), steps, double(loss));
@@ -35,7 +44,7 @@ int run(const std::string& impl, long steps) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: step_count <W0|W1-small|W1|W2> <remat|hand> <steps> [threads]\n");
+    std::fprintf(stderr, "usage: step_count <W0|W1-small|W1|W2> <remat|captured|hand> <steps> [threads]\n");
     return 2;
   }
   const std::string workload = argv[1], impl = argv[2];
