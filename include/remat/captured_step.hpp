@@ -41,9 +41,14 @@ namespace remat {
 ///
 /// Not capturable (the constructor throws tape_error naming the op): random ops in training mode (dropout
 /// would draw the same mask at every run; capture in evaluation mode, or record such steps on a Tape),
-/// gradient-ready callbacks (Tape::on_gradient_ready), and calls of backward, gradient or clear inside the
-/// function. After the capture the tape is fixed: a Var recorded by the function may be read (value(), item(),
-/// grad() of a tape variable: the last run's) but not recorded on; doing so throws tape_error.
+/// gradient-ready callbacks (Tape::on_gradient_ready), calls of backward, gradient, clear or
+/// release_cached_memory inside the function, reading a value or gradient there (Var::value(), item(),
+/// grad(), argmax_rows: the recorded step would depend on the first step's numbers), and an op whose forward
+/// throws. The function records; what it computes outside the tape is fixed at the capture: a constant made
+/// from a Parameter's value (`tape.constant(w.value().transpose())`) keeps the value it had then, like any
+/// constant, until set_input() changes it. After the capture the tape is fixed: a Var recorded by the function
+/// may be read (value(), item(), grad() of a tape variable: the last run's; not a value a memory budget evicted)
+/// but not recorded on; doing so throws tape_error, as does any Tape call that would change the tape.
 ///
 /// Memory: the buffers of the captured step stay with it (its tape's pool holds them, as a Tape's pool does
 /// between cleared steps), plus one buffer per Parameter gradient the step computes and a copy of each
@@ -54,7 +59,9 @@ class CapturedStep {
   /// Runs `step(tape)` on a tape of its own (random seed `seed`): it records the forward pass and returns the
   /// loss Var ([1,1]). Then runs backward(loss): the first step, whose gradients reach the Parameters as with
   /// Tape::backward. Throws what recording and backward throw (shape_error, stale_value_error, ...), tape_error
-  /// for what cannot be captured (see the class comment), std::bad_alloc.
+  /// for what cannot be captured (see the class comment), std::bad_alloc. What it throws before the backward
+  /// leaves the Parameters as they were; a std::bad_alloc after it (logging the backward's calls) leaves them
+  /// with the first step's gradients added.
   template <class F>
   explicit CapturedStep(F&& step, std::uint64_t seed = 0x5eed) : tape_(std::make_unique<Tape<T>>(seed)) {
     static_assert(std::is_invocable_r_v<Var<T>, F&, Tape<T>&>,
@@ -66,17 +73,18 @@ class CapturedStep {
       state.end_capture_function();
       if (!loss_.valid() || loss_.state() != &state)
         throw tape_error("CapturedStep: the step function must return a Var recorded on the tape it was given");
+      check_log();  // before the backward: the Parameters are unchanged if it throws
+      last_loss_ = loss_.item();
       tape_->backward(loss_);
+      check_log();
+      trace_.make_slots();
+      finish_capture(state);
     } catch (...) {
       state.end_capture();
       throw;
     }
     state.end_capture();
-    if (trace_.failed()) throw std::bad_alloc();
-    trace_.make_slots();
-    finish_capture(state);
     state.freeze();
-    last_loss_ = loss_.item();
   }
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;
@@ -154,6 +162,14 @@ class CapturedStep {
   };
 
   detail::TapeState<T>& tape_state() const { return *tape_->state_; }
+
+  void check_log() const {
+    if (trace_.op_threw())
+      throw tape_error(
+          "CapturedStep: an op's forward threw inside the step function (and the function went on); "
+          "a captured step's ops must not throw");
+    if (trace_.failed()) throw std::bad_alloc();
+  }
 
   /// What the capture leaves for replay(): the sweep's flags, the recorded Parameters, the leaves' data.
   void finish_capture(detail::TapeState<T>& state) {

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -298,6 +299,83 @@ TEST(CapturedStepErrors, WhatCannotBeCapturedIsRefused) {
     return remat::sum(remat::dropout(tape.variable(w), 0.5));
   });
   EXPECT_FLOAT_EQ(eval.replay(), w.value().sum());
+}
+
+/// An op whose forward throws (a user's op that breaks the recipe).
+struct ThrowingOp : remat::OpBase {
+  static constexpr const char* name = "throwing";
+  static constexpr remat::OpKind kind = remat::OpKind::elementwise;
+  static unsigned reads(remat::GradInputs) { return remat::reads_nothing; }
+  static remat::Shape output_shape(const remat::Shape* in, const Params&) { return in[0]; }
+  template <class T>
+  static void forward(const remat::ForwardContext<T>&) {
+    throw std::runtime_error("throwing: refused");
+  }
+  template <class T>
+  static void backward(const remat::BackwardContext<T>&) {}
+  static double flops(const remat::Shape*, int, const remat::Shape& out) { return static_cast<double>(out.size()); }
+};
+
+TEST(CapturedStepErrors, ReadingValuesAndFreeingBuffersInsideTheFunctionAreRefused) {
+  Parameter<float> w(remat_test::random_matrix<float>(4, 4, 1));
+  const Matrix<float> grad_before = w.grad();
+  // A step that read its own numbers would replay the first step's decisions.
+  remat_test::expect_error_naming<remat::tape_error>(
+      [&] {
+        CapturedStep<float> step([&](Tape<float>& tape) {
+          const Var<float> h = remat::tanh(tape.variable(w));
+          const float scale = h.item();  // [4,4]: would throw shape_error on a Tape; refused before
+          return remat::sum(h) * tape.constant(Matrix<float>::Constant(1, 1, scale));
+        });
+      },
+      {"item", "CapturedStep"});
+  remat_test::expect_error_naming<remat::tape_error>(
+      [&] {
+        CapturedStep<float> step([&](Tape<float>& tape) {
+          const Var<float> h = remat::tanh(tape.variable(w));
+          (void)remat::argmax_rows(h);
+          return remat::sum(h);
+        });
+      },
+      {"value", "CapturedStep"});
+  remat_test::expect_error_naming<remat::tape_error>(
+      [&] {
+        CapturedStep<float> step([&](Tape<float>& tape) {
+          const Var<float> loss = remat::sum(remat::tanh(tape.variable(w)));
+          tape.release_cached_memory();
+          return loss;
+        });
+      },
+      {"release_cached_memory", "CapturedStep"});
+  // An op that throws, caught by the function, which goes on.
+  remat_test::expect_error_naming<remat::tape_error>(
+      [&] {
+        CapturedStep<float> step([&](Tape<float>& tape) {
+          const Var<float> x = tape.variable(w);
+          try {
+            (void)remat::apply_op<ThrowingOp>(x);
+          } catch (const std::runtime_error&) {
+          }
+          return remat::sum(x);
+        });
+      },
+      {"forward threw", "CapturedStep"});
+  // None of them reached the backward.
+  EXPECT_FALSE(w.has_grad());
+  EXPECT_TRUE(bitwise_equal<float>(Matrix<float>(w.grad()), grad_before));
+  // After the capture, a Tape& kept from the function changes nothing either.
+  Tape<float>* kept = nullptr;
+  CapturedStep<float> step([&](Tape<float>& tape) {
+    kept = &tape;
+    return remat::sum(remat::square(tape.variable(w)));
+  });
+  remat_test::expect_error_naming<remat::tape_error>([&] { kept->release_cached_memory(); },
+                                                     {"release_cached_memory", "CapturedStep"});
+  EXPECT_THROW(kept->clear(), remat::tape_error);
+  EXPECT_THROW(kept->set_memory_budget(1024), remat::tape_error);
+  EXPECT_THROW(kept->constant(Matrix<float>::Zero(2, 2)), remat::tape_error);
+  w.zero_grad();
+  EXPECT_EQ(step.replay(), step.last_loss());
 }
 
 TEST(CapturedStepErrors, AReplacedParameterIsRefusedWithNothingChanged) {

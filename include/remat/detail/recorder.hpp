@@ -141,7 +141,7 @@ class Recorder {
       }
       buffers_.free(n.scratch, n.scratch_shape);
     } catch (...) {
-      if (graph_.trace) graph_.trace->cancel_forward(id);
+      if (graph_.trace) graph_.trace->forward_threw(id);
       buffers_.free(n.scratch, n.scratch_shape);
       buffers_.free(n.value, n.shape);
       buffers_.free(n.extra, n.extra_shape);

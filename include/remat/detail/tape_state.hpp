@@ -85,7 +85,10 @@ class TapeState {
   }
   /// Room for an op recorded as `n` nodes with these output shapes (Recorder::reserve_records). Throws
   /// std::bad_alloc with the tape's figures unchanged.
-  void reserve_records(const Shape* outputs, std::size_t n) { recorder_.reserve_records(outputs, n); }
+  void reserve_records(const Shape* outputs, std::size_t n) {
+    if (frozen_) throw_frozen("concat_cols");  // its only caller: before it changes the pool or the node store
+    recorder_.reserve_records(outputs, n);
+  }
   /// Throws what record() would throw for input `id` of `op` (an escaped value, a modified Parameter).
   void check_input(const char* op, std::int32_t id) const { recorder_.check_input(op, id); }
   /// Index of a name tag (OpInfo::tag) in the tape's store, adding it the first time.
@@ -169,6 +172,11 @@ class TapeState {
   /// Throws shapes_only_error naming `op`, node `id` and `what` (its "value", its "gradient") if this tape is
   /// shapes-only: what would be read was never computed.
   void check_has_numbers(const char* op, std::int32_t id, const char* what) const {
+    if (capture_function_running_)
+      throw tape_error(std::string(op) + ": node #" + std::to_string(id) + " (" + node_name(id) +
+                       ") is read inside a CapturedStep's function: the recorded step would depend on the first "
+                       "step's numbers, which replay() does not recompute; read it after the capture (a value or "
+                       "gradient of the last run)");
     if (!shapes_only()) return;
     throw shapes_only_error(std::string(op) + ": node #" + std::to_string(id) + " (" + node_name(id) + " " +
                             to_string(graph_[id].shape) + ") has no " + what +
@@ -362,7 +370,15 @@ class TapeState {
     ++generation_;
     buffers_.trim();
   }
-  void release_cached_memory() { buffers_.trim(); }
+  /// Not on a CapturedStep's tape: its log names the cached buffers.
+  void release_cached_memory() {
+    check_not_in_callback("release_cached_memory");
+    if (graph_.trace)
+      throw tape_error(
+          "release_cached_memory: called inside a CapturedStep's function, whose log names the "
+          "buffers it would return");
+    buffers_.trim();
+  }
 
   /// Backwards that skipped their dry run as redundant (detail/sweep.hpp; tests).
   std::size_t dry_runs_skipped() const { return sweep_.dry_runs_skipped(); }

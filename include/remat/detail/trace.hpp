@@ -78,12 +78,17 @@ class Trace {
       log(TraceEvent::delivery, g, id, false);
     });
   }
-  /// The forward of node `id`, just logged, threw: the node is removed from the tape, and so is its call.
-  void cancel_forward(std::int32_t id) noexcept {
-    if (events.empty() || events.back().kind != TraceEvent::forward || events.back().node != id) return;
-    states.resize(static_cast<std::size_t>(events.back().states_begin));
-    events.pop_back();
+  /// The forward of node `id`, just logged, threw: the recorder returns its buffers, some of which earlier
+  /// events may name, so the capture cannot be replayed (CapturedStep throws), even if the function goes on.
+  void forward_threw(std::int32_t id) noexcept {
+    if (!events.empty() && events.back().kind == TraceEvent::forward && events.back().node == id) {
+      states.resize(static_cast<std::size_t>(events.back().states_begin));
+      events.pop_back();
+    }
+    op_threw_ = true;
   }
+  /// An op's forward threw during the capture.
+  bool op_threw() const { return op_threw_; }
   /// A hook could not allocate: the log is incomplete.
   bool failed() const { return failed_; }
 
@@ -236,6 +241,7 @@ class Trace {
   std::vector<HandedOver> handed_over_;
   std::vector<Slot> slots_;
   bool failed_ = false;
+  bool op_threw_ = false;
 };
 
 }  // namespace remat::detail
