@@ -79,12 +79,12 @@ class CapturedStep {
       check_log();
       trace_.make_slots();
       finish_capture(state);
+      state.freeze();
     } catch (...) {
       state.end_capture();
       throw;
     }
     state.end_capture();
-    state.freeze();
   }
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;

@@ -3,6 +3,7 @@
 // and offers the narrow interface that Tape, Var, apply<Op>, checkpoint() and the schedules use.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -192,7 +193,9 @@ class TapeState {
       auto g = n.parameter->grad_matrix();
       return MatrixView<T>(g.data(), g.rows(), g.cols());
     }
-    if (!n.grad || !frozen_) check_not_in_callback("Var::grad");  // a CapturedStep's gradients may be read
+    // A CapturedStep's: its gradients may be read; one no run reaches is zero.
+    if (frozen_ && !n.grad) return MatrixView<T>(frozen_zeros_.data(), n.shape.rows, n.shape.cols);
+    if (!frozen_) check_not_in_callback("Var::grad");
     if (!n.grad) {
       buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
       const std::size_t bytes = Buffers<T>::bytes(n.shape);
@@ -338,7 +341,14 @@ class TapeState {
   }
   /// No recording, sweep, allocation or change of any kind from now on: a CapturedStep runs its trace
   /// on these nodes and buffers.
-  void freeze() noexcept { frozen_ = true; }
+  /// Throws std::bad_alloc, unchanged.
+  void freeze() {
+    Index most = 0;  // the zeros that a tape variable no run gives a gradient reads (variable_grad)
+    for (const Node<T>& n : graph_.nodes)
+      if (n.is_variable && !n.parameter && !n.grad) most = std::max(most, n.shape.size());
+    frozen_zeros_.assign(static_cast<std::size_t>(most), T(0));
+    frozen_ = true;
+  }
   Graph<T>& captured_graph() { return graph_; }
   const std::uint8_t* captured_wanted() const { return sweep_.wanted.data(); }
 
@@ -589,6 +599,7 @@ class TapeState {
   std::function<void(const CheckpointDiagnostic&)> diagnostics_handler_;
   bool training_ = true;
   bool frozen_ = false;                    // a CapturedStep's tape after its capture
+  std::vector<T> frozen_zeros_;            // then: the gradient of a variable no run reaches
   bool capture_function_running_ = false;  // a CapturedStep's function runs (begin_capture)
   long refs_ = 1;
 };
