@@ -105,6 +105,10 @@ class CapturedStep {
     save_states(graph);
     trace_.run(graph, wanted_.data(), loss_.id(), last_loss_);
     restore_states(graph);
+    // The loss's buffer, held by loss_, has this run's value; a leaf loss (a Parameter, a constant) has no
+    // forward for the run to read it from. Unless a budget evicted it: then the run read it after its forward.
+    const detail::Node<T>& loss = graph[loss_.id()];
+    if (loss.value) last_loss_ = loss.value[0];
     return last_loss_;
   }
 

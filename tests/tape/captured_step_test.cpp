@@ -415,6 +415,24 @@ TEST(CapturedStep, VarsReleasedAfterTheCaptureStayReleased) {
   EXPECT_LT(step.memory().live_bytes, live);
 }
 
+TEST(CapturedStep, ALeafLossReportsTheReplaysValue) {
+  // A loss that is a leaf has no forward in the log: the replay's value is the leaf's.
+  Parameter<float> w(Matrix<float>::Constant(1, 1, 2.0f));
+  CapturedStep<float> parameter_loss([&](Tape<float>& tape) { return tape.variable(w); });
+  w.mutable_value()(0, 0) = 5.0f;
+  w.zero_grad();
+  EXPECT_EQ(parameter_loss.replay(), 5.0f);
+  EXPECT_EQ(parameter_loss.last_loss(), 5.0f);
+  Var<float> c;
+  CapturedStep<float> constant_loss([&](Tape<float>& tape) {
+    c = tape.variable(Matrix<float>::Constant(1, 1, 3.0f));
+    return c;
+  });
+  constant_loss.set_input(c, Matrix<float>::Constant(1, 1, 7.0f));
+  EXPECT_EQ(constant_loss.replay(), 7.0f);
+  EXPECT_EQ(Matrix<float>(c.grad())(0, 0), 1.0f);
+}
+
 TEST(CapturedStepErrors, BadInputsAndIndicesAreRefusedWithTheStepUnchanged) {
   Parameter<float> w(remat_test::random_matrix<float>(3, 4, 1));
   Var<float> x;

@@ -152,6 +152,10 @@ class TapeState {
       if (n.value) evictor_.touch(id);
       return;
     }
+    if (frozen_)
+      throw tape_error(std::string(op) + ": node #" + std::to_string(id) + " (" + node_name(id) +
+                       ") was evicted by the memory budget, and a CapturedStep's tape regenerates nothing outside "
+                       "replay()");
     check_not_in_callback(op);
     evictor_.reserve(static_cast<std::size_t>(graph_.size()));
     evictor_.trial(op, [&] { evictor_.ensure(id); });
