@@ -211,20 +211,11 @@ class CapturedStep {
   /// before it (what the tape's lifetime rule and pool account for: a Var released since the capture has
   /// freed its value, which must stay freed).
   void save_states(const detail::Graph<T>& graph) noexcept {
-    for (std::int32_t i = 0; i < graph.size(); ++i) {
-      const detail::Node<T>& n = graph[i];
-      saved_states_[static_cast<std::size_t>(i)] = {i, n.grad_assigned, n.value, n.extra, n.scratch, n.grad};
-    }
+    for (std::int32_t i = 0; i < graph.size(); ++i)
+      saved_states_[static_cast<std::size_t>(i)] = detail::state_of(graph, i);
   }
   void restore_states(detail::Graph<T>& graph) const noexcept {
-    for (const detail::TraceNodeState<T>& s : saved_states_) {
-      detail::Node<T>& n = graph[s.id];
-      n.grad_assigned = s.grad_assigned;
-      n.value = s.value;
-      n.extra = s.extra;
-      n.scratch = s.scratch;
-      n.grad = s.grad;
-    }
+    for (const detail::TraceNodeState<T>& s : saved_states_) detail::restore_state(graph, s);
   }
 
   std::int32_t own_id(const char* op, const Var<T>& v) const {

@@ -6,10 +6,10 @@
 // that evicts. Evaluation mode on both sides: dropout records nothing (a captured step refuses random ops).
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <memory>
 #include <vector>
 
+#include "checkpoint_support.hpp"
 #include "random_program.hpp"
 #include "remat/remat.hpp"
 
@@ -18,12 +18,6 @@ namespace captured_property_test {
 using namespace random_program;
 
 constexpr int program_count = 60;
-
-template <class T>
-bool same_bits(const Matrix<T>& a, const Matrix<T>& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() &&
-         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(T)) == 0;
-}
 
 /// Loss and the differentiable leaves' gradients of `program` recorded on a fresh Tape (the oracle).
 template <class T>
@@ -135,7 +129,7 @@ template <class T>
 void check(const std::vector<Matrix<T>>& got, const std::vector<Matrix<T>>& want, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t k = 0; k < got.size(); ++k)
-    EXPECT_TRUE(same_bits(got[k], want[k])) << what << ": output " << k << " (0 = the loss)";
+    EXPECT_TRUE(checkpoint_test::BitwiseEqual(got[k], want[k])) << what << ": output " << k << " (0 = the loss)";
 }
 
 template <class T>

@@ -29,6 +29,23 @@ struct TraceNodeState {
   T* grad;
 };
 
+/// The buffers of node `id` now.
+template <class T>
+TraceNodeState<T> state_of(const Graph<T>& g, std::int32_t id) {
+  const Node<T>& n = g[id];
+  return {id, n.grad_assigned, n.value, n.extra, n.scratch, n.grad};
+}
+/// Points its node at the buffers of `s`.
+template <class T>
+void restore_state(Graph<T>& g, const TraceNodeState<T>& s) noexcept {
+  Node<T>& n = g[s.id];
+  n.grad_assigned = s.grad_assigned;
+  n.value = s.value;
+  n.extra = s.extra;
+  n.scratch = s.scratch;
+  n.grad = s.grad;
+}
+
 struct TraceEvent {
   enum Kind : std::uint8_t {
     leaf_data,  ///< a constant's or variable's data copied in (from Trace::leaf_data[data])
@@ -163,22 +180,11 @@ class Trace {
     events.push_back(e);
     return events.back();
   }
-  void push_state(const Graph<T>& g, std::int32_t id) {
-    const Node<T>& n = g[id];
-    states.push_back({id, n.grad_assigned, n.value, n.extra, n.scratch, n.grad});
-  }
+  void push_state(const Graph<T>& g, std::int32_t id) { states.push_back(state_of(g, id)); }
   void restore(Graph<T>& g, const TraceEvent& e) const noexcept {
     const Node<T>& head = g[e.node];
     const int count = e.kind == TraceEvent::forward || e.kind == TraceEvent::backward ? 1 + head.arity : 1;
-    for (int k = 0; k < count; ++k) {
-      const TraceNodeState<T>& s = states[static_cast<std::size_t>(e.states_begin + k)];
-      Node<T>& n = g[s.id];
-      n.grad_assigned = s.grad_assigned;
-      n.value = s.value;
-      n.extra = s.extra;
-      n.scratch = s.scratch;
-      n.grad = s.grad;
-    }
+    for (int k = 0; k < count; ++k) restore_state(g, states[static_cast<std::size_t>(e.states_begin + k)]);
   }
   /// What Sweep::add_to_parameter does with the gradient in n.grad: add it to the Parameter's, or make it the
   /// Parameter's (in place when a slot pointed the kernels at the Parameter's buffer, else copied). The
