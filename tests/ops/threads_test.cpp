@@ -39,8 +39,8 @@ struct RestoreThreads {
 
 /// A dimension of the op list's tiny shapes → a large one, consistently (1 stays 1, so broadcasting forms
 /// stay broadcasting, and inner dimensions of products still match). [800,45] has 36000 elements, 5 row
-/// blocks of 176 rows (the last of 96) and 2 column blocks (32 and 13 columns); [300,130] 6 row blocks
-/// (the last of 20); [1,40000] one row in 1250 column blocks.
+/// blocks of 176 rows (the last of 96); [300,130] 6 row blocks (the last of 20), and 16 row blocks of a column
+/// sum (the last of 15 rows); [1,40000] one row in 157 column chunks of a column sum (the last of 64 columns).
 Index large(Index tiny) {
   switch (tiny) {
     case 1:
@@ -166,7 +166,7 @@ INSTANTIATE_TEST_SUITE_P(Ops, EveryOp, ::testing::ValuesIn(op_names()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // The large shapes do what the test above says: they cross the grain, in several row blocks with a ragged
-// last one (and column blocks, for the column sums), and the attention layout in several row tiles.
+// last one (and row blocks and column chunks, for the column sums), and the attention layout in several row tiles.
 TEST(ThreadsTestShapes, CrossTheGrainInSeveralBlocksWithARaggedLastOne) {
   for (const Shape s : {Shape{800, 45}, Shape{300, 130}}) {
     const remat::detail::Blocks rows = remat::detail::row_blocks(s.rows, s.cols, 1);
@@ -174,9 +174,15 @@ TEST(ThreadsTestShapes, CrossTheGrainInSeveralBlocksWithARaggedLastOne) {
     EXPECT_NE(rows.total % rows.size, 0) << remat::to_string(s);
     EXPECT_GE(remat::detail::reduction_blocks(s.rows, s.cols, 1).count, 3) << remat::to_string(s);
   }
-  const remat::detail::Blocks columns = remat::detail::column_blocks(800, 45, 1);
-  EXPECT_EQ(columns.count, 2);
-  EXPECT_NE(columns.total % columns.size, 0);
+  // Column sums (bias gradients, sum_cols, layer_norm's dgain): [300,130] in 16 row blocks, the last shorter;
+  // [1,40000] in 157 column chunks, the last shorter.
+  const remat::detail::ColumnSumPartition sums = remat::detail::column_sum_partition(300, 130, 1);
+  EXPECT_TRUE(sums.team);
+  EXPECT_EQ(sums.rows.count, 16);
+  EXPECT_NE(sums.rows.total % sums.rows.size, 0);
+  const remat::detail::ColumnSumPartition wide = remat::detail::column_sum_partition(1, 40000, 1);
+  EXPECT_EQ(wide.columns.count, 157);
+  EXPECT_NE(wide.columns.total % wide.columns.size, 0);
   const auto c = remat_test::attention_config(large_q);
   const remat::detail::AttentionLayout l{large_q.rows / c.seq_len, c.seq_len, c.heads, large_q.cols / c.heads};
   for (const bool causal : {false, true}) {

@@ -56,7 +56,7 @@ auto broadcast_view(const B& b, const Shape& shape) {
 }
 
 /// Adds gradient `g` (an Eigen matrix expression of the broadcast output's shape, no matrix product) to input
-/// k, summing over broadcast dimensions: row blocks of g, or column blocks for a sum over rows; a sum over
+/// k, summing over broadcast dimensions: row blocks of g, or column_sums for a sum over rows; a sum over
 /// everything adds its row blocks' partial sums in block order.
 template <class T, class Context, class G>
 void add_reduced_grad(const Context& c, int k, const G& g) {

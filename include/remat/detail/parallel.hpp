@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <new>
 #include <numeric>
 #include <type_traits>
+#include <vector>
 
 #include "remat/detail/contexts.hpp"
 #include "remat/matrix.hpp"
@@ -29,8 +31,12 @@ inline constexpr double parallel_grain = 32768;
 /// Elements of a row block (rounded to whole rows, at least one row): large enough that a block's work
 /// dwarfs handing it to a thread, small enough for dozens of blocks in a layer's [2048,1024] activations.
 inline constexpr Index block_elements = 8192;
-/// Columns of a column block (for column sums: each block sums its columns over every row, in row order).
-inline constexpr Index column_block = 32;
+/// Columns of a column chunk of a column sum (a sum over rows): 1 KiB of each float row, read contiguously.
+inline constexpr Index column_chunk = 256;
+/// A column sum's row blocks: at most this many (each leaves a partial row of sums in a scratch buffer) ...
+inline constexpr Index max_column_sum_blocks = 16;
+/// ... and at least this many rows each.
+inline constexpr Index min_column_sum_rows = 16;
 /// At most this many blocks in a reduction to one value (its partial results live on the stack).
 inline constexpr Index max_partial_blocks = 256;
 
@@ -70,9 +76,17 @@ inline Blocks reduction_blocks(Index rows, Index cols, double cost) {
   return make_blocks(rows, (rows + max_partial_blocks - 1) / max_partial_blocks, true);
 }
 
-/// The column blocks of a [rows, cols] tensor (column_block columns each).
-inline Blocks column_blocks(Index rows, Index cols, double cost) {
-  return make_blocks(cols, column_block, above_grain(rows * cols, cost));
+/// The partition of a column sum over a [rows, cols] tensor (column_sums): column chunks of column_chunk
+/// columns and, above the grain, row blocks (one block below it, whose chunks run on the calling thread).
+struct ColumnSumPartition {
+  Blocks rows, columns;
+  bool team;  ///< above the grain: the items go to remat's team
+};
+
+inline ColumnSumPartition column_sum_partition(Index rows, Index cols, double cost) {
+  const bool split = above_grain(rows * cols, cost);
+  const Index size = std::max(min_column_sum_rows, (rows + max_column_sum_blocks - 1) / max_column_sum_blocks);
+  return {make_blocks(rows, size, split), make_blocks(cols, column_chunk, true), split};
 }
 
 /// Runs f(i) for every item i in [0, count), on remat's team when count > 1 and num_threads() > 1 (each
@@ -112,12 +126,6 @@ void for_blocks(const Blocks& blocks, F&& f) {
 template <class F>
 void for_row_blocks(Index rows, Index cols, double cost, F&& f) {
   for_blocks(row_blocks(rows, cols, cost), f);
-}
-
-/// f(begin, count) over the column blocks of a [rows, cols] tensor, `cost` per element.
-template <class F>
-void for_column_blocks(Index rows, Index cols, double cost, F&& f) {
-  for_blocks(column_blocks(rows, cols, cost), f);
 }
 
 /// Σ over the reduction row blocks of partial(begin, count) → T, added in block order.
@@ -190,15 +198,112 @@ void add_grad_rows(const BackwardContext<T>& c, int k, double cost, Make&& make)
   assign_rows(t.map, t.accumulate, cost, make);
 }
 
-/// add_grad(k, g.colwise().sum()) for an Eigen matrix expression g (no matrix product) by column blocks: each
-/// block of input k's [1, cols] gradient sums its columns of g over every row.
+/// A per-thread buffer of at least `count` elements for a column sum's partial rows, grown to the largest
+/// request and kept (a steady training loop allocates it once); null if it cannot grow (the caller then sums
+/// without it, to the same bits). It is not a tensor: the tape's byte counts do not include it.
+template <class T>
+T* column_sum_scratch(std::size_t count) noexcept {
+  thread_local std::vector<T> scratch;
+  if (scratch.size() < count) {
+    try {
+      scratch.resize(count);
+    } catch (const std::bad_alloc&) {
+      return nullptr;
+    }
+  }
+  return scratch.data();
+}
+
+/// out[0, w) = Σ row(i, c0, w) over the rows [r0, r0 + n), added in row order.
+template <class T, class Row>
+void sum_tile_rows(Row& row, Index r0, Index n, Index c0, Index w, T* out) {
+  Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> o(out, w);
+  o = row(r0, c0, w);
+  for (Index i = r0 + 1; i < r0 + n; ++i) o += row(i, c0, w);
+}
+
+/// dst[c0, c0 + w) = or += (when `accumulate`) the sum of the partial rows part(0) … part(count − 1) (each w
+/// elements), added in that order; the sum is formed before it is added to dst.
+template <class T, class Part>
+void add_partials(T* dst, Index w, Index count, bool accumulate, Part&& part) {
+  Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> d(dst, w);
+  if (!accumulate) {
+    d = Eigen::Map<const Eigen::Array<T, 1, Eigen::Dynamic>>(part(0), w);
+    for (Index b = 1; b < count; ++b) d += Eigen::Map<const Eigen::Array<T, 1, Eigen::Dynamic>>(part(b), w);
+    return;
+  }
+  alignas(64) T total_buffer[column_chunk];
+  Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> total(total_buffer, w);
+  total = Eigen::Map<const Eigen::Array<T, 1, Eigen::Dynamic>>(part(0), w);
+  for (Index b = 1; b < count; ++b) total += Eigen::Map<const Eigen::Array<T, 1, Eigen::Dynamic>>(part(b), w);
+  d += total;
+}
+
+/// dst[0, cols) = or += (when `accumulate`) Σ_i row(i, c0, w) over the rows of the partition `p`: each row
+/// block's partial sum (its rows added in order), then the partial sums added in block order. row(i, c0, w)
+/// returns the Eigen array expression of row i's columns [c0, c0 + w). Each item reads whole rows of a column
+/// chunk (1 KiB of a float row): summing a row-major tensor down its columns, as Eigen's colwise() does, reads
+/// one cache line per row and page, 3-6× slower on [2048,1024] (bench/RESULTS.md §18). The items are (row
+/// block, column chunk) pairs whose partial rows go to column_sum_scratch; without it, each chunk's blocks
+/// are summed one after another on the stack: the same additions in the same order, so the same bits.
+/// `scratch` (at least p.rows.count × cols elements, or null) is column_sum_scratch's or a test's.
+template <class T, class Row>
+void column_sums(const ColumnSumPartition& p, Row&& row, T* dst, bool accumulate, T* scratch) {
+  const Blocks& rows = p.rows;
+  const Blocks& chunks = p.columns;
+  const Index cols = chunks.total;
+  if (scratch && rows.count > 1) {
+    for_items(p.team, rows.count * chunks.count, [&](Index item) {
+      const Index b = item / chunks.count, j = item % chunks.count;
+      sum_tile_rows(row, rows.begin(b), rows.length(b), chunks.begin(j), chunks.length(j),
+                    scratch + b * cols + chunks.begin(j));
+    });
+    for_items(p.team, chunks.count, [&](Index j) {
+      const Index c0 = chunks.begin(j);
+      add_partials(dst + c0, chunks.length(j), rows.count, accumulate,
+                   [&](Index b) -> const T* { return scratch + b * cols + c0; });
+    });
+    return;
+  }
+  for_items(p.team, chunks.count, [&](Index j) {
+    const Index c0 = chunks.begin(j), w = chunks.length(j);
+    alignas(64) T partial[column_chunk];
+    add_partials(dst + c0, w, rows.count, accumulate, [&](Index b) -> const T* {
+      sum_tile_rows(row, rows.begin(b), rows.length(b), c0, w, partial);
+      return partial;
+    });
+  });
+}
+
+/// column_sums over column_sum_partition(rows, cols, cost), with column_sum_scratch.
+template <class T, class Row>
+void column_sums(Index rows, Index cols, double cost, Row&& row, T* dst, bool accumulate) {
+  const ColumnSumPartition p = column_sum_partition(rows, cols, cost);
+  column_sums(p, row, dst, accumulate,
+              p.rows.count > 1 ? column_sum_scratch<T>(static_cast<std::size_t>(p.rows.count * cols)) : nullptr);
+}
+
+/// dst (a [1, g.cols()] row) = or += g.colwise().sum() for an Eigen matrix expression g (no matrix product):
+/// Eigen's colwise sum below the grain (W0's bias gradients), column_sums above it.
+template <class T, class G>
+void assign_column_sums(AlignedMap<T> dst, const G& g, bool accumulate, double cost) {
+  const ColumnSumPartition p = column_sum_partition(g.rows(), g.cols(), cost);
+  if (!p.team) {
+    assign_or_add(dst, g.colwise().sum(), accumulate);
+    return;
+  }
+  const auto row = [&](Index i, Index c0, Index w) { return g.row(i).segment(c0, w).array(); };
+  column_sums(p, row, dst.data(), accumulate,
+              p.rows.count > 1 ? column_sum_scratch<T>(static_cast<std::size_t>(p.rows.count * g.cols())) : nullptr);
+}
+
+/// add_grad(k, g.colwise().sum()) for an Eigen matrix expression g (no matrix product): assign_column_sums
+/// into input k's [1, cols] gradient.
 template <class T, class G>
 void add_grad_column_sums(const BackwardContext<T>& c, int k, const G& g) {
   if (!c.wants_grad(k)) return;
   GradTarget<T> t = c.grad_target(k);
-  for_column_blocks(g.rows(), g.cols(), 1, [&](Index c0, Index n) {
-    assign_or_add(t.map.middleCols(c0, n), g.middleCols(c0, n).colwise().sum(), t.accumulate);
-  });
+  assign_column_sums<T>(t.map, g, t.accumulate, 1);
 }
 
 /// OpenBLAS on one thread while it lives, if `active`, the program has OpenMP and OpenBLAS runs on more: for

@@ -49,8 +49,7 @@ struct LayerNormOp : OpBase {
       }
     });
   }
-  /// Backward: dx by row blocks; dgain and dbias, sums over rows, by column blocks (each column's sum in
-  /// row order).
+  /// Backward: dx by row blocks; dgain and dbias, sums over rows, by column_sums.
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     const auto g = c.grad_out();
@@ -72,13 +71,10 @@ struct LayerNormOp : OpBase {
       }
       if (c.wants_grad(1)) {
         GradTarget<T> dgain = c.grad_target(1);
-        for_column_blocks(x.rows(), x.cols(), 3, [&](Index c0, Index n) {
-          auto d = dgain.map.row(0).segment(c0, n).array();
-          for (Index i = 0; i < x.rows(); ++i) {
-            const auto xhat_i = (x.row(i).segment(c0, n).array() - stats(i, 0)) * stats(i, 1);
-            assign_or_add(d, g.row(i).segment(c0, n).array() * xhat_i, dgain.accumulate || i > 0);
-          }
-        });
+        const auto row = [&](Index i, Index c0, Index n) {
+          return g.row(i).segment(c0, n).array() * ((x.row(i).segment(c0, n).array() - stats(i, 0)) * stats(i, 1));
+        };
+        column_sums(x.rows(), x.cols(), 3, row, dgain.map.data(), dgain.accumulate);
       }
     }
     add_grad_column_sums(c, 2, g);

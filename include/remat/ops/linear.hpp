@@ -27,7 +27,7 @@ struct LinearOp : OpBase {
     const auto b = c.in(2).row(0);
     for_row_blocks(out.rows(), out.cols(), 1, [&](Index r0, Index n) { out.middleRows(r0, n).rowwise() += b; });
   }
-  /// The products go to the GEMM (OpenBLAS's threads); db = Σ_rows dy by column blocks on remat's team.
+  /// The products go to the GEMM (OpenBLAS's threads); db = Σ_rows dy by column_sums on remat's team.
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     const auto g = c.grad_out();

@@ -15,8 +15,8 @@ struct MeanColsOp : OpBase {
   static void forward(const ForwardContext<T>& c) {
     const auto x = c.in(0);
     auto y = c.out();
-    for_column_blocks(x.rows(), x.cols(), 1,
-                      [&](Index c0, Index n) { y.middleCols(c0, n).noalias() = x.middleCols(c0, n).colwise().mean(); });
+    assign_column_sums<T>(y, x, false, 1);
+    y /= T(x.rows());
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {

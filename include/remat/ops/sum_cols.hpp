@@ -13,10 +13,7 @@ struct SumColsOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return {1, in[0].cols}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    const auto x = c.in(0);
-    auto y = c.out();
-    for_column_blocks(x.rows(), x.cols(), 1,
-                      [&](Index c0, Index n) { y.middleCols(c0, n).noalias() = x.middleCols(c0, n).colwise().sum(); });
+    assign_column_sums<T>(c.out(), c.in(0), false, 1);
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
