@@ -17,6 +17,7 @@
 
 namespace {
 
+using remat::Index;
 using remat::Matrix;
 using remat::Tape;
 using remat::Var;
@@ -454,6 +455,50 @@ TEST(LayerNorm, GradientOfSumOverUnitGainIsZeroForX) {
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 4; ++j) EXPECT_NEAR(x.grad()(i, j), 0, 1e-12);
   for (int j = 0; j < 4; ++j) EXPECT_DOUBLE_EQ(bias.grad()(0, j), 3);
+}
+
+// On shapes above the parallel grain, where the kernels cut their work (gelu's backward into 1024-element
+// chunks of each row block, the column sums into row blocks and column chunks), against formulas evaluated
+// here: loss = Σ w ⊙ op(x) with a random w, so dx = w ⊙ op'(x) and the parameter gradients are sums over rows.
+TEST(Gelu, GradientAboveTheGrainIsWTimesTheReferenceDerivative) {
+  Tape<double> tape;
+  const Matrix<double> xv = remat_test::random_matrix(300, 130, 21), wv = remat_test::random_matrix(300, 130, 22);
+  const auto x = tape.variable(xv);
+  tape.backward(remat::sum(remat::gelu(x) * tape.constant(wv)));
+  const double h = 1e-5;
+  for (Index i = 0; i < xv.rows(); ++i)
+    for (Index j = 0; j < xv.cols(); ++j) {
+      const double derivative =
+          (remat_test::reference::gelu(xv(i, j) + h) - remat_test::reference::gelu(xv(i, j) - h)) / (2 * h);
+      ASSERT_NEAR(x.grad()(i, j), wv(i, j) * derivative, 1e-9) << i << "," << j;
+    }
+}
+
+TEST(LayerNorm, GainAndBiasGradientsAboveTheGrainAreSumsOverRows) {
+  Tape<double> tape;
+  const Index m = 700, n = 300;  // 16 row blocks of 44 rows (the last of 40), 2 column chunks (256 and 44)
+  const Matrix<double> xv = remat_test::random_matrix(m, n, 31), wv = remat_test::random_matrix(m, n, 32);
+  const auto x = tape.constant(xv);
+  const auto gain = tape.variable(remat_test::random_matrix(1, n, 33));
+  const auto bias = tape.variable(remat_test::random_matrix(1, n, 34));
+  tape.backward(remat::sum(remat::layer_norm(x, gain, bias) * tape.constant(wv)));
+  std::vector<long double> mean(m, 0), rstd(m, 0);
+  for (Index i = 0; i < m; ++i) {
+    long double variance = 0;
+    for (Index k = 0; k < n; ++k) mean[i] += xv(i, k);
+    mean[i] /= n;
+    for (Index k = 0; k < n; ++k) variance += (xv(i, k) - mean[i]) * (xv(i, k) - mean[i]);
+    rstd[i] = 1 / std::sqrt(variance / n + 1e-5L);
+  }
+  for (Index j = 0; j < n; ++j) {
+    long double dgain = 0, dbias = 0;
+    for (Index i = 0; i < m; ++i) {
+      dgain += wv(i, j) * (xv(i, j) - mean[i]) * rstd[i];
+      dbias += wv(i, j);
+    }
+    ASSERT_NEAR(gain.grad()(0, j), static_cast<double>(dgain), 1e-10) << j;
+    ASSERT_NEAR(bias.grad()(0, j), static_cast<double>(dbias), 1e-10) << j;
+  }
 }
 
 TEST(Dropout, EachElementIsZeroOrScaledInput) {
