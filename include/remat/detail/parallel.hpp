@@ -254,9 +254,12 @@ void column_sums(const ColumnSumPartition& p, Row&& row, T* dst, bool accumulate
   const Index cols = chunks.total;
   if (scratch && rows.count > 1) {
     for_items(p.team, rows.count * chunks.count, [&](Index item) {
-      const Index b = item / chunks.count, j = item % chunks.count;
-      sum_tile_rows(row, rows.begin(b), rows.length(b), chunks.begin(j), chunks.length(j),
-                    scratch + b * cols + chunks.begin(j));
+      const Index b = item / chunks.count, j = item % chunks.count, w = chunks.length(j);
+      // Summed on this thread's stack, stored once: the neighbouring items, running on other threads, write
+      // the scratch next to this one's partial row (in the same cache line at the chunks' edges).
+      alignas(64) T partial[column_chunk];
+      sum_tile_rows(row, rows.begin(b), rows.length(b), chunks.begin(j), w, partial);
+      std::copy(partial, partial + w, scratch + b * cols + chunks.begin(j));
     });
     for_items(p.team, chunks.count, [&](Index j) {
       const Index c0 = chunks.begin(j);
@@ -287,11 +290,11 @@ void column_sums(Index rows, Index cols, double cost, Row&& row, T* dst, bool ac
 /// Eigen's colwise sum below the grain (W0's bias gradients), column_sums above it.
 template <class T, class G>
 void assign_column_sums(AlignedMap<T> dst, const G& g, bool accumulate, double cost) {
-  const ColumnSumPartition p = column_sum_partition(g.rows(), g.cols(), cost);
-  if (!p.team) {
+  if (!above_grain(g.rows() * g.cols(), cost)) {  // before the partition's divisions: W0 has 64 bias gradients
     assign_or_add(dst, g.colwise().sum(), accumulate);
     return;
   }
+  const ColumnSumPartition p = column_sum_partition(g.rows(), g.cols(), cost);
   const auto row = [&](Index i, Index c0, Index w) { return g.row(i).segment(c0, w).array(); };
   column_sums(p, row, dst.data(), accumulate,
               p.rows.count > 1 ? column_sum_scratch<T>(static_cast<std::size_t>(p.rows.count * g.cols())) : nullptr);
