@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "remat/detail/direct_gemm.hpp"
 #include "remat/detail/node.hpp"
 
 namespace remat {
@@ -135,14 +136,16 @@ class BackwardContext {
     GradTarget<T> t = grad_target(k);
     if constexpr (std::is_base_of_v<Eigen::ArrayBase<E>, E>) {
       assign_or_add(t.map.array(), e, t.accumulate);
-    } else if (t.accumulate) {
-      t.map.noalias() += e;
     } else if constexpr (detail::is_product<E>) {
-      // Eigen would zero the target on this thread before its GEMM adds into it: the team zeroes it instead.
-      if (detail::zero_for_product(t.map))
+      if (detail::direct_gemm(t.map, e, t.accumulate)) return;  // below the grain: one ?gemm call
+      if (t.accumulate)
+        t.map.noalias() += e;
+      else if (detail::zero_for_product(t.map))  // Eigen would zero the target on this thread: the team does
         t.map.noalias() += e;
       else
         t.map.noalias() = e;
+    } else if (t.accumulate) {
+      t.map.noalias() += e;
     } else {
       t.map.noalias() = e;
     }

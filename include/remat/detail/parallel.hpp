@@ -28,6 +28,7 @@ namespace remat::detail {
 /// and runs on the calling thread: waking a team costs about as much as a few thousand FLOPs, so tiny
 /// tensors (W0's [16,32]: 512 elements) never pay for it.
 inline constexpr double parallel_grain = 32768;
+static_assert(direct_gemm_elements == parallel_grain, "direct_gemm takes the products below the grain");
 /// Elements of a row block (rounded to whole rows, at least one row): large enough that a block's work
 /// dwarfs handing it to a thread, small enough for dozens of blocks in a layer's [2048,1024] activations.
 inline constexpr Index block_elements = 8192;
@@ -158,6 +159,7 @@ bool zero_for_product(AlignedMap<T> dst) {
 /// (zero_for_product).
 template <class T, class P>
 void assign_product(AlignedMap<T> dst, const P& product) {
+  if (direct_gemm(dst, product, false)) return;
   if (zero_for_product(dst))
     dst.noalias() += product;
   else
