@@ -66,6 +66,9 @@ def main():
         ratio(f"W1 plain ÷ LibTorch, {t} thread(s)", 0.85 if t == 2 else None, med("W1", "RematPlain", t),
               med("W1", "LibTorch", t))
         ratio(f"W0 plain ÷ hand-written, {t} thread(s)", 1.10, med("W0", "RematPlain", t), med("W0", "HandWritten", t))
+        if key("W0", "RematCaptured", t) in runs:  # the same step recorded once, replayed (remat::CapturedStep)
+            ratio(f"W0 captured ÷ hand-written, {t} thread(s)", 1.10, med("W0", "RematCaptured", t),
+                  med("W0", "HandWritten", t))
     if key("W3", "LibTorch", 2) not in runs:
         a.pytorch_w3 = None
     libtorch_w3 = med("W3", "LibTorch", 2) if a.pytorch_w3 is not None else None

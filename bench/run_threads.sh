@@ -14,7 +14,7 @@ results=bench/results
 mkdir -p "$results"
 
 source bench/common.sh  # wait_for_idle, tuned (the C++ run's environment)
-rows='^Step<(W0|W1|W2), (HandWritten|LibTorch|RematPlain)>/|^Step<W3, (RematNone|RematBlock|RematAttention|RematNoneFused|LibTorch)>/'
+rows='^Step<(W0|W1|W2), (HandWritten|LibTorch|RematPlain)>/|^Step<W0, RematCaptured>/|^Step<W3, (RematNone|RematBlock|RematAttention|RematNoneFused|LibTorch)>/'
 
 wait_for_idle
 uptime > "$results/run_threads.uptime"

@@ -9,10 +9,11 @@
 
 namespace remat::detail {
 
-/// Whether `T` has a BLAS ?gemm that Eigen declares (with EIGEN_USE_BLAS, which REMAT_USE_BLAS sets).
+/// Whether `T` has a BLAS ?gemm that Eigen declares (with EIGEN_USE_BLAS, which REMAT_USE_BLAS sets; not with
+/// Intel MKL's own declarations).
 template <class T>
 inline constexpr bool has_blas_gemm =
-#ifdef EIGEN_USE_BLAS
+#if defined(EIGEN_USE_BLAS) && !defined(EIGEN_USE_MKL)
     std::is_same_v<T, float> || std::is_same_v<T, double>;
 #else
     false;
