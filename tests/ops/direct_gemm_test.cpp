@@ -80,6 +80,8 @@ TEST(DirectGemm, LeavesTinyLargeAndOtherProductsToEigen) {
   const remat::Matrix<float> a = values<float>(16, 32, 1), b = values<float>(32, 32, 2);
   const Map<float> A(a.data(), 16, 32), B(b.data(), 32, 32);
   check<float>(A.leftCols(16) * B.topRows(16), 16, 32, false, "blocks");
+  // A lazy product (a custom op may pass one to add_grad): Eigen computes it coefficient by coefficient.
+  check<float>(A.lazyProduct(B), 16, 32, false, "lazyProduct");
 }
 
 }  // namespace direct_gemm_test

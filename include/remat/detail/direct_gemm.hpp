@@ -45,6 +45,12 @@ struct GemmOperand<Eigen::Transpose<const TapeMap<T>>> {
   static const TapeMap<T>& map(const Eigen::Transpose<const TapeMap<T>>& x) { return x.nestedExpression(); }
 };
 
+/// Eigen::Product<L, R, DefaultProduct>: a product Eigen may send to the BLAS (a lazyProduct it never does).
+template <class E>
+inline constexpr bool is_default_product = false;
+template <class L, class R>
+inline constexpr bool is_default_product<Eigen::Product<L, R, Eigen::DefaultProduct>> = true;
+
 /// Products whose output has fewer elements go to ?gemm directly: detail::parallel_grain's 32768, above which
 /// remat's team zero-fills the output and OpenBLAS threads the product (detail::assign_product).
 inline constexpr Index direct_gemm_elements = 32768;
@@ -55,13 +61,13 @@ inline constexpr Index gemm_coefficient_threshold = 20;
 
 /// dst = op(a)·op(b), or dst += op(a)·op(b) when `accumulate`, for a product `e` of two GemmOperands, as one
 /// ?gemm call with beta 0 or 1; returns false (and does nothing) where that does not apply: no BLAS, another
-/// scalar or operand type, dst of direct_gemm_elements or more, a product Eigen computes without the BLAS,
-/// or a vector (one row or one column: Eigen calls ?gemv, which rounds differently). Through Eigen, the same product
-/// zeroes dst, then calls ?gemm with beta = 1 after choosing a blocking: on W0's [16,32] layers 23–39 ns more per
-/// product (bench/RESULTS.md §18), with the same result (the GEMM adds to exact zeros what beta = 0 writes).
+/// scalar or operand type, a lazyProduct, dst of direct_gemm_elements or more, a product Eigen computes without the
+/// BLAS, or a vector (one row or one column: Eigen calls ?gemv, which rounds differently). Through Eigen, the same
+/// product zeroes dst, then calls ?gemm with beta = 1 after choosing a blocking: on W0's [16,32] layers 23–39 ns more
+/// per product (bench/RESULTS.md §18), with the same result (the GEMM adds to exact zeros what beta = 0 writes).
 template <class T, class E>
 bool direct_gemm(Eigen::Map<Matrix<T>, Eigen::AlignedMax> dst, const E& e, bool accumulate) {
-  if constexpr (has_blas_gemm<T>) {
+  if constexpr (has_blas_gemm<T> && is_default_product<E>) {
     using Lhs = GemmOperand<std::decay_t<decltype(e.lhs())>>;
     using Rhs = GemmOperand<std::decay_t<decltype(e.rhs())>>;
     if constexpr (Lhs::valid && Rhs::valid) {
