@@ -245,7 +245,7 @@ void add_partials(T* dst, Index w, Index count, bool accumulate, Part&& part) {
 /// block's partial sum (its rows added in order), then the partial sums added in block order. row(i, c0, w)
 /// returns the Eigen array expression of row i's columns [c0, c0 + w). Each item reads whole rows of a column
 /// chunk (1 KiB of a float row): summing a row-major tensor down its columns, as Eigen's colwise() does, reads
-/// one cache line per row and page, 3-6× slower on [2048,1024] (bench/RESULTS.md §18). The items are (row
+/// one cache line per row and page: about 4× slower on [2048,1024] (bench/RESULTS.md §18.1). The items are (row
 /// block, column chunk) pairs whose partial rows go to column_sum_scratch; without it, each chunk's blocks
 /// are summed one after another on the stack: the same additions in the same order, so the same bits.
 /// `scratch` (at least p.rows.count × cols elements, or null) is column_sum_scratch's or a test's.
