@@ -296,10 +296,8 @@ void assign_column_sums(AlignedMap<T> dst, const G& g, bool accumulate, double c
     assign_or_add(dst, g.colwise().sum(), accumulate);
     return;
   }
-  const ColumnSumPartition p = column_sum_partition(g.rows(), g.cols(), cost);
   const auto row = [&](Index i, Index c0, Index w) { return g.row(i).segment(c0, w).array(); };
-  column_sums(p, row, dst.data(), accumulate,
-              p.rows.count > 1 ? column_sum_scratch<T>(static_cast<std::size_t>(p.rows.count * g.cols())) : nullptr);
+  column_sums(g.rows(), g.cols(), cost, row, dst.data(), accumulate);
 }
 
 /// add_grad(k, g.colwise().sum()) for an Eigen matrix expression g (no matrix product): assign_column_sums
