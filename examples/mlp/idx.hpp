@@ -46,6 +46,11 @@ namespace detail {
 /// holds its own size.
 constexpr std::uint64_t deflate_max_expansion = 1032;
 
+/// A data file read through zlib's inflate: gzip-compressed (it begins with gzip's magic bytes 1f 8b) or plain
+/// (read as it is). Every gzip member is checked to its end: its CRC-32 and length trailer (RFC 1952) must be
+/// there and match, so a file cut anywhere, inside the trailer too, is truncated data. (zlib's gzread was used
+/// before: it ended without an error on a file cut inside its 8-byte trailer whenever the data's last bytes
+/// had gone straight to the caller's buffer, so the data was read unchecked.)
 class GzFile {
  public:
   /// Opens a regular file (O_NONBLOCK: opening a FIFO would otherwise wait for a writer before the check
@@ -53,46 +58,55 @@ class GzFile {
   /// unreadable path and for anything but a regular file: a directory, a device or a pipe cannot be an
   /// IDX file, some never end, and none has a size to check a header against.
   explicit GzFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) throw data_error(path, std::string("cannot open: ") + std::strerror(errno));
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0) throw data_error(path, std::string("cannot open: ") + std::strerror(errno));
     struct stat status {};
-    if (::fstat(fd, &status) != 0) {
+    if (::fstat(fd_, &status) != 0) {
       const int error = errno;
-      ::close(fd);
+      ::close(fd_);
       throw data_error(path, std::string("cannot open: ") + std::strerror(error));
     }
     if (!S_ISREG(status.st_mode)) {
-      ::close(fd);
+      ::close(fd_);
       throw data_error(path, S_ISDIR(status.st_mode) ? "cannot read: Is a directory"
                                                      : "cannot read: not a regular file (a device or a pipe?)");
     }
     file_bytes_ = static_cast<std::uint64_t>(status.st_size);
-    file_ = gzdopen(fd, "rb");  // owns fd from here: gzclose closes it
-    if (!file_) {
-      ::close(fd);
-      throw data_error(path, "cannot open: out of memory");
-    }
   }
   GzFile(const GzFile&) = delete;
   GzFile& operator=(const GzFile&) = delete;
-  ~GzFile() { gzclose(file_); }
+  ~GzFile() {
+    if (mode_ == Mode::gzip) inflateEnd(&stream_);
+    ::close(fd_);
+  }
 
-  /// Reads up to `count` bytes; returns how many were read (fewer only at the end of the data).
-  /// Throws data_error for a decompression error (corrupt stream, bad CRC, truncated stream).
+  /// Reads up to `count` bytes; returns how many were read (fewer only at the end of the data). Throws
+  /// data_error for corrupt compressed data (a bad CRC-32 or length included), a gzip member cut short
+  /// (inside its trailer too), a read error, or no memory for the inflater.
   std::size_t read(void* buffer, std::size_t count) {
     auto* out = static_cast<unsigned char*>(buffer);
+    if (mode_ == Mode::unknown) detect();
+    if (mode_ == Mode::plain) return read_plain(out, count);
     std::size_t done = 0;
-    while (done < count) {
-      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(count - done, 1u << 30));
-      const int got = gzread(file_, out + done, chunk);
-      if (got < 0) throw data_error(path_, "corrupt compressed data (" + error() + ")");
-      if (got == 0) break;
-      done += static_cast<std::size_t>(got);
+    while (done < count && !finished_) {
+      if (member_ended_) {
+        next_member_or_finish();
+        continue;
+      }
+      if (stream_.avail_in == 0 && !fill())
+        throw data_error(path_, "truncated compressed data: the file's " + std::to_string(file_bytes_) +
+                                    " bytes end inside a gzip member (part of its data or of its 8-byte " +
+                                    "CRC-32 and length trailer is missing)");
+      const auto chunk = static_cast<uInt>(std::min<std::size_t>(count - done, 1u << 30));
+      stream_.next_out = out + done;
+      stream_.avail_out = chunk;
+      const int status = inflate(&stream_, Z_NO_FLUSH);
+      done += chunk - stream_.avail_out;
+      if (status == Z_STREAM_END)
+        member_ended_ = true;                                                        // its CRC-32 and length matched
+      else if (status != Z_OK && !(status == Z_BUF_ERROR && stream_.avail_in == 0))  // (refilled next round)
+        throw data_error(path_, "corrupt compressed data (" + zlib_message(status) + ")");
     }
-    int code = Z_OK;
-    const char* message = gzerror(file_, &code);
-    if (code != Z_OK && code != Z_STREAM_END)
-      throw data_error(path_, "corrupt or truncated compressed data (" + strip_path(message) + ")");
     return done;
   }
 
@@ -123,20 +137,19 @@ class GzFile {
   /// The file's size on disk (bytes).
   std::uint64_t file_bytes() const { return file_bytes_; }
 
-  /// The most bytes of data the file can hold: its own size if zlib reads it as it is (a plain file; known
-  /// after the first read), deflate's limit of 1032 output bytes per input byte if it is gzip-compressed.
+  /// The most bytes of data the file can hold: its own size if it is plain (known after the first read),
+  /// deflate's limit of 1032 output bytes per input byte if it is gzip-compressed.
   std::uint64_t can_hold() const {
     if (!compressed()) return file_bytes_;
     return file_bytes_ <= std::numeric_limits<std::uint64_t>::max() / deflate_max_expansion
                ? file_bytes_ * deflate_max_expansion
                : std::numeric_limits<std::uint64_t>::max();
   }
-  /// Whether zlib decompresses the file (gzip) rather than reading it as it is; known after the first read.
-  bool compressed() const { return gzdirect(file_) == 0; }
+  /// Whether the file is gzip-compressed rather than plain; known after the first read.
+  bool compressed() const { return mode_ == Mode::gzip; }
 
-  /// Checks that nothing follows the data (this also makes zlib verify the gzip trailer's CRC-32 when the
-  /// trailer is there: a file cut inside its 8-byte trailer ends without an error from gzread, so its data,
-  /// complete, is read unchecked).
+  /// Checks that nothing follows the data; for a gzip file this also reads the last member's trailer and
+  /// checks its CRC-32 and length (read() stops as soon as it has the bytes asked for).
   void expect_end(const std::string& what) {
     unsigned char extra[64];
     const std::size_t got = read(extra, sizeof extra);
@@ -145,20 +158,82 @@ class GzFile {
                                   " (the header's dimensions do not match the file's length)");
   }
 
-
  private:
-  std::string error() {
-    int code = Z_OK;
-    return strip_path(gzerror(file_, &code));
+  enum class Mode { unknown, plain, gzip };
+  static constexpr std::size_t input_bytes = std::size_t{1} << 17;
+
+  /// gzip or plain, from the first two bytes (a file of fewer is plain, as for gzread and `gzip -d -f`).
+  void detect() {
+    input_.resize(input_bytes);
+    while (stream_.avail_in < 2 && fill()) {
+    }
+    if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
+      const int status = inflateInit2(&stream_, 16 + MAX_WBITS);  // gzip wrapper only: checks CRC-32 and length
+      if (status != Z_OK)
+        throw data_error(
+            path_, "cannot decompress: " + std::string(status == Z_MEM_ERROR ? "out of memory" : zlib_message(status)));
+      mode_ = Mode::gzip;
+    } else {
+      mode_ = Mode::plain;
+    }
   }
-  /// zlib prefixes its messages with the path, which data_error already gives.
-  std::string strip_path(const std::string& message) const {
-    const std::string prefix = path_ + ": ";
-    return message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size()) : message;
+
+  /// Appends the file's next bytes to the unread input; false at the end of the file. Throws data_error
+  /// for a read error.
+  bool fill() {
+    if (stream_.avail_in > 0 && stream_.next_in != input_.data())
+      std::memmove(input_.data(), stream_.next_in, stream_.avail_in);
+    stream_.next_in = input_.data();
+    for (;;) {
+      const ssize_t got = ::read(fd_, input_.data() + stream_.avail_in, input_.size() - stream_.avail_in);
+      if (got > 0) {
+        stream_.avail_in += static_cast<uInt>(got);
+        return true;
+      }
+      if (got == 0) return false;
+      if (errno != EINTR) throw data_error(path_, std::string("read error: ") + std::strerror(errno));
+    }
   }
+
+  /// A plain file: what detect() read ahead, then the file itself.
+  std::size_t read_plain(unsigned char* out, std::size_t count) {
+    std::size_t done = 0;
+    while (done < count) {
+      if (stream_.avail_in == 0 && !fill()) break;
+      const std::size_t n = std::min<std::size_t>(count - done, stream_.avail_in);
+      std::memcpy(out + done, stream_.next_in, n);
+      stream_.next_in += n;
+      stream_.avail_in -= static_cast<uInt>(n);
+      done += n;
+    }
+    return done;
+  }
+
+  /// After a member's end: another member if the next bytes begin one (concatenated gzip files are one
+  /// stream); otherwise the data has ended, and what follows is ignored, as zlib's gzread and `gzip -d` (with
+  /// a warning) ignore it.
+  void next_member_or_finish() {
+    while (stream_.avail_in < 2 && fill()) {
+    }
+    if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
+      inflateReset(&stream_);
+      member_ended_ = false;
+    } else {
+      finished_ = true;
+    }
+  }
+
+  std::string zlib_message(int status) const {
+    return stream_.msg ? std::string(stream_.msg) : std::string(zError(status));
+  }
+
   std::string path_;
-  gzFile file_ = nullptr;
+  int fd_ = -1;
   std::uint64_t file_bytes_ = 0;  // the file's size on disk
+  Mode mode_ = Mode::unknown;
+  z_stream stream_{};  // next_in/avail_in: the unread input, in plain mode too
+  std::vector<unsigned char> input_;
+  bool member_ended_ = false, finished_ = false;
 };
 
 inline std::uint32_t big_endian(const unsigned char* p) {
@@ -183,8 +258,7 @@ constexpr std::uint32_t idx_max_side = 1024;
 /// magic, implausible dimensions, dimensions that need more bytes than the file can hold (a plain file its own
 /// size, a gzip file 1032 times it), truncated or corrupt data, or trailing data. Bytes after the last gzip
 /// member that do not begin another member are ignored, as zlib's gzread (and `gzip -d`, with a warning)
-/// ignores them: what is read is the members' data, checked against their CRC-32s, except the last
-/// member's when the file is cut inside its 8-byte trailer (gzread reports no error there).
+/// ignores them: what is read is the members' data, each member checked against its CRC-32 and length.
 inline remat::Matrix<float> read_idx_images(const std::string& path, int& rows, int& cols) {
   detail::GzFile file(path);
   unsigned char header[16];

@@ -144,6 +144,12 @@ def case_corrupt_input():
         f["train-images-idx3-ubyte.gz"] = (packed[: len(packed) // 2],)
         expect_data_error(tmp, "truncated_gzip", f, "train-images-idx3-ubyte.gz", ["truncated"])
 
+        # Cut inside the 8-byte CRC-32 and length trailer: the data is all there, but unchecked, so truncated.
+        f = valid_files()
+        packed = gzip.compress(images_bytes(100))
+        f["train-images-idx3-ubyte.gz"] = (packed[:-3],)
+        expect_data_error(tmp, "truncated_trailer", f, "train-images-idx3-ubyte.gz", ["truncated", "trailer"])
+
         # Damaged deflate data or trailer: the CRC-32 check (or the inflater) fails.
         f = valid_files()
         damaged = bytearray(gzip.compress(images_bytes(20)))

@@ -485,6 +485,61 @@ TEST(IoOptimizerBreak, IdxGzipMemberFollowedByNonGzipBytesReadsTheMembersDataOnl
   expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(path, r, c); }, {path, "length mismatch"});
 }
 
+// A gzip file cut anywhere in its last 8 bytes (the CRC-32 and length trailer) is truncated data. zlib's gzread,
+// which the reader used before, returned such an image file's pixels without an error and without checking
+// them whenever the last bytes went straight to the caller's buffer (reads of 16 KiB or more: 3000 images).
+TEST(IoOptimizerDefects, IdxGzipFileCutInsideItsTrailerIsTruncated) {
+  TempDir dir;
+  const Bytes pixels = pattern_bytes(3000 * 784, 3);
+  const std::string whole = dir / "whole.gz", cut = dir / "cut.gz";
+  write_gz(whole, idx_images(3000, 28, 28, pixels));
+  const Bytes packed = read_file(whole);
+  int r = 0, c = 0;
+  const MF images = mlp::read_idx_images(whole, r, c);
+  ASSERT_EQ(images.rows(), 3000);
+  EXPECT_EQ(images(2999, 783), static_cast<float>(pixels.back()) / 255.0f);
+  for (std::size_t k = 1; k <= 8; ++k) {
+    write_file(cut, Bytes(packed.begin(), packed.end() - static_cast<std::ptrdiff_t>(k)));
+    expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(cut, r, c); }, {cut, "truncated", "trailer"});
+  }
+  write_gz(whole, idx_labels(5, Bytes{1, 2, 3, 4, 5}));
+  const Bytes packed_labels = read_file(whole);
+  for (std::size_t k = 1; k <= 8; ++k) {
+    write_file(cut, Bytes(packed_labels.begin(), packed_labels.end() - static_cast<std::ptrdiff_t>(k)));
+    expect_error_naming<mlp::data_error>([&] { mlp::read_idx_labels(cut, 10); }, {cut, "truncated"});
+  }
+  // The trailer's length (ISIZE, the last 4 bytes, little-endian) off by one: corrupt, not truncated.
+  Bytes bad_length = packed_labels;
+  bad_length[bad_length.size() - 4] ^= 1;
+  write_file(cut, bad_length);
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_labels(cut, 10); }, {cut, "corrupt"});
+}
+
+// Concatenated gzip members are one stream (RFC 1952, 2.2; `gzip -d` and gzread read them so): data split
+// across two members reads as from one.
+TEST(IoOptimizerBreak, IdxGzipDataSplitAcrossTwoMembersReadsAsOne) {
+  TempDir dir;
+  const Bytes pixels = pattern_bytes(40 * 784, 4);
+  const Bytes file = idx_images(40, 28, 28, pixels);
+  const std::string first = dir / "first.gz", second = dir / "second.gz", both = dir / "both.gz";
+  const auto half = static_cast<std::ptrdiff_t>(file.size() / 2 + 7);
+  write_gz(first, Bytes(file.begin(), file.begin() + half));
+  write_gz(second, Bytes(file.begin() + half, file.end()));
+  Bytes joined = read_file(first);
+  const Bytes tail = read_file(second);
+  joined.insert(joined.end(), tail.begin(), tail.end());
+  write_file(both, joined);
+  int r = 0, c = 0;
+  const MF images = mlp::read_idx_images(both, r, c);
+  ASSERT_EQ(images.rows(), 40);
+  for (std::size_t i = 0; i < pixels.size(); ++i)
+    ASSERT_EQ(images.data()[i], static_cast<float>(pixels[i]) / 255.0f) << i;
+  // The second member cut inside its trailer: truncated, as for a single member.
+  joined.resize(joined.size() - 3);
+  write_file(both, joined);
+  expect_error_naming<mlp::data_error>([&] { mlp::read_idx_images(both, r, c); }, {both, "truncated"});
+}
+
 TEST(IoOptimizerBreak, IdxDatasetWithImagesAndLabelsOfDifferentCountsIsRefused) {
   TempDir dir;
   write_file(dir / "x-images-idx3-ubyte.gz", idx_images(3, 2, 2, pattern_bytes(12, 6)));
