@@ -3,6 +3,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,6 +28,10 @@ struct ParameterStorage {
   Index grad_size = 0;
   bool grad_defined = false;          // false: the gradient is zero (nothing added since zero_grad or creation)
   std::uint64_t simulated_sweep = 0;  // a tape's dry run of a backward: the serial of the run that defined grad
+  // Backward sweeps running now that may still read `value`: a sweep that calls gradient-ready callbacks
+  // (the only user code that runs inside one) counts itself here until it passes the Parameter's earliest
+  // leaf, after which nothing in it reads the value. While it is not zero the value must not change.
+  std::atomic<std::uint32_t> sweeps_reading{0};
 
   ParameterStorage() = default;
   ParameterStorage(const ParameterStorage&) = delete;
@@ -50,6 +55,16 @@ struct ParameterStorage {
       throw shape_error(std::string(op) + ": the Parameter's gradient has " + std::to_string(grad_size) +
                         " elements but its value is " + to_string(Shape{value.rows(), value.cols()}) +
                         " (resized after the gradient was written); call zero_grad() after resizing a parameter");
+  }
+  bool being_read() const { return sweeps_reading.load(std::memory_order_relaxed) != 0; }
+  /// Throws tape_error naming `op` if a backward still reads the value (sweeps_reading): changing it there
+  /// would give the sweep a value other than the recorded one, or free the buffer it reads.
+  void check_not_read(const char* op) const {
+    if (being_read())
+      throw tape_error(std::string(op) +
+                       ": a backward still reads this Parameter's value (a gradient-ready callback may change a " +
+                       "Parameter from its own call on, once that Parameter's gradient is ready, or after " +
+                       "backward() returns); nothing was changed");
   }
   /// The gradient as a matrix of the value's shape; zero-filled (still "undefined") if nothing was added.
   /// Throws shape_error if the value was resized since the gradient was written (check_grad_size).
@@ -121,10 +136,12 @@ class Parameter {
   /// and a tape that recorded this parameter becomes stale. Tapes and optimizers keep referencing this
   /// object's storage. Assigning a handle of the same storage (itself, or the Parameter a gradient-ready
   /// callback receives) changes nothing. Throws shape_error if `other`'s gradient no longer fits its value
-  /// (resized after the gradient was written), std::bad_alloc; this parameter is unchanged then.
+  /// (resized after the gradient was written), tape_error as mutable_value() does (inside a gradient-ready
+  /// callback, while a backward still reads this value), std::bad_alloc; this parameter is unchanged then.
   Parameter& operator=(const Parameter& other) {
     if (other.storage_ && other.storage_ == storage_) return *this;
     auto& s = storage();
+    s.check_not_read("Parameter: assignment");
     const detail::ParameterStorage<T>* o = other.storage_.get();
     if (o) o->check_grad_size("Parameter: copy");
     // Copies made first, so that a std::bad_alloc leaves this parameter as it was. A value of the same
@@ -154,12 +171,15 @@ class Parameter {
     return *this;
   }
   /// As copy assignment; `other`'s value moves out, which also makes `other` stale for tapes that
-  /// recorded it. Moving a handle of the same storage changes nothing.
+  /// recorded it. Moving a handle of the same storage changes nothing. Throws tape_error, changing neither,
+  /// while a backward still reads either value (inside a gradient-ready callback).
   Parameter& operator=(Parameter&& other) {
     if (this == &other || (other.storage_ && other.storage_ == storage_)) return *this;
     if (!other.storage_) return *this = Parameter();
     auto& s = storage();
     auto& o = *other.storage_;
+    s.check_not_read("Parameter: move assignment");
+    o.check_not_read("Parameter: move assignment (the moved-from Parameter)");
     const std::uint64_t next = std::max(s.version, o.version) + 1;
     s.value = std::move(o.value);
     std::swap(s.grad, o.grad);
@@ -175,9 +195,12 @@ class Parameter {
   }
 
   const Matrix<T>& value() const { return storage_ ? storage_->value : empty(); }
-  /// Write access; marks the parameter modified (any tape that recorded it becomes stale).
+  /// Write access; marks the parameter modified (any tape that recorded it becomes stale). Throws tape_error,
+  /// changing nothing, inside a gradient-ready callback for a Parameter whose gradient is not ready yet (the
+  /// backward still reads its value; Tape::on_gradient_ready).
   Matrix<T>& mutable_value() {
     auto& s = storage();
+    s.check_not_read("Parameter::mutable_value");
     ++s.version;
     return s.value;
   }

@@ -115,13 +115,13 @@ class Tape {
   /// run. Callbacks run in registration order, on the thread that called backward.
   ///
   /// A callback may read and write the gradient (grad(), mutable_grad()) and do work of its own (start a
-  /// non-blocking all-reduce); it must not modify, assign or resize the value of any Parameter this tape
-  /// recorded, nor run a backward that adds into one (the sweep still reads the values and adds the
-  /// gradients of those it has not reached): a Parameter assigned or resized before its gradient was
-  /// delivered is not given it, and backward() throws stale_value_error after the sweep; a value given
-  /// another shape while ops that read it are still to run is undefined behaviour (same-shape assignments
-  /// copy in place). It must not use this tape: recording, backward, gradient(), clear(), Var::grad() of
-  /// a tape variable and remove_gradient_ready() throw tape_error while it runs.
+  /// non-blocking all-reduce). It may change the value of the Parameter it receives (mutable_value(), an
+  /// assignment, an nn optimizer's step() over it: an optimizer step inside backward), whose value this
+  /// backward no longer reads; it must not change the value of a Parameter this tape recorded whose
+  /// gradient is not ready yet, since the sweep still reads it: mutable_value(), assignments and nn
+  /// optimizers' step() throw tape_error there, changing nothing (so the callback throws, see below). Nor
+  /// may it run a backward that adds into one. It must not use this tape: recording, backward, gradient(),
+  /// clear(), Var::grad() of a tape variable and remove_gradient_ready() throw tape_error while it runs.
   /// Exceptions: the strong guarantee of backward() covers everything the tape checks before the sweep; a
   /// callback is called during the sweep, which cannot stop half-way. If a callback throws, the sweep
   /// completes (every gradient is written, the residuals are freed as without the callback), no further

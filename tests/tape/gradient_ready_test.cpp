@@ -1,18 +1,20 @@
 // Tape::on_gradient_ready: called exactly once per backward for each Parameter a gradient reached, when its
 // gradient is final (shared parameters, checkpointed and nested regions under every policy, accumulation
 // over two backward passes), never for an unused one nor by gradient(); a throwing callback; a callback
-// that uses the tape.
+// that uses the tape; a callback that changes a value the sweep still reads, or its own Parameter's.
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
 #include "random.hpp"
+#include "remat/nn/sgd.hpp"
 #include "remat/remat.hpp"
 
 namespace gradient_ready_test {
@@ -204,6 +206,106 @@ TEST(GradientReady, ACallbackMustNotUseTheTape) {
   remat_test::expect_error_naming<remat::tape_error>([&] { tape.backward(m.loss(tape, nullptr)); },
                                                      {"variable", "gradient-ready callback"});
   tape.clear();
+}
+
+// loss = Σ (b ⊙ d) ⊙ a with b, d recorded before a: the sweep reaches a's leaf, and calls a's callback, before
+// the backward of b ⊙ d, which reads b and d (and, checkpointed, before its replay, which reads them too). A
+// callback for a that changes b used to hand that backward a freed buffer (a resize or an assignment of
+// another shape: undefined behaviour) or the changed values (an in-place write, an optimizer step: a silent
+// wrong gradient). Every way to change b there now throws tape_error and changes nothing; the sweep completes
+// with the recorded values' gradients (closed forms: ∂/∂a = b ⊙ d, ∂/∂b = a ⊙ d, ∂/∂d = a ⊙ b), and
+// backward() rethrows. The callback may change a itself: the sweep no longer reads it.
+struct Product {
+  Parameter<double> a{Matrix<double>{{0.5, -1.0}, {2.0, 3.0}}}, b{Matrix<double>{{1.0, 2.0}, {3.0, 4.0}}},
+      d{Matrix<double>{{5.0, 6.0}, {7.0, 8.0}}};
+  Matrix<double> a0 = a.value(), b0 = b.value(), d0 = d.value();
+
+  Var<double> loss(Tape<double>& tape, bool checkpointed) {
+    Var<double> vb = tape.variable(b), vd = tape.variable(d);
+    auto product = [](Var<double> x, Var<double> y) { return x * y; };
+    Var<double> w =
+        checkpointed ? remat::checkpoint(product, remat::policies::nothing_saveable)(vb, vd) : product(vb, vd);
+    return remat::sum(w * tape.variable(a));
+  }
+  void expect_recorded_gradients() const {
+    EXPECT_EQ(a.grad(), Matrix<double>(b0.cwiseProduct(d0)));
+    EXPECT_EQ(b.grad(), Matrix<double>(a0.cwiseProduct(d0)));
+    EXPECT_EQ(d.grad(), Matrix<double>(a0.cwiseProduct(b0)));
+  }
+};
+
+TEST(GradientReady, ChangingAValueTheSweepStillReadsThrowsAndChangesNothing) {
+  using Change = std::function<void(Product&)>;
+  const std::vector<std::tuple<std::string, std::string, Change>> changes = {
+      {"resize", "Parameter::mutable_value", [](Product& m) { m.b.mutable_value().resize(3, 7); }},
+      {"write in place", "Parameter::mutable_value", [](Product& m) { m.b.mutable_value()(0, 0) = 100.0; }},
+      {"assign another shape", "Parameter: assignment",
+       [](Product& m) {
+         const Parameter<double> other(Matrix<double>::Constant(1, 1, 9.0));
+         m.b = other;
+       }},
+      {"assign the same shape", "Parameter: assignment",
+       [](Product& m) {
+         const Parameter<double> other(Matrix<double>::Constant(2, 2, 9.0));
+         m.b = other;
+       }},
+      {"move-assign into it", "Parameter: move assignment",
+       [](Product& m) {
+         Parameter<double> other(Matrix<double>::Constant(2, 2, 9.0));
+         m.b = std::move(other);
+       }},
+      {"move-assign out of it", "moved-from",
+       [](Product& m) {
+         Parameter<double> other;
+         other = std::move(m.b);
+       }},
+      {"optimizer step", "nn::SGD::step: parameter 0",
+       [](Product& m) {
+         remat::nn::SGD<double> sgd({&m.b}, {0.1});
+         m.b.mutable_grad();  // defined (zeros): step() would update b
+         sgd.step();
+       }},
+  };
+  for (const bool checkpointed : {false, true})
+    for (const auto& [what, op, change] : changes) {
+      SCOPED_TRACE(what + (checkpointed ? ", checkpointed" : ""));
+      Product m;
+      Tape<double> tape;
+      Var<double> loss = m.loss(tape, checkpointed);
+      bool called = false;
+      tape.on_gradient_ready([&, change = change](Parameter<double>& p) {
+        if (&p.value() != &m.a.value()) return;
+        called = true;
+        change(m);
+      });
+      remat_test::expect_error_naming<remat::tape_error>([&] { tape.backward(loss); }, {op, "still reads"});
+      EXPECT_TRUE(called);
+      EXPECT_EQ(m.b.value(), m.b0) << "b changed";
+      m.expect_recorded_gradients();    // the optimizer case: added to the zeros mutable_grad() defined
+      m.b.mutable_value()(0, 0) = 1.5;  // backward() has returned: nothing holds b
+      EXPECT_EQ(m.b.value()(0, 0), 1.5);
+    }
+}
+
+TEST(GradientReady, ACallbackMayChangeItsOwnParameter) {
+  for (const bool checkpointed : {false, true}) {
+    SCOPED_TRACE(checkpointed ? "checkpointed" : "plain");
+    Product m;
+    Tape<double> tape;
+    Var<double> loss = m.loss(tape, checkpointed);
+    remat::nn::SGD<double> sgd({&m.a}, {0.25});
+    int steps = 0;
+    tape.on_gradient_ready([&](Parameter<double>& p) {
+      if (&p.value() != &m.a.value()) return;
+      sgd.step();  // an optimizer step inside backward: a = a0 − ¼ b ⊙ d
+      ++steps;
+    });
+    tape.backward(loss);
+    EXPECT_EQ(steps, 1);
+    m.expect_recorded_gradients();
+    EXPECT_EQ(m.a.value(), Matrix<double>(m.a0 - 0.25 * m.b0.cwiseProduct(m.d0)));
+    EXPECT_EQ(m.b.value(), m.b0);
+  }
 }
 
 }  // namespace gradient_ready_test

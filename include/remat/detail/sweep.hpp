@@ -314,6 +314,7 @@ class Sweep {
     const auto count = static_cast<std::size_t>(graph_.size());
     first_leaf_.assign(count, -1);
     contributed_.assign(count, 0);
+    held_.assign(count, 0);
     by_storage_.clear();
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       if (graph_[i].is_leaf() && graph_[i].parameter) by_storage_.push_back({graph_[i].parameter.get(), i});
@@ -323,6 +324,28 @@ class Sweep {
       const std::int32_t first = starts ? by_storage_[k].second : first_leaf_[by_storage_[k - 1].second];
       first_leaf_[static_cast<std::size_t>(by_storage_[k].second)] = first;
     }
+  }
+
+  /// While a pass calls gradient-ready callbacks (user code inside the sweep), every Parameter it recorded
+  /// counts the pass in its sweeps_reading until the pass reaches the Parameter's earliest leaf, after which
+  /// nothing in it reads the value: a callback that changes a value still to be read then gets tape_error
+  /// from Parameter (and from the optimizers) instead of giving the sweep another value or a freed buffer.
+  void hold_parameters() noexcept {
+    for (std::size_t k = 0; k < by_storage_.size(); ++k) {
+      const std::int32_t first = first_leaf_[static_cast<std::size_t>(by_storage_[k].second)];
+      if (held_[static_cast<std::size_t>(first)]) continue;
+      held_[static_cast<std::size_t>(first)] = 1;
+      graph_[first].parameter->sweeps_reading.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  /// Ends the hold of the Parameter whose earliest leaf is `first` (once).
+  void release_parameter(std::int32_t first) noexcept {
+    if (!std::exchange(held_[static_cast<std::size_t>(first)], std::uint8_t{0})) return;
+    graph_[first].parameter->sweeps_reading.fetch_sub(1, std::memory_order_relaxed);
+  }
+  /// Ends every hold the pass has not ended (leaves it did not reach).
+  void release_parameters() noexcept {
+    for (const auto& entry : by_storage_) release_parameter(first_leaf_[static_cast<std::size_t>(entry.second)]);
   }
 
   /// The dry run: the same pass with kernels skipped and buffers counted, then everything put back.
@@ -374,7 +397,10 @@ class Sweep {
     enter_ = entering_.begin();
     leave_ = leaving_.begin();
     lifetime_.set_level(0);
+    const bool hold = !simulating() && ready_callbacks_active(mode);
+    if (hold) hold_parameters();
     sweep_nodes(graph_.size() - 1, 0, -1, mode);
+    if (hold) release_parameters();
     lifetime_.set_level(0);
     running_ = false;
   }
@@ -671,9 +697,10 @@ class Sweep {
     }
     // The reverse sweep reaches a Parameter's earliest leaf after every op that read any of its leaves: its
     // gradient of this backward is complete here.
-    if (callbacks && first_leaf_[static_cast<std::size_t>(i)] == i && contributed_[static_cast<std::size_t>(i)] &&
-        !simulating())
-      call_ready_callbacks(n);
+    if (callbacks && first_leaf_[static_cast<std::size_t>(i)] == i && !simulating()) {
+      release_parameter(i);  // before its callbacks: they may change this Parameter
+      if (contributed_[static_cast<std::size_t>(i)]) call_ready_callbacks(n);
+    }
   }
 
   /// Calls every gradient-ready callback with the Parameter of leaf n. An exception is kept for run()'s
@@ -712,8 +739,9 @@ class Sweep {
   void add_to_parameter(Node<T>& n) noexcept {
     ParameterStorage<T>& s = *n.parameter;
     if (!simulating() && changed_since_recorded(n)) {
-      // Only a gradient-ready callback can have done it (backward refuses an assigned Parameter before the
-      // sweep): the gradient is of the recorded value, and its buffer may not fit. Not delivered; reported.
+      // Only user code inside the sweep could have done it (backward refuses an assigned Parameter before the
+      // sweep), and Parameter refuses it while the sweep holds the Parameter (hold_parameters): a defence in
+      // depth. The gradient is of the recorded value, and its buffer may not fit. Not delivered; reported.
       keep_error(n);
       free_grad(n);
       return;
@@ -770,6 +798,7 @@ class Sweep {
   std::vector<NodeSnapshot<T>> snapshot_;
   std::vector<Stashed> stash_;
   std::vector<std::int32_t> first_leaf_;   // per node, see prepare_ready_callbacks
+  std::vector<std::uint8_t> held_;         // per earliest leaf: the pass holds its Parameter (hold_parameters)
   std::vector<std::uint8_t> contributed_;  // per earliest leaf: got a gradient
   std::vector<std::pair<const ParameterStorage<T>*, std::int32_t>> by_storage_;  // scratch
   std::exception_ptr callback_error_;

@@ -112,9 +112,11 @@ class Optimizer {
   /// without a gradient since its last zero_grad() is left unchanged (its state too), as in torch.optim;
   /// the step still counts in step_count(). Throws shape_error, before changing anything, if a parameter's
   /// shape changed since construction, a state matrix (set through the accessors) has another shape, or a
-  /// parameter's gradient was written before its value was resized (Parameter::zero_grad() clears it).
+  /// parameter's gradient was written before its value was resized (Parameter::zero_grad() clears it), and
+  /// tape_error inside a gradient-ready callback if a parameter it would update is one whose gradient is not
+  /// ready yet (the backward still reads its value; a callback may step an optimizer over its own Parameter).
   void step() {
-    check();
+    check(false);
     for (const auto& p : parameters_)  // a gradient of the value before a resize: as many elements as that one
       if (p->grad_defined && p->grad_size != p->value.size())
         p->check_grad_size((std::string(Derived::name) + "::step").c_str());
@@ -142,7 +144,7 @@ class Optimizer {
         throw shape_error(std::string(Derived::name) + "::step: gradient " + std::to_string(k) + " is " +
                           to_string(Shape{gradients[k].rows(), gradients[k].cols()}) + " but its parameter is " +
                           to_string(Shape{parameters_[k]->value.rows(), parameters_[k]->value.cols()}));
-    check();
+    check(true);
     ++t_;
     for (std::size_t k = 0; k < gradients.size(); ++k) {
       ++parameters_[k]->version;
@@ -198,8 +200,14 @@ class Optimizer {
   Derived& derived() { return static_cast<Derived&>(*this); }
   const Derived& derived() const { return static_cast<const Derived&>(*this); }
 
-  void check() const {
+  /// Throws shape_error for a parameter or state of another shape than at construction, tape_error for a
+  /// parameter the step would update (every one if `all`, else those with a gradient) whose value a backward
+  /// still reads (a step inside a gradient-ready callback: ParameterStorage::check_not_read).
+  void check(bool all) const {
     for (std::size_t k = 0; k < parameters_.size(); ++k) {
+      const ParameterStorage<T>& p = *parameters_[k];
+      if ((all || p.grad_defined) && p.being_read())
+        p.check_not_read((std::string(Derived::name) + "::step: parameter " + std::to_string(k)).c_str());
       const Matrix<T>& value = parameters_[k]->value;
       if (value.rows() != shapes_[k].rows || value.cols() != shapes_[k].cols)
         throw shape_error(std::string(Derived::name) + "::step: parameter " + std::to_string(k) + " is " +
