@@ -4,7 +4,8 @@
 // the fixes of the commit that added this file (set_local_weight in mid-step silently ignored, a parameter
 // resized before finish() overflowed the heap, a parameter repeated on one rank left the others waiting,
 // non-finite weights unnamed, float weights outside float's range turned gradients into inf or 0), and of
-// later commits (a bucket_bytes unlike another rank's, or 0 or a null parameter on one rank only).
+// later commits (a bucket_bytes unlike another rank's, or 0 or a null parameter on one rank only; a broadcast
+// from a gradient-ready callback of a Parameter still read, which hung).
 // DistributedBreak holds what held.
 //
 // Oracle: loss_r = sum(W ⊙ C_r) with a per-rank constant C_r, so d loss_r / dW = C_r exactly, and the reduced
@@ -191,6 +192,37 @@ TEST(DistributedBreakDefects, NullParameterOnOneRankThrowsOnEveryRank) {
   EXPECT_TRUE(all_ranks(broadcast_message.find("broadcast_parameters: parameter 1 is a null pointer on rank 1") !=
                         std::string::npos))
       << "rank " << r << ": \"" << broadcast_message << "\"";
+}
+
+// broadcast_parameters called from a gradient-ready callback on a Parameter the sweep still reads (b, recorded
+// before a, read by b ⊙ d's backward after a's callback): the non-root ranks' mutable_value() threw before their
+// MPI_Bcast while the root, which only reads, entered it, and the job hung (a review helper's reproducer with
+// 300×300 parameters). Now every rank throws tape_error before any broadcast, b is unchanged everywhere, and
+// the gradients are the recorded values' (d loss / d b = a ⊙ d, from the closed form).
+TEST(DistributedBreakDefects, BroadcastOfAParameterTheSweepStillReadsThrowsOnEveryRank) {
+  const int r = dist::rank();
+  const Matrix<double> b0 = coefficient<double>(r, 0, 3, 3), d0 = coefficient<double>(r, 1, 3, 3),
+                       a0 = coefficient<double>(r, 2, 3, 3);
+  Parameter<double> b(b0), d(d0), a(a0);
+  Tape<double> tape;
+  Var<double> vb = tape.variable(b), vd = tape.variable(d);
+  Var<double> loss = remat::sum((vb * vd) * tape.variable(a));
+  tape.on_gradient_ready([&](Parameter<double>& p) {
+    if (&p.value() == &a.value()) dist::broadcast_parameters(std::vector<Parameter<double>*>{&b}, 0);
+  });
+  std::string message;
+  try {
+    tape.backward(loss);
+  } catch (const remat::tape_error& e) {
+    message = e.what();
+  }
+  EXPECT_TRUE(all_ranks(message.find("broadcast_parameters: parameter 0 on rank 1") != std::string::npos))
+      << "rank " << r << ": \"" << message << "\"";
+  EXPECT_TRUE(all_ranks(b.value() == b0)) << "rank " << r;
+  EXPECT_TRUE(all_ranks(Matrix<double>(b.grad()) == Matrix<double>(a0.cwiseProduct(d0)))) << "rank " << r;
+  EXPECT_TRUE(all_ranks(Matrix<double>(a.grad()) == Matrix<double>(b0.cwiseProduct(d0)))) << "rank " << r;
+  dist::broadcast_parameters(std::vector<Parameter<double>*>{&b}, 0);  // after backward: nothing holds b
+  EXPECT_TRUE(all_ranks(b.value() == coefficient<double>(0, 0, 3, 3))) << "rank " << r;
 }
 
 // The error standard: the message names the op and the offending value.

@@ -59,12 +59,34 @@ void check_same_parameters(const std::vector<Parameter<T>*>& parameters, MPI_Com
     }
 }
 
+namespace detail {
+/// Collective over `comm`: throws tape_error on every rank alike if, on a rank that would write them (not the
+/// root of a broadcast), some Parameter's value is still read by a backward in progress (ParameterStorage::
+/// check_not_read): that rank's mutable_value() would throw before its MPI_Bcast and leave the others waiting.
+template <class T>
+void check_not_read_anywhere(const std::vector<Parameter<T>*>& parameters, bool only_read_here, MPI_Comm comm) {
+  long long mine = -1;  // the first parameter this rank cannot write
+  for (std::size_t k = 0; k < parameters.size() && mine < 0 && !only_read_here; ++k)
+    if (remat::detail::ParameterAccess::storage(*parameters[k])->being_read()) mine = static_cast<long long>(k);
+  std::vector<long long> all(static_cast<std::size_t>(size(comm)));
+  check(MPI_Allgather(&mine, 1, MPI_LONG_LONG, all.data(), 1, MPI_LONG_LONG, comm),
+        "broadcast_parameters: MPI_Allgather");
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (all[r] >= 0)
+      throw tape_error("broadcast_parameters: parameter " + std::to_string(all[r]) + " on rank " + std::to_string(r) +
+                       ": a backward still reads its value (called from a gradient-ready callback before that "
+                       "Parameter's gradient was ready); nothing was changed on any rank");
+}
+}  // namespace detail
+
 /// Collective over `comm`: copies every parameter's value from rank `root` to every other rank (MPI_Bcast),
 /// so that data-parallel training starts from the same weights everywhere (as DistributedDataParallel does
 /// when it is constructed; Li et al., VLDB 2020). First checks the parameter lists (check_same_parameters).
 /// The values change on the other ranks as by Parameter::mutable_value() (their version moves on); the
 /// gradients are left as they were. Throws shape_error (mismatched lists, on every rank), domain_error (root
-/// outside [0, size)), mpi_error.
+/// outside [0, size)), tape_error on every rank if a rank other than the root would change a Parameter whose
+/// value a backward still reads (a call from a gradient-ready callback; Tape::on_gradient_ready), with
+/// nothing changed on any rank, mpi_error.
 template <class T>
 void broadcast_parameters(const std::vector<Parameter<T>*>& parameters, int root = 0, MPI_Comm comm = MPI_COMM_WORLD) {
   const int ranks = size(comm);
@@ -73,6 +95,7 @@ void broadcast_parameters(const std::vector<Parameter<T>*>& parameters, int root
                        std::to_string(ranks) + "-rank communicator");
   check_same_parameters(parameters, comm, "broadcast_parameters");
   const bool is_root = rank(comm) == root;
+  detail::check_not_read_anywhere(parameters, is_root, comm);
   for (Parameter<T>* p : parameters) {
     T* data = is_root ? const_cast<T*>(p->value().data()) : p->mutable_value().data();  // root's is only read
     detail::check(MPI_Bcast(data, static_cast<int>(p->value().size()), detail::datatype<T>(), root, comm),
