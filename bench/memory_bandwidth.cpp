@@ -4,8 +4,11 @@
 // remat's team and row-block partition (detail::for_row_blocks, as remat's elementwise ops run):
 //   triad         d = a + ½ b                         (12 bytes moved per element, 2 FLOPs)
 //   gelu_backward d = g ⊙ gelu'(x), remat's formula   (GeluOp's tanh_term and derivative: about 20 FLOPs)
-// The question it answers (bench/RESULTS.md §19): how far can W2's non-GEMM work, which streams such tensors,
-// scale from 1 to 2 threads on this machine at all?
+//   gelu_backward_in_place   the same, written over g    (what a gradient written in place would cost)
+// The questions it answers (bench/RESULTS.md §19): how far can W2's non-GEMM work, which streams such tensors,
+// scale from 1 to 2 threads on this machine at all, and what would writing a gradient into dL/dy's buffer
+// save (no fresh 8 MiB destination for the caches to fetch before writing it)? The program flushes subnormals
+// (remat::set_flush_denormal): in place, g shrinks by gelu'(x) ≈ 0.6 each time its set comes round.
 //
 //   build-bench/bench/memory_bandwidth --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true
 #include <benchmark/benchmark.h>
@@ -17,7 +20,7 @@ namespace {
 
 using Flat = Eigen::Array<float, Eigen::Dynamic, 1>;
 constexpr remat::Index rows = 2048, cols = 1024, elements = rows * cols;
-enum Kernel { triad, gelu_backward };
+enum Kernel { triad, gelu_backward, gelu_backward_in_place };
 enum Residence { warm, cold };
 
 /// Three tensors: two read, one written.
@@ -41,7 +44,8 @@ void run_kernel(Kernel kernel, Operands& o) {
       const Eigen::Map<const Flat> x(o.a.data() + e0, m), g(o.b.data() + e0, m);
       Eigen::Map<Flat> t(t_buffer, m);
       t = Gelu::tanh_term(x);
-      Eigen::Map<Flat>(o.d.data() + e0, m) = Gelu::derivative(x, t, g);
+      float* out = (kernel == gelu_backward_in_place ? o.b.data() : o.d.data()) + e0;
+      Eigen::Map<Flat>(out, m) = Gelu::derivative(x, t, g);
     }
   });
 }
@@ -50,6 +54,7 @@ void Streaming(benchmark::State& state) {
   const auto kernel = static_cast<Kernel>(state.range(0));
   const auto residence = static_cast<Residence>(state.range(1));
   remat::set_num_threads(static_cast<int>(state.range(2)));
+  remat::set_flush_denormal(true);
   std::vector<Operands> sets(residence == warm ? 1 : 8);
   std::size_t next = 0;
   for (auto _ : state) {
@@ -64,7 +69,7 @@ void Streaming(benchmark::State& state) {
 
 void arguments(benchmark::internal::Benchmark* b) {
   b->ArgNames({"kernel", "cold", "threads"})->Unit(benchmark::kMicrosecond)->UseRealTime();
-  for (int kernel : {triad, gelu_backward})
+  for (int kernel : {triad, gelu_backward, gelu_backward_in_place})
     for (int residence : {warm, cold})
       for (int threads : {1, 2}) b->Args({kernel, residence, threads});
 }

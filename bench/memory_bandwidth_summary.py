@@ -11,7 +11,7 @@ import sys
 from collections import defaultdict
 
 BYTES = 3 * 2048 * 1024 * 4  # two [2048,1024] float32 tensors read, one written
-KERNELS = {0: "triad", 1: "gelu_backward"}
+KERNELS = {0: "triad", 1: "gelu_backward", 2: "gelu_backward_in_place"}
 RESIDENCE = {0: "warm", 1: "cold"}
 
 
