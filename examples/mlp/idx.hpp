@@ -165,9 +165,7 @@ class GzFile {
   /// gzip or plain, from the first two bytes (a file of fewer is plain, as for gzread and `gzip -d -f`).
   void detect() {
     input_.resize(input_bytes);
-    while (stream_.avail_in < 2 && fill()) {
-    }
-    if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
+    if (gzip_member_next()) {
       const int status = inflateInit2(&stream_, 16 + MAX_WBITS);  // gzip wrapper only: checks CRC-32 and length
       if (status != Z_OK)
         throw data_error(
@@ -176,6 +174,13 @@ class GzFile {
     } else {
       mode_ = Mode::plain;
     }
+  }
+
+  /// Whether the unread input begins with gzip's magic bytes 1f 8b (reading more of the file to see two bytes).
+  bool gzip_member_next() {
+    while (stream_.avail_in < 2 && fill()) {
+    }
+    return stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b;
   }
 
   /// Appends the file's next bytes to the unread input; false at the end of the file. Throws data_error
@@ -213,9 +218,7 @@ class GzFile {
   /// stream); otherwise the data has ended, and what follows is ignored, as zlib's gzread and `gzip -d` (with
   /// a warning) ignore it.
   void next_member_or_finish() {
-    while (stream_.avail_in < 2 && fill()) {
-    }
-    if (stream_.avail_in >= 2 && stream_.next_in[0] == 0x1f && stream_.next_in[1] == 0x8b) {
+    if (gzip_member_next()) {
       inflateReset(&stream_);
       member_ended_ = false;
     } else {
