@@ -13,7 +13,7 @@ add_executable(tests_distributed ${CMAKE_CURRENT_LIST_DIR}/distributed_main.cpp 
 target_include_directories(tests_distributed PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../support)
 target_link_libraries(tests_distributed PRIVATE remat_test_support remat::mpi)
 
-set(_mpiexec ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root ${MPIEXEC_PREFLAGS})
+set(_mpiexec ${REMAT_MPI_SESSION} ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root ${MPIEXEC_PREFLAGS})
 # Under LeakSanitizer (REMAT_SANITIZE), Open MPI's own allocations that it never frees (state of its
 # components and of PMIx/hwloc kept until exit) are reported as leaks: these tests only suppress leaks whose
 # allocation stack passes through Open MPI's libraries (lsan.supp). Its components are dlclose()d at
