@@ -133,10 +133,11 @@ class TrainingStep {
     adam.zero_grad();
     backward(tape, loss);  // adds into the parameters' gradients
     r.peak_bytes = tape.memory().peak_bytes;
-    if (learning_rate) adam.set_learning_rate(*learning_rate);
-    adam.step();
+    // Read before the update: under a memory budget an evicted value is regenerated from the Parameters.
     r.loss = loss.item();
     r.correct = count_correct(logits.value(), labels, 0);
+    if (learning_rate) adam.set_learning_rate(*learning_rate);
+    adam.step();
     return r;
   }
 

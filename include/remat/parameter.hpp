@@ -29,8 +29,9 @@ struct ParameterStorage {
   bool grad_defined = false;          // false: the gradient is zero (nothing added since zero_grad or creation)
   std::uint64_t simulated_sweep = 0;  // a tape's dry run of a backward: the serial of the run that defined grad
   // Backward sweeps running now that may still read `value`: a sweep that calls gradient-ready callbacks
-  // (the user code it calls between ops) counts itself here until it passes the Parameter's earliest leaf,
-  // after which nothing in it reads the value. While it is not zero the value must not change.
+  // (the user code it calls between ops) counts itself here until the Parameter's gradient is complete (its
+  // leaves' gradients delivered), after which nothing in it reads the value. While it is not zero the value must not
+  // change.
   std::atomic<std::uint32_t> sweeps_reading{0};
 
   ParameterStorage() = default;

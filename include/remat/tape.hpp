@@ -101,11 +101,12 @@ class Tape {
   /// contribution of this backward (from every op that read it, however many times it was recorded with
   /// variable(): a parameter shared by several layers; from checkpointed and nested regions, whose replays
   /// run during the sweep). Parameter::grad() then holds the sum over the backward passes since its last
-  /// zero_grad(), this one complete. The reverse sweep reaches a Parameter's earliest recorded leaf after
-  /// every op that read it, so the calls come while the sweep still runs, in reverse order of each
-  /// Parameter's first recording (the order PyTorch's DistributedDataParallel relies on to start
-  /// all-reducing gradients while backward goes on; Li et al., "PyTorch Distributed: Experiences on
-  /// Accelerating Data Parallel Training", VLDB 2020).
+  /// zero_grad(), this one complete. A gradient is complete once the earliest op that reads the Parameter and
+  /// receives a gradient has run its backward, and it is delivered to the Parameter then, so the calls come
+  /// while the sweep still runs, in reverse order of each Parameter's first use (within one op, in the order
+  /// of its inputs), wherever the Parameter was recorded (the order PyTorch's DistributedDataParallel relies on to
+  /// start all-reducing gradients while backward goes on; Li et al., "PyTorch Distributed: Experiences on Accelerating
+  /// Data Parallel Training", VLDB 2020).
   ///
   /// `callback` receives a Parameter object that shares value, version and gradient with the recorded one
   /// (the tape holds the storage, not your object): compare it with yours by the address of the value

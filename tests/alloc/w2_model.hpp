@@ -76,8 +76,10 @@ class W2Model {
     V loss = forward(tape, call);
     call("zero_grad", [&] { adam_->zero_grad(); });
     call("backward", [&] { tape.backward(loss); });
-    call("adam step", [&] { adam_->step(); });
+    // Before the update: under a memory budget the loss may have been evicted, and its regeneration reads the
+    // Parameters as they were recorded.
     const float value = loss.item();
+    call("adam step", [&] { adam_->step(); });
     loss = V();
     call("clear", [&] { tape.clear(); });
     return value;

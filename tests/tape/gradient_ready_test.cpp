@@ -117,8 +117,12 @@ TEST(GradientReady, OncePerParameterWithItsFinalGradientUnderEveryPolicyAndNesti
     attach(tape, m, log);
     tape.backward(m.loss(tape, nullptr));
     expect_once_with_final_gradients(m, log);
-    // Reverse order of first recording: W1, b1, W2, W3, b3 were recorded in that order.
-    EXPECT_EQ(log.order, (std::vector<std::string>{"b3", "W3", "W2", "b1", "W1"}));
+    // As each gradient becomes final: when the backward of the Parameter's first consumer has run (the
+    // reverse order of those ops; within one op, its inputs' order): linear(g2, W3, b3), then W2's first
+    // consumer (the inner matmul; its second leaf's consumer, the outer matmul, came before), then
+    // linear(x, W1, b1). All leaves were recorded before the ops: delivered at their leaves, the order was
+    // b3, W3, W2, b1, W1.
+    EXPECT_EQ(log.order, (std::vector<std::string>{"W3", "b3", "W2", "W1", "b1"}));
   }
   for (const auto& [label, policy] : policies()) {
     SCOPED_TRACE(label);

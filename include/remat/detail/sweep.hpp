@@ -63,7 +63,7 @@ class Sweep {
   std::vector<std::uint8_t> wanted, keep;
 
   /// Called, in a backward (mode.accumulate), once for each Parameter whose gradient this sweep added to,
-  /// when the sweep has passed the Parameter's earliest leaf node (every contribution is in). Null or
+  /// when the gradients of all its leaves have been delivered (every contribution is in). Null or
   /// empty: none. Set by the tape.
   const GradientReadyCallbacks<T>* ready_callbacks = nullptr;
 
@@ -207,7 +207,34 @@ class Sweep {
     if (cached_demand_.capacity() < buffers_.simulated_sizes())  // remember_dry_run cannot throw
       cached_demand_.reserve(2 * buffers_.simulated_sizes());
     stash_.reserve(variables);
+    prepare_deliveries(loss, mode);
     prepare_ready_callbacks(mode);
+  }
+
+  /// delivered_by_[w] for a Parameter's leaf w in a backward (mode.accumulate): the op whose backward completes
+  /// w's gradient — the earliest op that reads w and receives a gradient (it is the last such op the reverse
+  /// sweep reaches; every replay or regeneration re-running one of them comes before it too). The sweep
+  /// delivers the gradient to the Parameter right after that op's backward, as PyTorch's AccumulateGrad does,
+  /// instead of holding it on the tape until the sweep reaches the leaf: so where a Parameter is recorded (all
+  /// before the forward pass, or each where it is used) does not change the peak. -1 for every other node.
+  /// Ops that read w but receive no gradient (after the loss, in a branch the loss does not depend on, a
+  /// schedule's probe) contribute nothing and do not delay it. Allocates only when the tape grew.
+  void prepare_deliveries(std::int32_t loss, SweepMode mode) {
+    const auto count = static_cast<std::size_t>(graph_.size());
+    delivered_by_.assign(count, -1);
+    if (!mode.accumulate) return;
+    receives_.assign(count, 0);
+    receives_[static_cast<std::size_t>(loss)] = 1;
+    for (std::int32_t i = loss; i >= 0; --i) {
+      const Node<T>& n = graph_[i];
+      if (!receives_[static_cast<std::size_t>(i)] || n.is_leaf() || !wanted[static_cast<std::size_t>(i)]) continue;
+      for (int k = 0; k < n.arity; ++k) {
+        const auto w = static_cast<std::size_t>(n.inputs[k]);
+        if (!wanted[w]) continue;
+        receives_[w] = 1;
+        if (graph_[n.inputs[k]].parameter) delivered_by_[w] = i;  // the last write is the earliest op
+      }
+    }
   }
 
   // ---- the signature of a sweep (see the top of this file) ----
@@ -307,7 +334,8 @@ class Sweep {
   }
 
   /// first_leaf_[i]: for a leaf referencing a Parameter, the id of the earliest leaf referencing the same
-  /// Parameter (the last one the reverse sweep reaches); -1 otherwise. Allocates only the first time.
+  /// Parameter, which stands for the Parameter in held_, contributed_ and leaves_left_ (its leaves whose
+  /// gradient is not complete yet); -1 otherwise. Allocates only the first time.
   void prepare_ready_callbacks(SweepMode mode) {
     callback_error_ = nullptr;
     if (!ready_callbacks_active(mode)) return;
@@ -315,6 +343,7 @@ class Sweep {
     first_leaf_.assign(count, -1);
     contributed_.assign(count, 0);
     held_.assign(count, 0);
+    leaves_left_.assign(count, 0);
     by_storage_.clear();
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       if (graph_[i].is_leaf() && graph_[i].parameter) by_storage_.push_back({graph_[i].parameter.get(), i});
@@ -323,12 +352,13 @@ class Sweep {
       const bool starts = k == 0 || by_storage_[k].first != by_storage_[k - 1].first;
       const std::int32_t first = starts ? by_storage_[k].second : first_leaf_[by_storage_[k - 1].second];
       first_leaf_[static_cast<std::size_t>(by_storage_[k].second)] = first;
+      ++leaves_left_[static_cast<std::size_t>(first)];
     }
   }
 
   /// While a pass calls gradient-ready callbacks (user code inside the sweep), every Parameter it recorded
-  /// counts the pass in its sweeps_reading until the pass reaches the Parameter's earliest leaf, after which
-  /// nothing in it reads the value: a callback that changes a value still to be read then gets tape_error
+  /// counts the pass in its sweeps_reading until the gradients of all its leaves are complete, after which
+  /// nothing in the pass reads the value: a callback that changes a value still to be read then gets tape_error
   /// from Parameter (and from the optimizers) instead of giving the sweep another value or a freed buffer.
   void hold_parameters() noexcept {
     for (std::size_t k = 0; k < by_storage_.size(); ++k) {
@@ -645,6 +675,7 @@ class Sweep {
       unpin_residuals(i);
     }
     if (!keep[static_cast<std::size_t>(i)]) free_grad(n);
+    if (mode.accumulate) deliver_gradients_completed_by(i, mode);
     if (mode.retain_graph || !n.requires_grad) return;
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) lifetime_.release_backward_read(n.inputs[k]);
@@ -684,22 +715,38 @@ class Sweep {
     return !(n.reads & reads_extra) || n.extra;
   }
 
+  /// After op i's backward: delivers the gradient of every Parameter leaf it completes (prepare_deliveries).
+  void deliver_gradients_completed_by(std::int32_t i, SweepMode mode) noexcept {
+    const Node<T>& n = graph_[i];
+    for (int k = 0; k < n.arity; ++k) {
+      const std::int32_t w = n.inputs[k];
+      if (delivered_by_[static_cast<std::size_t>(w)] != i) continue;
+      if ((k >= 1 && n.inputs[0] == w) || (k == 2 && n.inputs[1] == w)) continue;  // read twice: once
+      complete_leaf(w, mode);
+    }
+  }
+
   void finish_leaf(std::int32_t i, SweepMode mode) noexcept {
+    if (delivered_by_[static_cast<std::size_t>(i)] < 0) complete_leaf(i, mode);
+  }
+
+  /// Leaf i's gradient of this sweep is complete: a Parameter's goes to the Parameter (backward), a kept one
+  /// stays, any other goes; the Parameter's gradient-ready callbacks run once all its leaves are complete.
+  void complete_leaf(std::int32_t i, SweepMode mode) noexcept {
     Node<T>& n = graph_[i];
     const bool callbacks = ready_callbacks_active(mode) && n.parameter;
+    const std::int32_t first = callbacks ? first_leaf_[static_cast<std::size_t>(i)] : -1;
     if (n.grad) {
       if (n.parameter && mode.accumulate) {
         add_to_parameter(n);
-        if (callbacks) contributed_[static_cast<std::size_t>(first_leaf_[static_cast<std::size_t>(i)])] = 1;
+        if (callbacks) contributed_[static_cast<std::size_t>(first)] = 1;
       } else if (!keep[static_cast<std::size_t>(i)]) {
         free_grad(n);  // e.g. a constant used as the loss got the seed gradient
       }
     }
-    // The reverse sweep reaches a Parameter's earliest leaf after every op that read any of its leaves: its
-    // gradient of this backward is complete here.
-    if (callbacks && first_leaf_[static_cast<std::size_t>(i)] == i && !simulating()) {
-      release_parameter(i);  // before its callbacks: they may change this Parameter
-      if (contributed_[static_cast<std::size_t>(i)]) call_ready_callbacks(n);
+    if (callbacks && !simulating() && --leaves_left_[static_cast<std::size_t>(first)] == 0) {
+      release_parameter(first);  // before its callbacks: they may change this Parameter
+      if (contributed_[static_cast<std::size_t>(first)]) call_ready_callbacks(graph_[first]);
     }
   }
 
@@ -797,9 +844,12 @@ class Sweep {
   std::vector<std::uint8_t> chain_held_, chain_tape_;                 // run_chain's scratch
   std::vector<NodeSnapshot<T>> snapshot_;
   std::vector<Stashed> stash_;
-  std::vector<std::int32_t> first_leaf_;   // per node, see prepare_ready_callbacks
-  std::vector<std::uint8_t> held_;         // per earliest leaf: the pass holds its Parameter (hold_parameters)
-  std::vector<std::uint8_t> contributed_;  // per earliest leaf: got a gradient
+  std::vector<std::int32_t> first_leaf_;    // per node, see prepare_ready_callbacks
+  std::vector<std::uint8_t> held_;          // per earliest leaf: the pass holds its Parameter (hold_parameters)
+  std::vector<std::uint8_t> contributed_;   // per earliest leaf: got a gradient
+  std::vector<std::int32_t> leaves_left_;   // per earliest leaf: leaves of its Parameter not yet complete
+  std::vector<std::int32_t> delivered_by_;  // per node, see prepare_deliveries
+  std::vector<std::uint8_t> receives_;      // per node: receives a gradient in this sweep (scratch)
   std::vector<std::pair<const ParameterStorage<T>*, std::int32_t>> by_storage_;  // scratch
   std::exception_ptr callback_error_;
   bool running_ = false;

@@ -158,7 +158,17 @@ class TapeState {
                        "replay()");
     check_not_in_callback(op);
     evictor_.reserve(static_cast<std::size_t>(graph_.size()));
-    evictor_.trial(op, [&] { evictor_.ensure(id); });
+    try {
+      evictor_.trial(op, [&] { evictor_.ensure(id); });
+    } catch (const stale_value_error& e) {
+      // Typically the loss or the logits read after an optimizer step that followed the backward.
+      throw stale_value_error(std::string(op) + ": node #" + std::to_string(id) + " (" + node_name(id) +
+                              ") was evicted by the memory budget, and regenerating it would read a Parameter "
+                              "modified since it was recorded (" +
+                              e.what() +
+                              "); under a budget, read the values you need from a step (the loss, the logits) "
+                              "before updating its Parameters");
+    }
     buffers_.reserve_simulated();
     evictor_.ensure(id);
   }

@@ -225,10 +225,11 @@ namespace detail {
 /// own gradient (δ_i too) is freed after its backward, and a residual of x̄_i once the last backward reading
 /// it has run. `overhead` is o_b: B_i's peak minus those four terms — negative when B_i frees δ_i or
 /// residuals before it allocates as much (a tanh∘linear layer frees δ_i and tanh's output before the weight
-/// gradient is allocated). `left` is g: gradients of nodes recorded before the chain
-/// (weights) and of tape variables recorded inside the layer, which stay until the sweep passes them, after
-/// the chain. A Parameter's leaf recorded inside the layer gives its gradient to the Parameter when the sweep
-/// passes it (Tape::backward), at the end of B_i: in o_b, not in g.
+/// gradient is allocated). `left` is g: gradients that stay after B_i — of nodes recorded before the chain
+/// that are not Parameters, of tape variables recorded inside the layer (both stay until the sweep passes
+/// them, after the chain), and of Parameters whose first consumer is an op before the layer (a weight shared
+/// with earlier layers). A Parameter's gradient goes to the Parameter once its first consumer's backward has
+/// run (Tape::backward, detail/sweep.hpp): when that op is in the layer, in o_b, not in g.
 /// The layer's output (its value may be held by a handle) and, in a layer with checkpoint regions of its
 /// own (whose replays hold values too), every residual are taken to stay until the end of B_i: an upper
 /// bound either way.
@@ -264,12 +265,26 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
   const auto input_bytes = input < 0 ? 0 : static_cast<std::int64_t>(Buffers<T>::bytes(state.node(input).shape));
   std::int64_t live = output_bytes, peak = live;  // beyond x_{i−1} and x̄_i: δ_i, then what B_i allocates
   bool input_gradient = false;
+  // A Parameter's gradient goes to the Parameter after the backward of the earliest op that reads it and
+  // receives a gradient (detail/sweep.hpp). Taken here to be its earliest consumer that requires one: no
+  // later in the sweep than that op (a probe's op stands for the layer's; an op before the chain may
+  // receive no gradient, and then the gradient is taken to stay: an upper bound).
+  const auto completed_by = [&](std::int32_t w) {
+    std::int32_t first = -1;
+    const Node<T>& leaf = state.node(w);
+    for (std::int32_t e = leaf.first_use; e >= 0; e = state.node(e / max_inputs).next_use[e % max_inputs])
+      if (state.node(e / max_inputs).requires_grad) first = e / max_inputs;  // the list runs latest first
+    return first;
+  };
+  const auto delivered_here = [&](std::int32_t w) {  // backward() hands it to its Parameter in this walk
+    if (!state.node(w).is_leaf() || !state.node(w).parameter) return false;
+    const std::int32_t c = completed_by(w);
+    return c >= begin && c < end;
+  };
   for (std::int32_t j = end - 1; j >= begin; --j) {
     const Node<T>& n = state.node(j);
-    if (n.is_leaf() && n.parameter && (work[at(j)] & 1))  // backward() hands it to its Parameter here
-      live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.shape));
-    if (n.is_leaf() || !n.requires_grad) continue;
-    if (work[at(j)] & 1) {
+    if (n.is_leaf()) continue;
+    if (n.requires_grad && (work[at(j)] & 1)) {
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
         const Node<T>& in = state.node(w);
@@ -282,17 +297,28 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
           if (work[at(w)] & 1) continue;
           work[at(w)] |= 1;
           live += b;
-          if (in.is_leaf() && !in.parameter) r.left += static_cast<std::size_t>(b);  // a tape variable's stays
+          if (in.is_leaf() && !delivered_here(w)) r.left += static_cast<std::size_t>(b);  // it stays
         } else if (std::find(outside_with_grad.begin(), outside_with_grad.end(), w) == outside_with_grad.end()) {
           outside_with_grad.push_back(w);  // its gradient was not allocated by a later layer's B
           live += b;
-          r.left += static_cast<std::size_t>(b);
+          if (!delivered_here(w)) r.left += static_cast<std::size_t>(b);
         }
       }
       peak = std::max(peak, live + static_cast<std::int64_t>(Buffers<T>::bytes(n.scratch_shape)));
       live -= static_cast<std::int64_t>(Buffers<T>::bytes(n.shape));  // its gradient goes (δ_i at the output)
     }
-    if (nested) continue;
+    for (int k = 0; k < n.arity; ++k) {  // a Parameter's gradient complete now goes to the Parameter
+      const std::int32_t w = n.inputs[k];
+      const Node<T>& in = state.node(w);
+      if (!in.is_leaf() || !in.parameter || (k >= 1 && n.inputs[0] == w) || (k == 2 && n.inputs[1] == w) ||
+          completed_by(w) != j)
+        continue;
+      const bool allocated =
+          w >= begin ? (work[at(w)] & 1) != 0
+                     : std::find(outside_with_grad.begin(), outside_with_grad.end(), w) != outside_with_grad.end();
+      if (allocated) live -= static_cast<std::int64_t>(Buffers<T>::bytes(in.shape));
+    }
+    if (!n.requires_grad || nested) continue;
     auto release = [&](std::int32_t w) {  // one backward reader of w's value is done
       // A leaf's value is not in x̄_i (a Parameter's is not the tape's; a tape-owned leaf is in the baseline).
       if (w < begin || w == output || state.node(w).is_leaf()) return;
