@@ -51,8 +51,9 @@ class tape_error : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
-/// A value or residual that was already freed is needed: a second backward without retain_graph,
-/// or value() of an interior value the tape released.
+/// A value or residual that was already freed is needed: another backward after one without retain_graph
+/// (over the same graph, or over a step recorded on the tape without clear() before it), or value() of an
+/// interior value the tape released.
 class freed_value_error : public tape_error {
  public:
   using tape_error::tape_error;

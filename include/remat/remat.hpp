@@ -69,5 +69,15 @@
 #include "remat/schedule/planner.hpp"
 #include "remat/schedule/revolve.hpp"
 
+// The training pieces: layers, optimizers, gradient clipping, the learning-rate schedule (small, and they
+// include nothing the lines above do not).
+#include "remat/nn/adam.hpp"
+#include "remat/nn/adamw.hpp"
+#include "remat/nn/clip_grad_norm.hpp"
+#include "remat/nn/linear.hpp"
+#include "remat/nn/optimizer.hpp"
+#include "remat/nn/sgd.hpp"
+#include "remat/nn/warmup_cosine_schedule.hpp"
+
 // Last: names the class templates defined above (REMAT_EXTERN_OP_KERNELS).
 #include "remat/detail/extern_templates.hpp"

@@ -86,7 +86,7 @@ class Tape {
   /// `retain_graph`, which allows another backward. Checkpoint regions replay their recorded ops as the
   /// sweep enters them.
   /// Throws shape_error (loss not [1,1]), tape_error (Var of another or cleared tape, inside a
-  /// checkpointed function), freed_value_error (second backward after one without retain_graph),
+  /// checkpointed function), freed_value_error (another backward after one without retain_graph, until clear()),
   /// stale_value_error (a Parameter changed, assigned to, moved from or resized since it was recorded),
   /// std::bad_alloc. When it throws, the tape and every gradient are exactly as they were. On a shapes-only
   /// tape it only counts: memory() then holds the figures this backward reaches on a tape that computes.
@@ -323,7 +323,7 @@ class Tape {
     if (s.rows != 1 || s.cols != 1)
       throw shape_error(std::string(op) + ": the loss must be [1,1] but is " + to_string(s) +
                         "; reduce it with sum() or mean() first");
-    state_->check_sweepable(op, to_parameters);
+    state_->check_sweepable(op, to_parameters, loss.id());
     return loss.id();
   }
 

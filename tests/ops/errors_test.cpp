@@ -256,12 +256,38 @@ TEST(Errors, SecondBackwardAfterAFreeingOne) {
   tape.backward(loss);
   const Matrix<double> first = w.grad();
   const std::size_t size = tape.size();
-  expect_throw<remat::freed_value_error>([&] { tape.backward(loss); }, {"backward", "freed", "retain_graph"});
-  expect_throw<remat::freed_value_error>([&] { tape.gradient(loss, {w}); }, {"gradient", "freed"});
+  // The two fixes: retain_graph for another backward over the same graph, clear() for a new one.
+  expect_throw<remat::freed_value_error>([&] { tape.backward(loss); },
+                                         {"backward", "freed", "node #", "retain_graph = true", "clear()"});
+  expect_throw<remat::freed_value_error>([&] { tape.gradient(loss, {w}); },
+                                         {"gradient", "freed", "retain_graph = true", "clear()"});
   EXPECT_EQ(tape.size(), size);
   EXPECT_EQ(Matrix<double>(w.grad()), first) << "the failed backward changed the gradients";
   // A freed_value_error is a tape_error.
   EXPECT_THROW(tape.backward(loss), remat::tape_error);
+  tape.clear();
+  expect_usable(tape);
+}
+
+// The next step recorded on the same tape without clear(): recording works (a program may compute metrics
+// after its backward), but its backward is refused, and the message must say that clear() was missing, not
+// to "record the forward pass again", which is what the user just did.
+TEST(Errors, BackwardOfAStepRecordedWithoutClear) {
+  Tape<double> tape;
+  const auto x = tape.variable(remat_test::random_matrix(3, 2, 1));
+  const auto w = tape.variable(remat_test::random_matrix(2, 2, 2));
+  tape.backward(remat::sum(remat::tanh(remat::matmul(x, w))));
+  const Matrix<double> first = w.grad();
+  const auto next = remat::sum(remat::square(remat::matmul(x, w)));  // the next step, no clear() before it
+  const std::size_t size = tape.size();
+  const std::string loss_node = "node #" + std::to_string(next.id());
+  expect_throw<remat::freed_value_error>(
+      [&] { tape.backward(next); },
+      {"backward", loss_node, "recorded after", "without clear()", "clear()", "retain_graph = true"});
+  expect_throw<remat::freed_value_error>([&] { tape.gradient(next, {w}); },
+                                         {"gradient", loss_node, "recorded after", "clear()"});
+  EXPECT_EQ(tape.size(), size);
+  EXPECT_EQ(Matrix<double>(w.grad()), first) << "the refused backward changed the gradients";
   tape.clear();
   expect_usable(tape);
 }

@@ -246,17 +246,14 @@ class TapeState {
   /// Checks before a sweep: no sweep after a freeing one, no Parameter a backward or replay will read was
   /// modified, and, if the sweep hands gradients to Parameters (`to_parameters`: backward(), not
   /// gradient()), none of them was assigned to, moved from or resized. Throws freed_value_error, stale_value_error
-  /// naming `op`.
-  void check_sweepable(const char* op, bool to_parameters) const {
+  /// naming `op` (and the `loss` node's number).
+  void check_sweepable(const char* op, bool to_parameters, std::int32_t loss) const {
     check_not_in_callback(op);
     if (graph_.trace && (capture_function_running_ || !to_parameters))
       throw tape_error(std::string(op) +
                        ": called inside a CapturedStep's function; return the loss from it, and the CapturedStep "
                        "runs backward(loss)");
-    if (residuals_freed_)
-      throw freed_value_error(std::string(op) +
-                              ": the residuals were freed by the previous backward; pass retain_graph = true to the "
-                              "first backward to run another one, or record the forward pass again");
+    if (residuals_freed_) throw_residuals_freed(op, loss);
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       // Under a budget, a regeneration may read any Parameter whose value the tape refers to now.
       if (graph_[i].holds() > 0 || (evictor_.active() && graph_[i].value)) check_parameter_current(graph_, i, op);
@@ -265,6 +262,31 @@ class TapeState {
         check_parameter_same_shape(graph_, i, op);
       }
     }
+  }
+
+  /// A sweep after one without retain_graph. The fix depends on when the loss was recorded: before that
+  /// sweep (another backward over the same graph: retain_graph), or after it, on the swept tape (the next
+  /// step: clear() was missing; telling that user to record the forward pass again would send them round).
+  [[noreturn]] void throw_residuals_freed(const char* op, std::int32_t loss) const {
+    const std::string by = freed_by_;  // the sweep that freed them
+    std::string message = std::string(op) + ": ";
+    if (loss >= nodes_when_freed_)
+      message += "the loss (node #" + std::to_string(loss) + ") was recorded after a " + by +
+                 " without retain_graph, on the same tape without clear() in between: that " + by +
+                 " freed the tape's residuals, and the tape runs no other backward until clear(); call clear() "
+                 "before recording the next step (and record its leaves again), or pass retain_graph = true to "
+                 "that " +
+                 by + " to keep them";
+    else
+      message += "the residuals of the loss's graph (node #" + std::to_string(loss) + ") were freed by the previous " +
+                 by + ", which ran without retain_graph; pass retain_graph = true to that " + by +
+                 " to run another one over the same graph, or call clear() and record the forward pass again";
+    throw freed_value_error(message);
+  }
+  void mark_residuals_freed(const char* by) noexcept {
+    residuals_freed_ = true;
+    nodes_when_freed_ = graph_.size();
+    freed_by_ = by;
   }
 
   // ---- gradient-ready callbacks (Tape::on_gradient_ready) ----
@@ -306,7 +328,7 @@ class TapeState {
       sweep_.keep[static_cast<std::size_t>(i)] = graph_[i].is_variable && !graph_[i].parameter;
     }
     sweep_.run(loss, SweepMode{retain_graph, true});
-    if (!retain_graph) residuals_freed_ = true;
+    if (!retain_graph) mark_residuals_freed("backward");
     // A gradient-ready callback threw: the sweep completed (every gradient is written), and the backward
     // reports the callback's exception.
     if (std::exception_ptr e = sweep_.take_callback_error()) std::rethrow_exception(e);
@@ -338,7 +360,7 @@ class TapeState {
         out[k].setZero();
     }
     sweep_.finish_gradient();
-    if (!retain_graph) residuals_freed_ = true;
+    if (!retain_graph) mark_residuals_freed("gradient()");
   }
 
   // ---- a CapturedStep's tape (remat/captured_step.hpp) ----
@@ -607,7 +629,9 @@ class TapeState {
   GradientReadyCallbacks<T> ready_callbacks_;
   std::size_t next_callback_key_ = 1;
   std::uint32_t generation_ = 0;
-  bool residuals_freed_ = false;
+  bool residuals_freed_ = false;       // a sweep without retain_graph ran since the last clear()
+  std::int32_t nodes_when_freed_ = 0;  // the nodes recorded then: a loss recorded later is a step without clear()
+  const char* freed_by_ = "backward";  // that sweep: "backward" or "gradient()"
   std::uint64_t seed_;
   std::uint64_t random_offset_ = 0;
   std::function<void(const CheckpointDiagnostic&)> diagnostics_handler_;
