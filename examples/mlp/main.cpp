@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include <remat/io/safetensors.hpp>
 #include <remat/nn/adam.hpp>
 #include <remat/nn/linear.hpp>
 #include <remat/remat.hpp>
@@ -64,6 +65,7 @@ struct Options : mlp::NetworkOptions {
   long limit = 0;
   bool json = false;
   std::string save, resume;
+  std::string save_weights, load_weights;  // safetensors files of the layers' weights alone
   std::uint64_t seed = 42;
   int eval_batch = 1000;
   std::string schedule = "cosine";
@@ -145,6 +147,28 @@ int estimate_step(const Options& o) {
   examples::print_estimate(e, o.json, "saved_bytes_per_step", "peak_bytes_per_step",
                            "\"checkpoint\":\"" + o.checkpoint + "\",\"batch\":" + std::to_string(o.batch));
   return 0;
+}
+
+// ---- weights in the safetensors format (--save-weights, --load-weights) ----
+
+/// The layers as PyTorch's nn.Linear names and lays them out in a torch.nn.ModuleList called `layers`:
+/// "layers.I.weight" [out, in] and "layers.I.bias" [out] (remat's own W is [in, out], b [1, out]), so that
+/// the file loads into such a PyTorch model with load_state_dict, and a PyTorch model's file loads here.
+std::vector<remat::safetensors::Entry> weight_entries(std::vector<remat::nn::Linear<float>>& layers) {
+  std::vector<remat::safetensors::Entry> entries;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const auto layer = remat::safetensors::torch_linear("layers." + std::to_string(i), layers[i]);
+    entries.insert(entries.end(), layer.begin(), layer.end());
+  }
+  return entries;
+}
+
+void save_weights(const Options& o, Model& model, remat::Index inputs) {
+  const remat::safetensors::Metadata metadata = {{"format", "pt"},
+                                                 {"model", "remat MLP " + network_text(o, inputs)},
+                                                 {"activation", o.activation},
+                                                 {"epochs", std::to_string(model.history.size())}};
+  remat::safetensors::save(o.save_weights, weight_entries(model.layers), metadata);
 }
 
 // ---- training state file ----
@@ -324,6 +348,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   remat::set_flush_denormal(o.flush_denormal);
   if (o.estimate) return estimate_step(o);
   if (!o.save.empty() && ranks.rank == 0) examples::check_state_destination(o.save);  // before an epoch is spent
+  if (!o.save_weights.empty() && ranks.rank == 0) examples::check_state_destination(o.save_weights);
   mlp::Dataset train = mlp::read_idx_dataset(o.data, "train", classes);
   mlp::Dataset test = mlp::read_idx_dataset(o.data, "t10k", classes);
   if (test.image_rows != train.image_rows || test.image_cols != train.image_cols)
@@ -346,6 +371,9 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
     parameters.push_back(&layer.weight);
     parameters.push_back(&layer.bias);
   }
+  // Every rank reads the file (a shared file system, as --resume assumes); DataParallel then checks that
+  // the ranks hold the same weights.
+  if (!o.load_weights.empty()) remat::safetensors::load(o.load_weights, weight_entries(model.layers));
   if (!o.resume.empty()) {
     mlp::StateReader reader = mlp::read_state_file(o.resume);
     decode_state(reader, o, app, model, n);
@@ -486,6 +514,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
     std::fflush(stdout);
     if (!o.save.empty() && ranks.rank == 0) mlp::write_state_file(o.save, encode_state(o, model, n));
   }
+  if (!o.save_weights.empty() && ranks.rank == 0) save_weights(o, model, inputs);
   const std::uint32_t crc = examples::parameters_crc32(parameters);
   data_parallel.check_same_parameters_bitwise(crc);  // --distributed: the ranks must not have diverged
 
@@ -604,6 +633,13 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "Print one JSON object with the results as the last line of stdout");
   app.add_option("--save", o.save, "Write parameters and optimizer state to this file after each epoch (atomically)");
   app.add_option("--resume", o.resume, "Continue training from a file written by --save");
+  app.add_option("--save-weights", o.save_weights,
+                 "Write the weights alone, in the safetensors format, when training ends (atomically): "
+                 "layers.I.weight [out,in] and layers.I.bias [out], as PyTorch's nn.Linear in a ModuleList "
+                 "`layers` (docs/saving.md)");
+  app.add_option("--load-weights", o.load_weights,
+                 "Start from the weights in this safetensors file (as --save-weights writes them) instead of "
+                 "initialising them from --seed; the optimizer starts afresh. --epochs 0 only evaluates them");
   app.add_flag("--distributed", o.distributed,
                "Data-parallel training over MPI ranks (mpirun -np N mlp --distributed): each rank trains on its "
                "shard of every global batch of --batch rows, gradients are averaged (docs/distributed.md); "
@@ -629,6 +665,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
+  }
+  if (!o.load_weights.empty() && !o.resume.empty()) {
+    std::fprintf(stderr, "mlp: error: --resume restores the weights from the state file: drop --load-weights\n");
+    return 2;
   }
   if (o.estimate && (o.distributed || !o.resume.empty())) {
     std::fprintf(stderr, "mlp: error: --estimate counts one process's step from the flags given: drop %s\n",

@@ -1,7 +1,7 @@
 """End-to-end tests of the MLP example (examples/mlp), registered with CTest by examples/mlp/CMakeLists.txt.
 
 usage: mlp_test.py CASE MLP_BINARY DATA_DIR LIMIT
-  CASE: corrupt_input | save_resume | checkpoint_modes | accuracy
+  CASE: corrupt_input | save_resume | save_load_weights | checkpoint_modes | accuracy
 Each case exits 0 on success and prints what failed otherwise. Only the standard library is used.
 """
 import filecmp
@@ -164,6 +164,29 @@ def case_corrupt_input():
         f["train-images-idx3-ubyte.gz"] = (bytes(damaged),)
         expect_data_error(tmp, "bad_deflate", f, "train-images-idx3-ubyte.gz", ["corrupt"])
 
+        # --save-weights writes a safetensors file; --load-weights refuses a damaged one, or one of another
+        # network, with one line naming the file (and the tensor), before training.
+        weights = os.path.join(tmp, "weights.safetensors")
+        run_json("--data", os.path.join(tmp, "valid"), "--epochs", 1, "--batch", 4, "--hidden", 8,
+                 "--save-weights", weights)
+        good = open(weights, "rb").read()
+        for name, data, words in (("cut.safetensors", good[:-5], ["truncated"]),
+                                  ("header.safetensors", good[:8] + b"[" + good[9:], ["begin with '{'"]),
+                                  ("length.safetensors", b"\xff" * 8 + good[8:], ["header length"])):
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            p = run("--data", os.path.join(tmp, "valid"), "--epochs", 1, "--batch", 4, "--hidden", 8,
+                    "--load-weights", path, expect=2)
+            err = p.stderr.strip()
+            check(len(err.splitlines()) == 1 and path in err and all(w in err for w in words),
+                  f"--load-weights {name}: {err!r}")
+            check("Sanitizer" not in p.stderr, f"--load-weights {name}: {p.stderr}")
+        p = run("--data", os.path.join(tmp, "valid"), "--epochs", 1, "--batch", 4, "--hidden", 16,
+                "--load-weights", weights, expect=2)
+        check("layers.0.weight" in p.stderr and "[8,784]" in p.stderr and "[784,16]" in p.stderr,
+              f"--load-weights into another --hidden: {p.stderr!r}")
+
         # The command line: --help succeeds, a bad value is a usage error (exit 2).
         check("--checkpoint" in run("--help").stdout, "--help does not list --checkpoint")
         run("--checkpoint", "everything", expect=2)
@@ -237,6 +260,56 @@ def case_save_resume():
         check("cannot create a temporary file" in p.stderr and "epoch  1/" not in p.stdout, f"unwritable --save: {p.stderr!r}")
 
 
+def read_safetensors_header(path):
+    """The JSON header of a safetensors file, read by the format's rules without remat."""
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    check(n % 8 == 0 and data[8:8 + n].rstrip(b" ").endswith(b"}"), f"{path}: header not padded to 8 bytes")
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    check(8 + n + end == len(data), f"{path}: the tensors do not end at the end of the file")
+    return header
+
+
+def case_save_load_weights():
+    common = ["--data", DATA, "--limit", LIMIT, "--hidden", "64,32", "--batch", 100]
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = os.path.join(tmp, "weights.safetensors")
+        state = os.path.join(tmp, "run.state")
+        a = run_json(*common, "--epochs", 1, "--save-weights", weights, "--save", state)
+        # PyTorch's names and layout of nn.Linear layers in a ModuleList `layers`: weight [out,in], bias [out].
+        header = read_safetensors_header(weights)
+        expected = {"layers.0.weight": [64, 784], "layers.0.bias": [64], "layers.1.weight": [32, 64],
+                    "layers.1.bias": [32], "layers.2.weight": [10, 32], "layers.2.bias": [10]}
+        shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+        check(shapes == expected, f"tensors in {weights}: {shapes}")
+        check(all(v["dtype"] == "F32" for k, v in header.items() if k != "__metadata__"), f"dtypes: {header}")
+        meta = header.get("__metadata__", {})
+        check(meta.get("format") == "pt" and meta.get("epochs") == "1", f"metadata: {meta}")
+
+        # The loaded weights evaluate exactly as the run that saved them.
+        b = run_json(*common, "--epochs", 0, "--load-weights", weights)
+        for key in ("test_accuracy", "parameters_crc32"):
+            check(key in a and a.get(key) == b.get(key), f"--load-weights differs in {key}: {a.get(key)} vs {b.get(key)}")
+        # Training goes on from them (a fresh optimizer), and --resume of the same run's state still works.
+        c = run_json(*common, "--epochs", 1, "--load-weights", weights)
+        check(c.get("epochs") == 1 and c.get("parameters_crc32") != a.get("parameters_crc32"), f"training on: {c}")
+        d = run_json("--data", DATA, "--limit", LIMIT, "--hidden", "64,32", "--epochs", 2, "--resume", state)
+        check(d.get("epochs") == 2, f"--resume next to --save-weights: {d}")
+
+        before = open(weights, "rb").read()
+        p = run(*common, "--epochs", 1, "--load-weights", weights, "--resume", state, expect=2)
+        check("drop --load-weights" in p.stderr, f"--load-weights with --resume: {p.stderr!r}")
+        p = run("--data", DATA, "--limit", LIMIT, "--hidden", "64,16", "--epochs", 0, "--load-weights", weights,
+                expect=2)
+        check(weights in p.stderr and "layers.1.weight" in p.stderr, f"--load-weights into 64,16: {p.stderr!r}")
+        p = run(*common, "--epochs", 1, "--save-weights", os.path.join(tmp, "no", "w.safetensors"), expect=2)
+        check("cannot create a temporary file" in p.stderr and "epoch  1/" not in p.stdout,
+              f"unwritable --save-weights: {p.stderr!r}")
+        check(open(weights, "rb").read() == before, "a refused run changed the weights file")
+        check(sorted(os.listdir(tmp)) == ["run.state", "weights.safetensors"], f"left-over files: {os.listdir(tmp)}")
+
+
 def case_checkpoint_modes():
     hidden = [48, 40, 32, 24]
     batch = 100
@@ -297,8 +370,8 @@ def case_accuracy():
     check(d.get("test_accuracy", 0) >= 0.80, f"test accuracy {d.get('test_accuracy')} < 0.80")
 
 
-{"corrupt_input": case_corrupt_input, "save_resume": case_save_resume, "checkpoint_modes": case_checkpoint_modes,
- "accuracy": case_accuracy}[CASE]()
+{"corrupt_input": case_corrupt_input, "save_resume": case_save_resume, "save_load_weights": case_save_load_weights,
+ "checkpoint_modes": case_checkpoint_modes, "accuracy": case_accuracy}[CASE]()
 if failures:
     print(f"{len(failures)} failure(s)")
     sys.exit(1)

@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace remat {
 
@@ -72,6 +74,44 @@ class stale_value_error : public tape_error {
 class shapes_only_error : public tape_error {
  public:
   using tape_error::tape_error;
+};
+
+/// A file cannot be read or written, or what it holds is not what the reader was asked for (remat/io/). what()
+/// names the file, the tensor where one is concerned, and what to do about it; path() and tensor() return the
+/// two names (tensor() is empty for a problem of the whole file). A runtime condition, not a misuse of the API:
+/// the same call succeeds with another file or once the file system lets it.
+class io_error : public std::runtime_error {
+ public:
+  io_error(const std::string& what, std::string path, std::string tensor = {})
+      : std::runtime_error(what),
+        names_(std::make_shared<const std::pair<std::string, std::string>>(std::move(path), std::move(tensor))) {}
+  const std::string& path() const noexcept { return names_->first; }
+  const std::string& tensor() const noexcept { return names_->second; }
+
+ private:
+  // Shared, so that copying the exception (as throwing does) cannot throw.
+  std::shared_ptr<const std::pair<std::string, std::string>> names_;
+};
+
+/// The file breaks the rules of its format: truncated, a header length beyond the file, malformed JSON, offsets
+/// that overlap or leave a hole, an unknown dtype, ... Another copy of the file is needed.
+class format_error : public io_error {
+ public:
+  using io_error::io_error;
+};
+
+/// A well-formed file does not fit what it is being loaded into: a tensor is missing, the file has tensors
+/// nobody asked for, or a tensor's dtype or shape differs from its destination's.
+class mismatch_error : public io_error {
+ public:
+  using io_error::io_error;
+};
+
+/// A name given to a save or load is empty, given twice, reserved by the format, or not valid UTF-8; or one
+/// Parameter is given under two names.
+class name_error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
 };
 
 }  // namespace remat

@@ -7,6 +7,7 @@ function(remat_consumer_test name use_blas)
   add_test(NAME ${name}
            COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR} -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/${name}_work
                    -DCMAKE_COMMAND_PATH=${CMAKE_COMMAND} -DUSE_BLAS=${use_blas}
+                   -DEXPECT_SAFETENSORS=${REMAT_WITH_SAFETENSORS}
                    -P ${REMAT_CONSUMER_TEST_SCRIPT})
   set_tests_properties(${name} PROPERTIES TIMEOUT 300)
 endfunction()

@@ -17,4 +17,12 @@ run(${CMAKE_COMMAND_PATH} -S ${SOURCE_DIR}/examples/cmake-consumer -B ${WORK_DIR
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DREMAT_CONSUMER_EXPECT_BLAS=${USE_BLAS})
 run(${CMAKE_COMMAND_PATH} --build ${WORK_DIR}/consumer-build)
 run(${WORK_DIR}/consumer-build/consumer)
-message(STATUS "consumer built against ${WORK_DIR}/prefix (REMAT_USE_BLAS=${USE_BLAS}) and ran:\n${output}")
+set(consumer_output "${output}")
+# remat::safetensors: installed, found by find_package(remat) and usable, whenever nlohmann-json was found.
+if(EXPECT_SAFETENSORS)
+  if(NOT EXISTS ${WORK_DIR}/consumer-build/consumer_safetensors)
+    message(FATAL_ERROR "the consumer did not build consumer_safetensors against the installed remat::safetensors")
+  endif()
+  run(${WORK_DIR}/consumer-build/consumer_safetensors ${WORK_DIR}/consumer.safetensors)
+endif()
+message(STATUS "consumer built against ${WORK_DIR}/prefix (REMAT_USE_BLAS=${USE_BLAS}) and ran:\n${consumer_output}")
