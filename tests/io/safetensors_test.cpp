@@ -674,10 +674,11 @@ TEST(SafetensorsLoad, WhileABackwardReadsAParameterIsATapeErrorAndChangesNothing
     Parameter<double> a1(Matrix<double>{{9.0, 9.0}}), b1(Matrix<double>{{8.0, 8.0}});
     st::save(path, {{"a", a1}, {"b", b1}});
   }
-  // loss = Σ b ⊙ a with b recorded first: a's gradient is ready while the product's backward still reads b.
+  // loss = Σ (b ⊙ c) ⊙ a: a's gradient is complete after the outer product's backward, while b's still waits for
+  // the inner product's, so the sweep still holds b.
   remat::Tape<double> tape;
   remat::Var<double> vb = tape.variable(b);
-  remat::Var<double> loss = remat::sum(vb * tape.variable(a));
+  remat::Var<double> loss = remat::sum((vb * tape.constant(Matrix<double>{{1.5, -2.0}})) * tape.variable(a));
   bool called = false;
   Snapshot s({}, {&a, &b});
   tape.on_gradient_ready([&](Parameter<double>& p) {
