@@ -138,15 +138,12 @@ def case_checkpoint_modes():
                     check(k in runs["none"] and runs[m].get(k) == runs["none"].get(k),
                           f"{attention}, dropout {dropout}: {m} differs from none in {k}: "
                           f"{runs[m].get(k)} vs {runs['none'].get(k)}")
-            # Every mode but none holds fewer residuals (selective with fused attention: a region holding
-            # only the fused op drops nothing).
+            # Every mode but none holds fewer residuals (selective with fused attention too: its region drops
+            # the fused op's statistics and re-runs it).
             for m in MODES[1:]:
-                if attention == "fused" and m == "attention":
-                    check(runs[m].get("saved_bytes") == runs["none"].get("saved_bytes"), f"fused {m}: saved bytes")
-                else:
-                    check(runs[m].get("saved_bytes", 1e18) < runs["none"].get("saved_bytes", 0),
-                          f"{attention}, dropout {dropout}, {m}: saved {runs[m].get('saved_bytes')} bytes, "
-                          f"not below none's {runs['none'].get('saved_bytes')}")
+                check(runs[m].get("saved_bytes", 1e18) < runs["none"].get("saved_bytes", 0),
+                      f"{attention}, dropout {dropout}, {m}: saved {runs[m].get('saved_bytes')} bytes, "
+                      f"not below none's {runs['none'].get('saved_bytes')}")
             results[(attention, dropout)] = runs["none"]
         # Fused attention computes the softmax from a log-sum-exp, so it agrees with unfused to rounding
         # only, not bitwise (docs/gpt.md §Training).

@@ -32,13 +32,13 @@ inline Sizes sizes(const Config& c, Index batch) {
 /// y (proj linear), x1 and ln2's statistics, ln2's output m (fc linear), fc's output u [N,4H] (gelu) and
 /// gelu's output [N,4H] (fc_proj linear): 16NH + 4N + aNS. Fused attention keeps q, k, v, y and the
 /// per-row log-sum-exp [a·N, 1] instead of the probabilities: 16NH + 4N + aN. Selective recomputation
-/// (unfused) drops the probabilities and keeps the region's inputs q, k, v and output y: 16NH + 4N; with
-/// fused attention its region holds only the fused op, whose residuals are its inputs and output and its
-/// statistics, so it drops nothing.
+/// drops the probabilities (unfused) or the log-sum-exp (fused: the region holds only the fused op, which it
+/// drops with its statistics, so its replay re-runs it) and keeps the region's inputs q, k, v and its output
+/// y, which proj's backward reads: 16NH + 4N.
 inline double plain_block_floats(Recompute mode, Attention attention, const Sizes& z) {
   const double common = 16 * z.N * z.H + 4 * z.N;
-  if (attention == Attention::fused) return common + z.a * z.N;
   if (mode == Recompute::attention) return common;
+  if (attention == Attention::fused) return common + z.a * z.N;
   return common + z.a * z.N * z.S;
 }
 

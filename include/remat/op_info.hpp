@@ -19,6 +19,7 @@ enum class OpKind {
   random,         ///< dropout
   identity,       ///< checkpoint_name
   data_movement,  ///< embedding, slice_cols, concat_cols, transpose, reshape, detach: copies, no arithmetic
+  constant,       ///< full_like, zeros_like, ones_like: written from the op's attributes, reading no tensor
 };
 
 /// Name of an OpKind, as printed in reports ("dot", "elementwise", ...).
@@ -42,6 +43,8 @@ inline const char* to_string(OpKind kind) {
       return "identity";
     case OpKind::data_movement:
       return "data_movement";
+    case OpKind::constant:
+      return "constant";
   }
   return "unknown";
 }

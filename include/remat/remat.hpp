@@ -33,6 +33,7 @@
 #include "remat/ops/dropout.hpp"
 #include "remat/ops/embedding.hpp"
 #include "remat/ops/exp.hpp"
+#include "remat/ops/full_like.hpp"
 #include "remat/ops/gelu.hpp"
 #include "remat/ops/layer_norm.hpp"
 #include "remat/ops/linear.hpp"

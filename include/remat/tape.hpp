@@ -262,9 +262,13 @@ class Tape {
   /// One line per saved residual (like JAX's print_saved_residuals): node id, op, shape, bytes and why
   /// it is held — "region input" (read by the replay of a region it is an input of), "allowed by policy,
   /// read by a replay" (its region's policy saved it and the region's replay recomputes from it), "allowed
-  /// by policy" (a backward reads it), "region output", "outside any region" (no region drops it), with
-  /// ", named 'x'" for a checkpoint_name tag; an op's extra buffer is listed as "<op>.extra". Then the
-  /// total, which equals memory().saved_bytes. Columns are aligned to the longest entry.
+  /// by policy" (a backward reads it), "region output, read outside its region" (its region's policy dropped
+  /// it, and a later op's backward or a later region's replay reads it), "region output" (its region's policy
+  /// saved it), "constant (variable) recorded inside a checkpointed function" (a leaf: its data is kept
+  /// whatever the policy), "outside any region" (no region drops it), "checkpoint of a chain schedule",
+  /// "read by the regeneration of an evicted value", with ", named 'x'" for a checkpoint_name tag; an op's
+  /// extra buffer is listed as "<op>.extra". Then the total, which equals memory().saved_bytes. Columns are
+  /// aligned to the longest entry.
   void print_saved_residuals(std::ostream& os) const {
     struct Row {
       std::string node, op, shape, bytes, why;

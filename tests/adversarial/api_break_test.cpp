@@ -621,18 +621,20 @@ inline Var<float> act(int a, const Var<float>& v) {
 TEST(ApiBreakMemory, HandComputedResiduals) {
   namespace p = remat::policies;
   const std::vector<MemCase> cases = {
-      // Doc example: x, l1 (source of tanh1's replay), t2 (read by tanh2). Replay tanh1.
-      {"2 tanh dots", 2, 0, false, p::dots_saveable, 1536, 1, 512},
-      {"2 tanh nothing", 2, 0, false, p::nothing_saveable, 1024, 2, 1024},
+      // The returned activation is read only by its own backward, so a policy that drops it drops it (JAX's
+      // rule: a checkpointed function's outputs are its values like any other).
+      // Doc example: x, l1, l2 (sources of tanh1's and tanh2's replays). Replay tanh1, tanh2.
+      {"2 tanh dots", 2, 0, false, p::dots_saveable, 1536, 2, 1024},
+      {"2 tanh nothing", 2, 0, false, p::nothing_saveable, 512, 4, 2048},
       {"2 tanh everything", 2, 0, false, p::everything_saveable, 1536, 0, 0},
       // relu reads its output like tanh: same numbers.
-      {"2 relu dots", 2, 1, false, p::dots_saveable, 1536, 1, 512},
+      {"2 relu dots", 2, 1, false, p::dots_saveable, 1536, 2, 1024},
       // x requiring grad: linear1 additionally reads W1 (a Parameter, 0 B); gradients are not "saved".
-      {"2 tanh dots xgrad", 2, 0, true, p::dots_saveable, 1536, 1, 512},
-      // 3 layers: x, l1, l2 (sources), t3 (output) = 2048; replay tanh1, tanh2 = 1024 B.
-      {"3 tanh dots", 3, 0, false, p::dots_saveable, 2048, 2, 1024},
-      // 3 layers nothing: x, t3 = 1024; replay l1 t1 l2 t2 = 4 ops, 2048 B.
-      {"3 tanh nothing", 3, 0, false, p::nothing_saveable, 1024, 4, 2048},
+      {"2 tanh dots xgrad", 2, 0, true, p::dots_saveable, 1536, 2, 1024},
+      // 3 layers: x, l1, l2, l3 (sources) = 2048; replay tanh1, tanh2, tanh3 = 1536 B.
+      {"3 tanh dots", 3, 0, false, p::dots_saveable, 2048, 3, 1536},
+      // 3 layers nothing: x = 512; replay l1 t1 l2 t2 l3 t3 = 6 ops, 3072 B.
+      {"3 tanh nothing", 3, 0, false, p::nothing_saveable, 512, 6, 3072},
       // 3 layers everything: x, t1, t2, t3 = 2048.
       {"3 relu everything", 3, 1, false, p::everything_saveable, 2048, 0, 0},
       // gelu reads its input: dots keeps x, l1, l2 (read by gelu1, gelu2's backwards; l1 also a source);

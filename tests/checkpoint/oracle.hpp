@@ -73,7 +73,8 @@ inline Reads backward_reads(const std::string& op, bool r0, bool r1, bool r2) {
     r.output = r0;
   } else if (is({"scalar_divide"})) {
     r.input[0] = r.output = r0;
-  } else if (is({"neg", "affine", "checkpoint_name", "sum", "mean", "sum_rows", "add", "subtract", "dropout"})) {
+  } else if (is({"neg", "affine", "checkpoint_name", "sum", "mean", "sum_rows", "add", "subtract", "dropout",
+                 "full_like"})) {
     // nothing
   } else if (is({"multiply"})) {
     r.input[0] = r1;
@@ -195,8 +196,12 @@ inline Result compute(const Graph& g) {
   }
   auto rg = [&](int v) { return static_cast<bool>(res.requires_grad[static_cast<std::size_t>(v)]); };
 
-  // Section 2: L(v) = depth of the deepest enclosing region whose policy drops v; returning v from a region
-  // clears that region's depth; leaves are never dropped. An extra has its node's level.
+  // Section 2: D(v) = the depths of the enclosing regions whose policy drops v (returning v does not change
+  // it: a checkpointed function's outputs are its values like any other, JAX's rule). A reader p reads v at
+  // level e(v, p) = the deepest depth in D(v) of a region that encloses p too (0 if none): v's own backward and
+  // its extra at L(v) = max D(v); a reader outside a region that returned v sees only the regions enclosing
+  // both. Leaves are never dropped.
+  std::vector<std::vector<int>> dropped_at(static_cast<std::size_t>(n));
   res.level.assign(static_cast<std::size_t>(n), 0);
   for (int v = 0; v < n; ++v) {
     const Node& x = node(v);
@@ -208,16 +213,31 @@ inline Result compute(const Graph& g) {
            std::to_string(enclosing) + " enclosing regions");
     for (int q = x.region; q >= 0; q = g.regions[static_cast<std::size_t>(q)].parent) {
       const int d = depth[static_cast<std::size_t>(q)];
-      const auto& outs = g.regions[static_cast<std::size_t>(q)].outputs;
-      const bool returned = std::find(outs.begin(), outs.end(), v) != outs.end();
-      if (!x.saved_by[static_cast<std::size_t>(d - 1)] && !returned)
+      if (!x.saved_by[static_cast<std::size_t>(d - 1)]) {
+        dropped_at[static_cast<std::size_t>(v)].push_back(d);
         res.level[static_cast<std::size_t>(v)] = std::max(res.level[static_cast<std::size_t>(v)], d);
+      }
     }
   }
   auto L = [&](int v) { return res.level[static_cast<std::size_t>(v)]; };
+  // The deepest region enclosing both v and p (p = v or recorded after v): its depth, 0 if none.
+  auto common = [&](int v, int p) {
+    for (int q = node(v).region; q >= 0; q = g.regions[static_cast<std::size_t>(q)].parent)
+      if (inside(p, q)) return depth[static_cast<std::size_t>(q)];
+    return 0;
+  };
+  auto e = [&](int v, int p) {
+    const int c = common(v, p);
+    int level = 0;
+    for (int d : dropped_at[static_cast<std::size_t>(v)])
+      if (d <= c) level = std::max(level, d);
+    return level;
+  };
 
-  // Section 1: which values (and extras) some backward reads. Static: every node that requires grad.
-  std::vector<bool> value_read(static_cast<std::size_t>(n), false), extra_read(static_cast<std::size_t>(n), false);
+  // Section 1: which values (and extras) some backward reads, and at which levels. Static: every node that
+  // requires grad. read_levels[v]: the level of each read of v (a backward's, then the replays' below).
+  std::vector<std::vector<int>> read_levels(static_cast<std::size_t>(n));
+  std::vector<bool> extra_read(static_cast<std::size_t>(n), false);
   for (int v = 0; v < n; ++v) {
     const Node& x = node(v);
     if (!is_op(v) || !rg(v)) continue;
@@ -225,14 +245,18 @@ inline Result compute(const Graph& g) {
     for (std::size_t k = 0; k < x.inputs.size(); ++k) r[k] = rg(x.inputs[k]);
     const Reads reads = backward_reads(x.op, r[0], r[1], r[2]);
     for (std::size_t k = 0; k < x.inputs.size(); ++k)
-      if (reads.input[k]) value_read[static_cast<std::size_t>(x.inputs[k])] = true;
-    if (reads.output) value_read[static_cast<std::size_t>(v)] = true;
+      if (reads.input[k]) read_levels[static_cast<std::size_t>(x.inputs[k])].push_back(e(x.inputs[k], v));
+    if (reads.output) read_levels[static_cast<std::size_t>(v)].push_back(L(v));
     if (reads.extra) {
       if (x.extra_rows * x.extra_cols == 0)
         fail("op #" + std::to_string(v) + " (" + x.op + ") reads an extra it lacks");
       extra_read[static_cast<std::size_t>(v)] = true;
     }
   }
+  auto read_at = [&](int v, int level) {
+    const auto& levels = read_levels[static_cast<std::size_t>(v)];
+    return std::find(levels.begin(), levels.end(), level) != levels.end();
+  };
 
   // Section 4 ("R receives a gradient"): a node has a gradient when it requires grad and is the loss or an
   // input of a node that has one (every op's backward passes a gradient to each input that requires grad).
@@ -243,9 +267,8 @@ inline Result compute(const Graph& g) {
       for (int w : node(v).inputs)
         if (rg(w)) has_gradient[static_cast<std::size_t>(w)] = true;
 
-  // Sections 3 and 4, region by region from the deepest outwards (a source found at depth d is needed at a
-  // smaller depth, so it is known before that region is processed).
-  std::vector<bool> source_of_replay(static_cast<std::size_t>(n), false);  // §2.3 sources / stored values
+  // Sections 3 and 4, region by region from the deepest outwards (a source read at level d' < d is found
+  // before the region at depth d' is processed).
   std::vector<int> order(static_cast<std::size_t>(regions));
   for (int r = 0; r < regions; ++r) order[static_cast<std::size_t>(r)] = r;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -256,38 +279,43 @@ inline Result compute(const Graph& g) {
     RegionResult& out = res.regions[static_cast<std::size_t>(r)];
     const int d = depth[static_cast<std::size_t>(r)];
     out.depth = d;
-    // Section 3: targets = values inside R with L = d that are (a) read by a backward or (b) a source of a
-    // nested region's replay; (c) extras of nodes inside R with L = d whose own backward reads them.
+    // Section 3: targets = values inside R that some reader reads at level d (a backward, or the replay of a
+    // region nested in R); extras of nodes inside R with L = d whose own backward reads them.
     std::vector<bool> value_target(static_cast<std::size_t>(n), false), member(static_cast<std::size_t>(n), false);
     std::vector<int> work;
     for (int v = 0; v < n; ++v) {
-      if (L(v) != d || !inside(v, r)) continue;
-      if (value_read[static_cast<std::size_t>(v)] || source_of_replay[static_cast<std::size_t>(v)]) {
+      if (!inside(v, r)) continue;
+      if (read_at(v, d)) {
         value_target[static_cast<std::size_t>(v)] = true;
         out.value_targets.push_back(v);
       }
-      if (extra_read[static_cast<std::size_t>(v)]) out.extra_targets.push_back(v);
-      if (value_target[static_cast<std::size_t>(v)] || extra_read[static_cast<std::size_t>(v)]) {
+      if (extra_read[static_cast<std::size_t>(v)] && L(v) == d) out.extra_targets.push_back(v);
+      if (value_target[static_cast<std::size_t>(v)] || (extra_read[static_cast<std::size_t>(v)] && L(v) == d)) {
         member[static_cast<std::size_t>(v)] = true;  // a target is produced by re-running its op
         work.push_back(v);
       }
     }
-    // Section 4: walk back from the targets. An input w of a member is available if L(w) < d (then it is a
-    // SOURCE, needed at its own level) or w is a target; otherwise it is a member too (a transient).
+    // Section 4: walk back from the targets. An input w of a member m is available if m reads it at a level
+    // below d (then it is a SOURCE, read by R's replay at that level) or w is a target; otherwise it is a
+    // member too (a transient).
     std::vector<bool> source(static_cast<std::size_t>(n), false);
+    std::vector<std::pair<int, int>> source_reads;  // (w, the level of the first member's read)
     while (!work.empty()) {
       const int m = work.back();
       work.pop_back();
       for (int w : node(m).inputs) {
-        if (L(w) < d) {
-          if (!source[static_cast<std::size_t>(w)]) out.sources.push_back(w);
+        const int level = e(w, m);
+        if (level < d) {
+          if (!source[static_cast<std::size_t>(w)]) {
+            out.sources.push_back(w);
+            source_reads.emplace_back(w, level);
+          }
           source[static_cast<std::size_t>(w)] = true;
-          source_of_replay[static_cast<std::size_t>(w)] = true;
-          // The spec's level L(w) > 0 names a region at depth L(w) enclosing w; it must enclose R too, or
-          // no replay would regenerate w before R's (§2.3 (sources of nested replays) speaks of regions nested inside).
-          if (L(w) > 0) {
+          // The level names a region at that depth enclosing w; it must enclose R too, or no replay would
+          // regenerate w before R's.
+          if (level > 0) {
             int q = r;
-            while (q >= 0 && depth[static_cast<std::size_t>(q)] > L(w))
+            while (q >= 0 && depth[static_cast<std::size_t>(q)] > level)
               q = g.regions[static_cast<std::size_t>(q)].parent;
             if (q < 0 || !inside(w, q))
               fail("source #" + std::to_string(w) + " of region " + std::to_string(r) +
@@ -300,6 +328,7 @@ inline Result compute(const Graph& g) {
         }
       }
     }
+    for (const auto& [w, level] : source_reads) read_levels[static_cast<std::size_t>(w)].push_back(level);
     for (int v = 0; v < n; ++v)
       if (member[static_cast<std::size_t>(v)]) out.members.push_back(v);  // forward (recording) order
     std::sort(out.sources.begin(), out.sources.end());
@@ -320,16 +349,15 @@ inline Result compute(const Graph& g) {
     }
   }
 
-  // Section 5: after the forward pass the tape keeps the values with L = 0 that a backward reads or that are
-  // sources of some replay, and the extras of L = 0 nodes whose own backward reads them. Parameters: 0 bytes.
+  // Section 5: after the forward pass the tape keeps the values some reader reads at level 0 (a backward, a
+  // replay's source), and the extras of L = 0 nodes whose own backward reads them. Parameters: 0 bytes.
   for (int v = 0; v < n; ++v) {
     const Node& x = node(v);
-    if (L(v) != 0) continue;
-    if (value_read[static_cast<std::size_t>(v)] || source_of_replay[static_cast<std::size_t>(v)]) {
+    if (read_at(v, 0)) {
       res.saved_values.push_back(v);
       if (x.leaf != Leaf::parameter) res.saved_bytes += static_cast<std::size_t>(x.rows * x.cols) * g.scalar_bytes;
     }
-    if (extra_read[static_cast<std::size_t>(v)]) {
+    if (extra_read[static_cast<std::size_t>(v)] && L(v) == 0) {
       res.saved_extras.push_back(v);
       res.saved_bytes += static_cast<std::size_t>(x.extra_rows * x.extra_cols) * g.scalar_bytes;
     }

@@ -269,18 +269,20 @@ struct WorkedExample {
 };
 
 TEST(OracleHandCounted, WorkedExampleNothingSaveable) {
-  // L: l1 = t1 = l2 = 1 (dropped), t2 = 0 (output). Level-1 targets: t1 (read by tanh1, linear2). Replay:
-  // t1 <- l1 (L = 1, not a target: transient) <- x, W1, b1 (L = 0: sources). 2 ops, 512 + 512 = 1024 B.
-  // Saved: x (512, read by linear1, source) + t2 (512, read by tanh2) + W1, b1 (Parameters, 0) = 1024 B.
+  // L: l1 = t1 = l2 = t2 = 1: all dropped, the returned t2 too (JAX: an output is a value of the function
+  // like any other; only tanh2's own backward reads it, sum reads nothing). Level-1 targets: t1 (read by
+  // tanh1, linear2) and t2 (tanh2). Replay: t2 <- l2 (transient) <- t1 (a target); t1 <- l1 (transient) <- x,
+  // W1, b1 (L = 0: sources). 4 ops, 2048 B. Saved: x (512, read by linear1, source) + W1, b1 (Parameters, 0)
+  // = 512 B: as jax.checkpoint saves only the input.
   WorkedExample e;
-  expect_numbers(e.build(nothing), {1024, 2, 1024});
+  expect_numbers(e.build(nothing), {512, 4, 2048});
 }
 
 TEST(OracleHandCounted, WorkedExampleDotsSaveable) {
-  // L: l1 = l2 = 0 (dots saved), t1 = 1, t2 = 0. Level-1 targets: t1. Replay: t1 <- l1 (L = 0: source).
-  // 1 op, 512 B. Saved: x (512) + l1 (512, source) + t2 (512) = 1536 B; l2 is read by nothing: not kept.
+  // L: l1 = l2 = 0 (dots saved), t1 = t2 = 1. Level-1 targets: t1, t2. Replay: t1 <- l1, t2 <- l2 (L = 0:
+  // sources). 2 ops, 1024 B. Saved: x (512) + l1 (512) + l2 (512) = 1536 B.
   WorkedExample e;
-  expect_numbers(e.build(dots), {1536, 1, 512});
+  expect_numbers(e.build(dots), {1536, 2, 1024});
 }
 
 TEST(OracleHandCounted, WorkedExampleEverythingSaveable) {
@@ -305,30 +307,30 @@ std::function<Value(Recorder<F>&)> nested(WorkedExample& e, const PolicySpec& ou
 }
 
 TEST(OracleHandCounted, NestedSourceAtIntermediateLevel) {
-  // R (depth 1) nothing_saveable around S (depth 2) dots_saveable. L: l1 = 1 (S saves it, R drops it),
-  // t1 = 2 (both drop it), l2 = 1, t2 = 0 (returned by S and R).
-  // S: level-2 target t1 (read by tanh1, linear2); t1 <- l1 with L(l1) = 1 < 2: a source, needed at level 1.
-  //    S replays 1 op (tanh1), 512 B.
-  // R: level-1 targets: l1 (§2.3, a source of S); l2 is read by nothing. l1 <- x, W1, b1 (L = 0).
-  //    R replays 1 op (linear1), 512 B.
-  // Saved: x (512) + t2 (512) = 1024 B. Replayed 2 ops / 1024 B.
+  // R (depth 1) nothing_saveable around S (depth 2) dots_saveable. L: l1 = l2 = 1 (S saves them, R drops
+  // them), t1 = t2 = 2 (both drop them; t2 is returned by both, and only tanh2's backward reads it).
+  // S: level-2 targets t1 (tanh1, linear2) and t2 (tanh2); t1 <- l1 and t2 <- l2 with L = 1 < 2: sources,
+  //    needed at level 1. S replays 2 ops (tanh1, tanh2), 1024 B.
+  // R: level-1 targets: l1 and l2 (§2.3, sources of S). l1 <- x, W1, b1 (L = 0); l2 <- t1 (read by linear2,
+  //    inside S, at level 2: a transient) <- l1. R replays 3 ops (linear1, tanh1, linear2), 1536 B.
+  // Saved: x (512). Replayed 5 ops / 2560 B.
   WorkedExample e;
-  expect_numbers(nested(e, nothing, dots), {1024, 2, 1024});
+  expect_numbers(nested(e, nothing, dots), {512, 5, 2560});
 }
 
 TEST(OracleHandCounted, NestedDotsInsideEverything) {
-  // R (depth 1) everything_saveable around S (depth 2) dots_saveable. L: l1 = 0, t1 = 2, l2 = 0, t2 = 0.
-  // S: target t1; t1 <- l1 (L = 0: source, saved). 1 op, 512 B. R: no level-1 value, no replay.
-  // Saved: x (512) + l1 (512) + t2 (512) = 1536 B. Replayed 1 op / 512 B.
+  // R (depth 1) everything_saveable around S (depth 2) dots_saveable. L: l1 = l2 = 0, t1 = t2 = 2.
+  // S: targets t1, t2; t1 <- l1, t2 <- l2 (L = 0: sources, saved). 2 ops, 1024 B. R: no level-1 value, no
+  // replay. Saved: x (512) + l1 (512) + l2 (512) = 1536 B. Replayed 2 ops / 1024 B.
   WorkedExample e;
-  expect_numbers(nested(e, everything, dots), {1536, 1, 512});
+  expect_numbers(nested(e, everything, dots), {1536, 2, 1024});
 }
 
 TEST(OracleHandCounted, SaveOnlyTheseNames) {
-  // One region, save_only_these_names({"h"}): l1 = linear(x,W1,b1), h = checkpoint_name(l1,"h"), t1 = tanh(h),
-  // l2 = linear(t1,W2,b2), t2 = tanh(l2) returned. L: l1 = 1, h = 0 (named, listed), t1 = 1, l2 = 1, t2 = 0.
-  // Targets: t1 (tanh1, linear2); t1 <- h (L = 0: source). 1 op (tanh1), 512 B.
-  // Saved: x (512) + h (512, source) + t2 (512) = 1536 B.
+  // One region, save_only_these_names({"h"}): l1 = linear(x,W1,b1) named "h" (checkpoint_name names the value
+  // itself), t1 = tanh(l1), l2 = linear(t1,W2,b2), t2 = tanh(l2) returned. L: l1 = 0 (named, listed),
+  // t1 = l2 = t2 = 1. Targets: t1 (tanh1, linear2), t2 (tanh2); t1 <- l1 (L = 0: source); t2 <- l2
+  // (transient) <- t1. 3 ops (tanh1, linear2, tanh2), 1536 B. Saved: x (512) + l1 (512, source) = 1024 B.
   WorkedExample e;
   const PolicySpec only{PolicyKind::only_names, {"h"}, 0};
   expect_numbers(
@@ -339,16 +341,16 @@ TEST(OracleHandCounted, SaveOnlyTheseNames) {
         });
         return r.sum(out[0]);
       },
-      {1536, 1, 512});
+      {1024, 3, 1536});
 }
 
 TEST(OracleHandCounted, SaveAnyNamesButThese) {
   // One region, save_any_names_but_these({"b"}) with JAX semantics (only named values not listed are saved):
-  // l1 = linear(x,W1,b1), a = name(l1,"a"), t1 = tanh(a), b = name(t1,"b"), l2 = linear(b,W2,b2),
-  // t2 = tanh(l2) returned. L: a = 0 (named, not listed), b = 1 (listed), l1 = t1 = l2 = 1 (unnamed), t2 = 0.
-  // Reads: tanh1 reads t1; linear2 reads b (r1) and W2 (r0); tanh2 reads t2; the names read nothing.
-  // Targets: t1, b. b <- t1 (a target: available); t1 <- a (L = 0: source). 2 ops (tanh1, name b), 1024 B.
-  // Saved: x (512) + a (512, source) + t2 (512) = 1536 B.
+  // l1 = linear(x,W1,b1) named "a", t1 = tanh(l1) named "b", l2 = linear(t1,W2,b2), t2 = tanh(l2) returned;
+  // checkpoint_name names each value itself (no copy). L: l1 = 0 (named, not listed), t1 = 1 (listed),
+  // l2 = t2 = 1 (unnamed). Reads: tanh1 reads t1; linear2 reads t1 (r1) and W2 (r0); tanh2 reads t2.
+  // Targets: t1, t2. t2 <- l2 (transient) <- t1 (a target); t1 <- l1 (L = 0: source). 3 ops (tanh1, linear2,
+  // tanh2), 1536 B. Saved: x (512) + l1 (512, source) = 1024 B.
   WorkedExample e;
   const PolicySpec but{PolicyKind::any_names_but, {"b"}, 0};
   expect_numbers(
@@ -360,7 +362,7 @@ TEST(OracleHandCounted, SaveAnyNamesButThese) {
         });
         return r.sum(out[0]);
       },
-      {1536, 2, 1024});
+      {1024, 3, 1536});
 }
 
 TEST(OracleHandCounted, FrozenLayerWithoutCheckpoint) {
@@ -395,8 +397,9 @@ TEST(OracleHandCounted, FrozenLayerInNothingSaveableRegion) {
 }
 
 TEST(OracleHandCounted, SingleLayerDotsSaveable) {
-  // One layer in a dots_saveable region: l1 = linear(x,W1,b1) (L = 0), t1 = tanh(l1) returned (L = 0). No
-  // level-1 value: nothing replays. Saved: x (512, read by linear1) + t1 (512, read by tanh1) = 1024 B.
+  // One layer in a dots_saveable region: l1 = linear(x,W1,b1) (L = 0), t1 = tanh(l1) returned (L = 1: only
+  // tanh1's backward reads it). Target t1 <- l1 (a source). 1 op, 512 B. Saved: x (512, read by linear1) + l1
+  // (512, source) = 1024 B.
   WorkedExample e;
   expect_numbers(
       [&](Recorder<F>& r) {
@@ -406,12 +409,12 @@ TEST(OracleHandCounted, SingleLayerDotsSaveable) {
         });
         return r.sum(out[0]);
       },
-      {1024, 0, 0});
+      {1024, 1, 512});
 }
 
 TEST(OracleHandCounted, SingleLayerNothingSaveable) {
-  // One layer in a nothing_saveable region: l1 (L = 1), t1 returned (L = 0). l1 is read by no backward
-  // (tanh reads its output): no target, no replay. Saved: x (512) + t1 (512) = 1024 B.
+  // One layer in a nothing_saveable region: l1 and the returned t1 (L = 1). Target t1 (tanh reads its
+  // output) <- l1 (transient) <- x. 2 ops, 1024 B. Saved: x (512) = 512 B.
   WorkedExample e;
   expect_numbers(
       [&](Recorder<F>& r) {
@@ -421,7 +424,7 @@ TEST(OracleHandCounted, SingleLayerNothingSaveable) {
         });
         return r.sum(out[0]);
       },
-      {1024, 0, 0});
+      {512, 2, 1024});
 }
 
 /// An attention block in one region: x a constant [4,4] (64 B), W a Parameter [4,4]; h = matmul(x, W),
@@ -479,18 +482,20 @@ std::function<Value(Recorder<F>&)> fused_block(const Matrix<F>& x, Parameter<F>&
 }
 
 TEST(OracleHandCounted, FusedAttentionDotsSaveable) {
-  // Every L = 0. Saved: x (64) + h (64) + a (64) + its extra (32) + t (64, tanh) = 288 B; nothing replays.
+  // h, a (and its extra) L = 0; the returned t = 1 (elementwise; only tanh's backward reads it). Target t <- a
+  // (a source). 1 op, 64 B. Saved: x (64) + h (64) + a (64) + its extra (32) = 224 B.
   const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
   Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
-  expect_numbers(fused_block(x, w, dots), {288, 0, 0});
+  expect_numbers(fused_block(x, w, dots), {224, 1, 64});
 }
 
 TEST(OracleHandCounted, FusedAttentionDotsWithNoBatchDims) {
-  // L(a) = 1 (batch dimensions), its extra too. Targets: a and its extra (its own backward reads both);
-  // a <- h (L = 0: source). 1 op, 64 + 32 = 96 B. Saved: x (64) + h (64) + t (64) = 192 B.
+  // L(a) = 1 (batch dimensions), its extra too; t = 1. Targets: a and its extra (its own backward reads
+  // both), t; t <- a (a target); a <- h (L = 0: source). 2 ops, 64 + 32 + 64 = 160 B. Saved: x (64) + h (64)
+  // = 128 B.
   const Matrix<F> x = checkpoint_test::random_matrix<F>(4, 4, 7);
   Parameter<F> w{checkpoint_test::random_matrix<F>(4, 4, 8, 0.5)};
-  expect_numbers(fused_block(x, w, PolicySpec{PolicyKind::dots_no_batch_dims, {}, 0}), {192, 1, 96});
+  expect_numbers(fused_block(x, w, PolicySpec{PolicyKind::dots_no_batch_dims, {}, 0}), {128, 2, 160});
 }
 
 TEST(OracleHandCounted, DetachInNothingSaveableRegion) {
@@ -511,14 +516,14 @@ TEST(OracleHandCounted, DetachInNothingSaveableRegion) {
       {64, 3, 192});
 }
 
-TEST(OracleHandCounted, ValueReturnedByAnInnerRegionIsASourceOfTheOuterReplay) {
+TEST(OracleHandCounted, ValueAnInnerRegionReturnsAndDropsIsRecomputedForItsOwnOps) {
   // x a variable [1,4] (16 B). R = save_only_these_names({"t"}) around S = save_anything_except_these_names
   // ({"t"}): in S, t = checkpoint_name(x, "t") (S drops it, R saves it), u = tanh(t) (S saves it, R drops
   // it), z = neg(u); S returns t and z, R returns z. q = multiply(x, x) before R; loss = sum(z) + sum(q).
-  // L: t = 0 (returned by S, saved by R), u = 1, z = 0. R's target u (tanh reads its output); u <- t
-  // (L = 0: a source, §2.3). 1 op (tanh), 16 B. Saved: x (16, multiply) + t (16, source) = 32 B.
-  // (The multiply, whose backward runs after R's replay, keeps x alive: a tape that lost t then recomputes
-  // it from x instead of reading freed memory.)
+  // L: t = 2 (S drops it, returned or not), u = 1, z = 1. R's target u (tanh reads its output); u <- t, read
+  // by tanh, an op of S, at S's level 2: not there for R, a transient <- x (a source). 2 ops (name, tanh),
+  // 32 B. Saved: x (16: multiply, the source). (Under the earlier rule, returning t from S made it a source
+  // of R saved at level 0: 32 B, 1 op.)
   const PolicySpec only_t{PolicyKind::only_names, {"t"}, 0};
   const PolicySpec all_but_t{PolicyKind::anything_except, {"t"}, 0};
   const Matrix<F> x = checkpoint_test::random_matrix<F>(1, 4, 10);
@@ -535,7 +540,7 @@ TEST(OracleHandCounted, ValueReturnedByAnInnerRegionIsASourceOfTheOuterReplay) {
         });
         return r.add(r.sum(out[0]), r.sum(q));
       },
-      {32, 1, 16});
+      {16, 2, 32});
 }
 
 }  // namespace oracle_property_test

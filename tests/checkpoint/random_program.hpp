@@ -177,7 +177,7 @@ bool rule_policy(const OpView& op) {
 /// call's own generator for the stateful custom policy.
 template <class T>
 bool spec_policy_saves(const PolicySpec& p, const OpView& op, std::mt19937_64& calls) {
-  const bool named = op.name == "checkpoint_name";
+  const bool named = !op.tag.empty();
   switch (p.kind) {
     case PolicyKind::nothing:
       return false;
@@ -333,8 +333,13 @@ class Recorder {
   Value mean(const Value& a) { return op("mean", {&a}, {1, 1}, {}, "", remat::mean(a.var)); }
   Value sum_rows(const Value& a) { return op("sum_rows", {&a}, {a.shape.rows, 1}, {}, "", remat::sum_rows(a.var)); }
   Value dropout(const Value& a, double p) { return op("dropout", {&a}, a.shape, {}, "", remat::dropout(a.var, p)); }
+  /// checkpoint_name: the value itself when the tape names it in place (an op's output no op has read yet, in
+  /// the innermost open region: its policies are asked again with the name), else an identity op.
   Value name(const Value& a, const std::string& tag) {
-    return op("checkpoint_name", {&a}, a.shape, {}, tag, remat::checkpoint_name(a.var, tag));
+    Var<T> v = remat::checkpoint_name(a.var, tag);
+    if (v.id() != a.var.id()) return op("checkpoint_name", {&a}, a.shape, {}, tag, std::move(v));
+    if (describe_) retag(a.id, tag);
+    return {std::move(v), a.id, a.shape};
   }
   Value cross_entropy(const Value& a) {
     std::vector<int> labels;
@@ -528,6 +533,33 @@ class Recorder {
     }
     graph.nodes.push_back(std::move(n));
     return static_cast<int>(graph.nodes.size()) - 1;
+  }
+
+  /// The oracle's side of naming in place: node `id` gets the tag, and the policy of every open region
+  /// enclosing it is asked again (outermost first); closed regions keep their decisions. (The tape keeps a
+  /// newly dropped value saved when an input of its op has gone; every Value here holds its handle, so none
+  /// has.)
+  void retag(int id, const std::string& tag) {
+    remat_oracle::Node& n = graph.nodes[static_cast<std::size_t>(id)];
+    n.tag = tag;
+    const OpView view{n.op,
+                      kind_of(n.op),
+                      batch_dims_of(n.op),
+                      tag,
+                      n.rows,
+                      n.cols,
+                      static_cast<std::size_t>(n.rows * n.cols) * sizeof(T)};
+    for (auto& o : open_) {
+      bool encloses = false;
+      for (int q = n.region; q >= 0 && !encloses; q = graph.regions[static_cast<std::size_t>(q)].parent)
+        encloses = q == o.region;
+      if (!encloses) break;
+      int depth = 1;
+      for (int q = graph.regions[static_cast<std::size_t>(o.region)].parent; q >= 0;
+           q = graph.regions[static_cast<std::size_t>(q)].parent)
+        ++depth;
+      n.saved_by[static_cast<std::size_t>(depth - 1)] = spec_policy_saves<T>(o.policy, view, o.calls);
+    }
   }
 
   struct Open {

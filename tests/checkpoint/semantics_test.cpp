@@ -186,8 +186,9 @@ TYPED_TEST(Semantics, TupleResultsAndSeveralArguments) {
 }
 
 // The policy is asked once per op, at record time, with the op's name, kind, tag, output shape, bytes
-// and FLOP estimate; nested regions ask every enclosing region's policy; backward asks nothing.
-TYPED_TEST(Semantics, PolicySeesCorrectOpInfoOncePerOp) {
+// and FLOP estimate, and once more for a value checkpoint_name names (with its name); nested regions ask
+// every enclosing region's policy; backward asks nothing.
+TYPED_TEST(Semantics, PolicySeesCorrectOpInfoOncePerOpAndOnceMoreWhenNamed) {
   using T = TypeParam;
   struct Seen {
     std::string name;
@@ -230,12 +231,13 @@ TYPED_TEST(Semantics, PolicySeesCorrectOpInfoOncePerOp) {
   EXPECT_EQ(th.shape, (remat::Shape{3, 5}));
   EXPECT_EQ(th.bytes, out_bytes);
   EXPECT_GT(th.flops, 0.0);
+  // checkpoint_name names tanh's output itself and asks the policies again, with the name.
   const Seen& named = (*inner_seen)[2];
-  EXPECT_EQ(named.name, "checkpoint_name");
-  EXPECT_EQ(named.kind, OpKind::identity);
+  EXPECT_EQ(named.name, "tanh");
+  EXPECT_EQ(named.kind, OpKind::elementwise);
   EXPECT_EQ(named.tag, "hidden");
   EXPECT_EQ(named.bytes, out_bytes);
-  // The outer policy saw the inner region's three ops and its own sum_rows, in recording order.
+  // The outer policy saw the inner region's ops (tanh again with its name) and its own sum_rows, in order.
   ASSERT_EQ(outer_seen->size(), 4u);
   EXPECT_EQ((*outer_seen)[0].name, "matmul");
   EXPECT_EQ((*outer_seen)[2].tag, "hidden");
@@ -246,7 +248,8 @@ TYPED_TEST(Semantics, PolicySeesCorrectOpInfoOncePerOp) {
 }
 
 // Each named policy decides as documented on a tagged value, seen through saved bytes: in
-// y = sin(checkpoint_name(sin(x·W), "keep")) the named value is read by the outer sin.
+// y = sin(checkpoint_name(sin(x·W), "keep")) the named value, the inner sin's output itself, is read by the
+// outer sin's backward; nothing reads y.
 TYPED_TEST(Semantics, NamePoliciesSelectTaggedValues) {
   using T = TypeParam;
   auto saved_with = [](auto policy) {
@@ -262,26 +265,24 @@ TYPED_TEST(Semantics, NamePoliciesSelectTaggedValues) {
   };
   // Always saved: x [3,4] and W [4,5] (region inputs, read by the matmul).
   const std::size_t inputs = bytes_of<T>(3, 4) + bytes_of<T>(4, 5);
-  const std::size_t named = bytes_of<T>(3, 5);    // checkpoint_name output, read by the outer sin
+  const std::size_t named = bytes_of<T>(3, 5);    // the inner sin's output, read by the outer sin
   const std::size_t product = bytes_of<T>(3, 5);  // matmul output, read by the inner sin
   using namespace remat::policies;
   EXPECT_EQ(saved_with(save_only_these_names({"keep"})), std::make_pair(inputs + named, std::size_t{1}));
-  EXPECT_EQ(saved_with(save_only_these_names({"other"})), std::make_pair(inputs, std::size_t{3}));
+  EXPECT_EQ(saved_with(save_only_these_names({"other"})), std::make_pair(inputs, std::size_t{2}));
   // JAX semantics: save_any_names_but_these saves only *named* values (not listed); the unnamed product is
   // recomputed either way. save_anything_except_these_names saves everything but the listed names.
-  EXPECT_EQ(saved_with(save_any_names_but_these({"keep"})), std::make_pair(inputs, std::size_t{3}));
+  EXPECT_EQ(saved_with(save_any_names_but_these({"keep"})), std::make_pair(inputs, std::size_t{2}));
   EXPECT_EQ(saved_with(save_any_names_but_these({"other"})), std::make_pair(inputs + named, std::size_t{1}));
-  // Everything but the named value is saved, so the replay recomputes the name from the inner sin's saved
-  // output (a replay source) in 1 op.
-  const std::size_t inner_sin = bytes_of<T>(3, 5);
-  EXPECT_EQ(saved_with(save_anything_except_these_names({"keep"})),
-            std::make_pair(inputs + product + inner_sin, std::size_t{1}));
+  // Everything but the named value is saved, so the replay recomputes it (the inner sin) from the saved
+  // product (a replay source) in 1 op.
+  EXPECT_EQ(saved_with(save_anything_except_these_names({"keep"})), std::make_pair(inputs + product, std::size_t{1}));
   EXPECT_EQ(saved_with(save_anything_except_these_names({"other"})),
             std::make_pair(inputs + named + product, std::size_t{0}));
   EXPECT_EQ(saved_with(save_from_both_policies(dots_saveable, save_only_these_names({"keep"}))),
             std::make_pair(inputs + named + product, std::size_t{0}));
-  EXPECT_EQ(saved_with(dots_saveable), std::make_pair(inputs + product, std::size_t{2}));
-  EXPECT_EQ(saved_with(nothing_saveable), std::make_pair(inputs, std::size_t{3}));
+  EXPECT_EQ(saved_with(dots_saveable), std::make_pair(inputs + product, std::size_t{1}));
+  EXPECT_EQ(saved_with(nothing_saveable), std::make_pair(inputs, std::size_t{2}));
   EXPECT_EQ(saved_with(everything_saveable), std::make_pair(inputs + named + product, std::size_t{0}));
 }
 
@@ -317,13 +318,13 @@ TYPED_TEST(Semantics, PrintSavedResidualsListsOpShapeBytesAndReason) {
   auto region = remat::checkpoint(
       [&](Var<T> h) {
         auto u = remat::matmul(h, w);                              // node 2: dropped (read by sin)
-        auto v = remat::checkpoint_name(remat::sin(u), "hidden");  // nodes 3, 4: 4 is saved by the policy
-        return remat::sin(v);                                      // node 5: the region output
+        auto v = remat::checkpoint_name(remat::sin(u), "hidden");  // node 3, named: saved by the policy
+        return remat::sin(v);                                      // node 4: the region output
       },
       remat::policies::save_only_these_names({"hidden"}));
   auto y = region(x);
-  auto z = remat::square(y);                       // node 6, outside: reads node 5
-  auto loss = remat::cross_entropy(z, {0, 4, 2});  // node 7: keeps its softmax [3,5] as extra
+  auto z = remat::square(y);                       // node 5, outside: reads node 4
+  auto loss = remat::cross_entropy(z, {0, 4, 2});  // node 6: keeps its softmax [3,5] as extra
   std::ostringstream os;
   tape.print_saved_residuals(os);
   const std::string report = os.str();
@@ -337,15 +338,35 @@ TYPED_TEST(Semantics, PrintSavedResidualsListsOpShapeBytesAndReason) {
   };
   EXPECT_TRUE(has_line(0, "constant", "[3,4]", b34, "region input"));
   EXPECT_TRUE(has_line(1, "variable", "[4,5]", b45, "region input"));
-  EXPECT_TRUE(has_line(4, "checkpoint_name", "[3,5]", b35, "allowed by policy, named 'hidden'"));
-  EXPECT_TRUE(has_line(5, "sin", "[3,5]", b35, "region output"));
-  EXPECT_TRUE(has_line(7, "cross_entropy.extra", "[3,5]", b35, "residual of its own backward"));
+  // JAX's test_remat_saved_residuals: the named value is reported under its name.
+  EXPECT_TRUE(has_line(3, "sin", "[3,5]", b35, "allowed by policy, named 'hidden'"));
+  // The policy drops it; square's backward, outside the region, reads it.
+  EXPECT_TRUE(has_line(4, "sin", "[3,5]", b35, "region output, read outside its region"));
+  EXPECT_TRUE(has_line(6, "cross_entropy.extra", "[3,5]", b35, "residual of its own backward"));
   EXPECT_EQ(report.find("#2 "), std::string::npos);  // the dropped matmul output is not listed
-  EXPECT_EQ(report.find("#3 "), std::string::npos);  // nor the inner sin (nothing reads it)
-  EXPECT_EQ(report.find("#6 "), std::string::npos);  // nor square's output (cross_entropy reads only its extra)
+  EXPECT_EQ(report.find("#5 "), std::string::npos);  // nor square's output (cross_entropy reads only its extra)
   const std::size_t total = b34 + b45 + b35 + b35 + b35;
   EXPECT_NE(report.find("total " + std::to_string(total) + " B"), std::string::npos);
   EXPECT_EQ(tape.memory().saved_bytes, total);
+}
+
+// A constant made inside a checkpointed function is kept as data, whatever the policy: it says so, not that
+// the policy allowed it.
+TYPED_TEST(Semantics, PrintSavedResidualsNamesAConstantMadeInsideARegion) {
+  using T = TypeParam;
+  Tape<T> tape;
+  auto x = tape.variable(random_matrix<T>(2, 3, 20));
+  auto loss = remat::sum(remat::checkpoint(
+      [&](Var<T> v) { return remat::multiply(tape.constant(random_matrix<T>(2, 3, 21)), v); },  // node 1
+      remat::policies::nothing_saveable)(x));
+  std::ostringstream os;
+  tape.print_saved_residuals(os);
+  EXPECT_NE(collapse_spaces(os.str()).find(" #1 constant [2,3] " + std::to_string(bytes_of<T>(2, 3)) +
+                                           " B constant recorded inside a checkpointed function (a leaf's data is "
+                                           "kept, never regenerated)\n"),
+            std::string::npos)
+      << os.str();
+  tape.backward(loss);
 }
 
 // An outside value that a backward outside any region reads is reported as such.

@@ -186,6 +186,24 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   return Var<T>::adopt(state, id);
 }
 
+/// Records an op that reads no tensor (arity 0: its output is written from its Params alone, as full_like's)
+/// on the tape of `on_tape_of`, whose value it does not read: nothing the op computes depends on a value, so a
+/// checkpoint's replay regenerates it from nothing, and it never keeps a value alive. Its output requires no
+/// gradient. Throws what apply_op throws.
+template <class Op, class T>
+Var<T> apply_op_without_inputs(const typename Op::Params& params, const Var<T>& on_tape_of) {
+  on_tape_of.node(Op::name);
+  detail::TapeState<T>* state = on_tape_of.state();
+  if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
+  const detail::OpShapes op_shapes{Op::output_shape(nullptr, params), Op::extra_shape(nullptr, params),
+                                   Op::scratch_shape(nullptr, params)};
+  detail::check_op_shapes<T>(Op::name, op_shapes);
+  detail::Attributes attributes;
+  attributes.set_params(params);
+  const std::int32_t id = state->record(detail::op_table_of<Op, T>(), nullptr, 0, attributes, op_shapes, nullptr, 0);
+  return Var<T>::adopt(state, id);
+}
+
 /// apply_op with Params only.
 template <class Op, class T, class... Rest>
 Var<T> apply_op(const typename Op::Params& params, const Var<T>& first, const Rest&... rest) {

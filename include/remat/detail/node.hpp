@@ -146,7 +146,13 @@ struct Node {
   std::int32_t region = -1;       // innermost enclosing checkpoint region, -1 outside any
   std::uint64_t drop_mask = 0;    // bit d: the enclosing region at depth d drops this value
   std::uint64_t output_mask = 0;  // bit d: returned by the enclosing region at depth d
-  std::uint32_t mark = 0;         // scratch for region analyses (stamp of the last analysis that marked it)
+  // A value returned by a checkpoint region that drops it has readers at two or more levels: its region's
+  // backward reads it at its level (`level`), a reader outside the region at the level of the regions that
+  // enclose both (lifetime.hpp, "tiers"). Then `tiers` indexes Graph::tier_holds: one count per common
+  // depth c below the value's own depth, of the holds of readers whose deepest region enclosing both is at
+  // depth c. -1 for every other value.
+  std::int32_t tiers = -1;
+  std::uint32_t mark = 0;  // scratch for region analyses (stamp of the last analysis that marked it)
 
   // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021).
   bool evicted = false;             // wanted by the lifetime rule but without a buffer: regenerated when read
@@ -217,6 +223,8 @@ struct Graph {
   std::vector<Region> regions;
   std::vector<std::int32_t> open;            // open regions, outermost first
   std::vector<std::int32_t> region_sources;  // flat lists of replay sources, one range per region
+  std::vector<std::int32_t> source_readers;  // parallel to region_sources: the member op that reads the source
+  std::vector<std::int32_t> tier_holds;      // Node::tiers indexes it
   std::vector<std::int32_t> pending;         // values with Node::pending set
   std::vector<ChainPlan> chain_plans;        // Region::plan indexes it
   std::vector<int> indices;                  // ops' integer side data (Attributes::indices_begin), flat
@@ -248,6 +256,90 @@ struct Graph {
 /// Residence level of a drop mask: the deepest dropping depth, 0 when no region drops the value.
 inline int level_of(std::uint64_t drop_mask) {
   return drop_mask == 0 ? 0 : 63 - __builtin_clzll(drop_mask);
+}
+
+/// The depth of node n's innermost region (0 outside every region).
+template <class T>
+int depth_of(const Graph<T>& graph, const Node<T>& n) {
+  return n.region < 0 ? 0 : graph.region(n.region).depth;
+}
+
+/// The depth of the deepest region that encloses both node `value` and node `reader` (recorded later, or
+/// `value` itself): a region still open encloses every node recorded since it opened. 0 if none.
+template <class T>
+int common_depth(const Graph<T>& graph, std::int32_t value, std::int32_t reader) {
+  for (std::int32_t r = graph[value].region; r >= 0; r = graph.region(r).parent) {
+    const Region& g = graph.region(r);
+    if (g.open || reader < g.end) return g.depth;
+  }
+  return 0;
+}
+
+/// The level at which a reader whose deepest region enclosing both it and n is at depth c reads n: the deepest
+/// of those regions that drops n (a region that returned n encloses no reader outside it; JAX's rule: a
+/// checkpointed function's outputs are its values like any other, and a reader outside it sees them as the
+/// enclosing function does).
+inline int level_at_depth(std::uint64_t drop_mask, int c) {
+  return level_of(drop_mask & ((std::uint64_t{2} << c) - 1));
+}
+
+/// Where a hold of `reader` on `value` counts: -1 with the value's own holds (backward_reads, replay_reads) at
+/// its level, else the common depth c indexing its tiers (a value split by returning, read from outside at a
+/// level below its own).
+template <class T>
+int tier_of(const Graph<T>& graph, std::int32_t value, std::int32_t reader) {
+  const Node<T>& n = graph[value];
+  if (n.tiers < 0) return -1;
+  const int c = common_depth(graph, value, reader);
+  return c < depth_of(graph, n) && level_at_depth(n.drop_mask, c) < n.level ? c : -1;
+}
+
+/// The level at which `reader` reads `value`.
+template <class T>
+int read_level(const Graph<T>& graph, std::int32_t value, std::int32_t reader) {
+  const Node<T>& n = graph[value];
+  if (n.output_mask == 0) return n.level;  // the common case: read only inside its region
+  return level_at_depth(n.drop_mask, common_depth(graph, value, reader));
+}
+
+/// The holds of n's readers from outside a region that returned it, by common depth c < depth_of(n).
+template <class T>
+const std::int32_t* tier_counts(const Graph<T>& graph, const Node<T>& n) {
+  return &graph.tier_holds[static_cast<std::size_t>(n.tiers)];
+}
+
+/// A pending reader needs n at level `level` or below: one of its own, one from outside a region that
+/// returned it, or an op that a region not closed yet may replay (pending: level 0).
+template <class T>
+bool read_at_or_below(const Graph<T>& graph, const Node<T>& n, int level) {
+  if (n.pending || (n.backward_reads + n.replay_reads > 0 && n.level <= level)) return true;
+  if (n.tiers < 0) return false;
+  const std::int32_t* count = tier_counts(graph, n);
+  for (int c = 0, depth = depth_of(graph, n); c < depth; ++c)
+    if (count[c] > 0 && level_at_depth(n.drop_mask, c) <= level) return true;
+  return false;
+}
+
+/// A pending reader reads n at exactly `level`: what the replay of n's region at that depth regenerates.
+template <class T>
+bool read_at_level(const Graph<T>& graph, const Node<T>& n, int level) {
+  if (n.backward_reads + n.replay_reads > 0 && n.level == level) return true;
+  if (n.tiers < 0) return false;
+  const std::int32_t* count = tier_counts(graph, n);
+  for (int c = 0, depth = depth_of(graph, n); c < depth; ++c)
+    if (count[c] > 0 && level_at_depth(n.drop_mask, c) == level) return true;
+  return false;
+}
+
+/// Any pending reader, at any level.
+template <class T>
+bool read_at_all(const Graph<T>& graph, const Node<T>& n) {
+  if (n.holds() > 0) return true;
+  if (n.tiers < 0) return false;
+  const std::int32_t* count = tier_counts(graph, n);
+  for (int c = 0, depth = depth_of(graph, n); c < depth; ++c)
+    if (count[c] > 0) return true;
+  return false;
 }
 
 }  // namespace remat::detail

@@ -174,6 +174,53 @@ class Recorder {
     buffers_.make_room(outputs, n);
   }
 
+  /// Tags op output `id` with `tag` and asks again the policies of the open regions that enclose it, as they
+  /// would have been asked had it been recorded with the tag (TapeState::name_in_place). Regions that have
+  /// closed keep their decisions (their replay plans are made). A region that now drops it but saved it
+  /// before keeps saving it if an input its replay would start from is gone (a weight only its op read):
+  /// nothing could regenerate it. Returns false, changing nothing, when it is a leaf, already read by an op, or
+  /// already tagged. Whether it names in place depends on neither regions nor memory, so a program names the
+  /// same values in place with checkpoints as without: the same graph, the same gradients to the bit. Throws
+  /// a policy's exception or std::bad_alloc with the tape unchanged.
+  bool retag(std::int32_t id, std::int32_t tag) {
+    Node<T>& n = graph_[id];
+    if (n.is_leaf() || n.first_use >= 0 || n.attributes.tag >= 0) return false;
+    if (!graph_.open.empty())
+      reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(n.arity));
+    n.attributes.tag = tag;
+    std::uint64_t open_mask = 0, decided = 0;  // the open regions enclosing n; those that drop it now
+    try {
+      const OpInfo info = op_info(n);
+      for (std::int32_t rid : graph_.open) {  // outermost first, as at record time
+        const Region& r = graph_.region(rid);
+        if (r.begin > id) break;  // opened after n: encloses neither n nor a deeper region
+        open_mask |= std::uint64_t{1} << r.depth;
+        if (!r.policy(r.policy_object, info)) decided |= std::uint64_t{1} << r.depth;
+      }
+    } catch (...) {
+      n.attributes.tag = -1;
+      throw;
+    }
+    const std::uint64_t before = n.drop_mask;
+    std::uint64_t drop_mask = (before & ~open_mask) | decided;
+    if (level_of(drop_mask) > 0 && (drop_mask & ~before) != 0)
+      for (int k = 0; k < n.arity; ++k) {
+        const Node<T>& in = graph_[n.inputs[k]];
+        if (read_level(graph_, n.inputs[k], id) == 0 && !in.value && !in.evicted) {
+          drop_mask &= before | ~open_mask;  // newly dropped: kept saved
+          break;
+        }
+      }
+    n.drop_mask = drop_mask;
+    n.level = static_cast<std::int8_t>(level_of(drop_mask));
+    // What commit() does for a value some region may replay: its level-0 inputs wait for the regions' close.
+    if (n.level > 0 && !graph_.open.empty())
+      for (int k = 0; k < n.arity; ++k)
+        if (read_level(graph_, n.inputs[k], id) == 0) lifetime_.hold_pending(n.inputs[k]);
+    lifetime_.settle(id);
+    return true;
+  }
+
   /// Throws what record() throws for input `id` of an op named `op`, before changing anything: tape_error
   /// for a value computed inside a checkpointed function that did not return it, stale_value_error for a
   /// Parameter modified since it was recorded. (For an op of several nodes, such as concat_cols, to check
@@ -213,17 +260,28 @@ class Recorder {
     assert(members_.capacity() >= length && uses_.capacity() >= length &&
            graph_.region_sources.capacity() >= graph_.region_sources.size() + max_inputs * length);
     uses_.assign(length, 0);  // within capacity
+    computed_inputs_.assign(length, 0);
     const std::uint64_t bit = std::uint64_t{1} << r.depth;
     for (std::size_t o = 0; o < count; ++o) {
       Node<T>& n = graph_[outputs[o]];
       if (outputs[o] < r.begin) continue;  // an input passed through
       n.output_mask |= bit;
-      n.drop_mask &= ~bit;  // a region does not drop what it returns
-      n.level = static_cast<std::int8_t>(level_of(n.drop_mask));
+      if (r.plan >= 0) {
+        // A chain run by its schedule keeps what it returns: the schedule's holds decide when it goes.
+        n.drop_mask &= ~bit;
+        n.level = static_cast<std::int8_t>(level_of(n.drop_mask));
+      } else if (n.tiers < 0 && level_at_depth(n.drop_mask, r.depth - 1) < n.level) {
+        // JAX's rule: what a checkpointed function returns is one of its values like any other. If the policy
+        // dropped it, the region's own readers read it at its level and its replay regenerates it for them;
+        // a reader from outside reads it at the level of the regions enclosing both, counted in its tiers.
+        n.tiers = static_cast<std::int32_t>(graph_.tier_holds.size());
+        graph_.tier_holds.insert(graph_.tier_holds.end(), static_cast<std::size_t>(depth_of(graph_, n)),
+                                 0);  // within capacity
+      }
     }
     hold_returned_inputs(r);
     finish(r);
-    plan_replay(graph_, r, PresentBelowLevel{r.depth}, members_, uses_);
+    plan_replay(graph_, r, PresentBelowLevel{r.depth}, members_, uses_, computed_inputs_);
     r.replays = !members_.empty();
     r.replay_bytes = 0;
     for (std::int32_t m : members_)
@@ -335,12 +393,17 @@ class Recorder {
     const std::size_t outermost = next - static_cast<std::size_t>(graph_.region(graph_.open.front()).begin);
     reserve_at_least(members_, outermost);
     reserve_at_least(uses_, outermost);
+    reserve_at_least(computed_inputs_, outermost);
     // Pending holds: commit() adds at most max_inputs; hold_returned_inputs() at most one per node of the
     // outermost region (a returned value, held once until that region closes).
     reserve_at_least(graph_.pending, graph_.pending.size() + max_inputs * added + outermost);
     std::size_t open_nodes = 0;
     for (std::int32_t rid : graph_.open) open_nodes += next - static_cast<std::size_t>(graph_.region(rid).begin);
     reserve_at_least(graph_.region_sources, graph_.region_sources.size() + max_inputs * open_nodes);
+    reserve_at_least(graph_.source_readers, graph_.region_sources.size() + max_inputs * open_nodes);
+    // Tiers: at most once per value, one count per depth it is nested at.
+    reserve_at_least(graph_.tier_holds,
+                     graph_.tier_holds.size() + static_cast<std::size_t>(graph_.open_depth()) * outermost);
   }
 
   /// When r (not the outermost region) closes: returning a value lowered its level, to 0 if no enclosing
@@ -353,7 +416,7 @@ class Recorder {
       const Node<T>& n = graph_[i];
       if (n.is_leaf() || n.level == 0 || n.level >= r.depth) continue;  // replayed by no enclosing region
       for (int k = 0; k < n.arity; ++k)
-        if (graph_[n.inputs[k]].level == 0) lifetime_.hold_pending(n.inputs[k]);
+        if (read_level(graph_, n.inputs[k], i) == 0) lifetime_.hold_pending(n.inputs[k]);
     }
   }
 
@@ -368,8 +431,8 @@ class Recorder {
     n.requires_grad = grad_inputs != 0;
     n.reads = static_cast<std::uint8_t>(n.requires_grad ? n.op->reads(grad_inputs) : 0u);
     for (int k = 0; k < n.arity; ++k)
-      if (n.reads & reads_input(k)) lifetime_.add_backward_read(n.inputs[k]);
-    if (n.reads & reads_output) lifetime_.add_backward_read(id);
+      if (n.reads & reads_input(k)) lifetime_.add_backward_read(n.inputs[k], id);
+    if (n.reads & reads_output) lifetime_.add_backward_read(id, id);
     for (int k = 0; k < n.arity; ++k) {  // the consumer lists the eviction heuristics walk
       Node<T>& in = graph_[n.inputs[k]];
       n.next_use[k] = in.first_use;
@@ -380,7 +443,7 @@ class Recorder {
     // the regions say when they close.
     if (n.level > 0)
       for (int k = 0; k < n.arity; ++k)
-        if (graph_[n.inputs[k]].level == 0) lifetime_.hold_pending(n.inputs[k]);
+        if (read_level(graph_, n.inputs[k], id) == 0) lifetime_.hold_pending(n.inputs[k]);
     n.handles = 1;  // so the value stays: only an extra no backward reads may go now
     if (n.extra) lifetime_.settle_extra(id);
   }
@@ -404,12 +467,13 @@ class Recorder {
       const Node<T>& n = graph_[m];
       for (int k = 0; k < n.arity; ++k) {
         Node<T>& w = graph_[n.inputs[k]];
-        if (w.level >= r.depth || w.mark == stamp_) continue;
+        if (read_level(graph_, n.inputs[k], m) >= r.depth || w.mark == stamp_) continue;
         // A chain's own values are held by its schedule's operations, not until the sweep leaves it.
         if (r.plan >= 0 && n.inputs[k] >= r.begin && !w.is_leaf()) continue;
         w.mark = stamp_;
-        lifetime_.add_replay_read(n.inputs[k]);
+        lifetime_.add_replay_read(n.inputs[k], m);
         graph_.region_sources.push_back(n.inputs[k]);
+        graph_.source_readers.push_back(m);
       }
     }
     r.sources_end = static_cast<std::int32_t>(graph_.region_sources.size());
@@ -434,7 +498,8 @@ class Recorder {
   Buffers<T>& buffers_;
   Lifetime<T>& lifetime_;
   Evictor<T>& evictor_;
-  std::vector<std::int32_t> members_, uses_;  // scratch of close_region
+  std::vector<std::int32_t> members_, uses_;   // scratch of close_region
+  std::vector<std::uint8_t> computed_inputs_;  // scratch of close_region
   std::uint32_t stamp_ = 0;
   typename Buffers<T>::Room leaf_room_;  // what the last add_leaf() reserved, for remove_last_leaf()
   std::size_t leaf_peak_ = 0;

@@ -157,14 +157,16 @@ class Sweep {
     });
     members_.reserve(longest);
     uses_.reserve(longest);
+    computed_inputs_.reserve(longest);
     std::size_t chain = 0;
     for (const ChainPlan& plan : graph_.chain_plans) chain = std::max(chain, plan.outputs.size());
     chain_held_.reserve(chain);
     chain_tape_.reserve(chain);
     snapshot_.resize(count);
-    if (evictor_.active()) evictor_.reserve(count);  // the exact heuristic's walk
-    const std::size_t words =
-        signature_header + signature_words * count + 3 * graph_.regions.size() + graph_.region_sources.size();
+    if (evictor_.active()) evictor_.reserve(count);    // the exact heuristic's walk
+    tier_snapshot_.reserve(graph_.tier_holds.size());  // simulate() cannot throw
+    const std::size_t words = signature_header + signature_words * count + 3 * graph_.regions.size() +
+                              graph_.region_sources.size() + graph_.tier_holds.size();
     signature_.resize(words);
     if (cached_signature_.capacity() < words) cached_signature_.reserve(words);  // remember_dry_run cannot throw
     std::uint64_t* sig = signature_.data();
@@ -192,6 +194,7 @@ class Sweep {
                                                                  << 32;
     }
     for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
+    for (std::int32_t held : graph_.tier_holds) *sig++ = static_cast<std::uint32_t>(held);
     assert(sig == signature_.data() + words);
     for (const Region& r : graph_.regions) signable = signable && r.plan < 0;  // a chain's schedule: not signed
     signable_ = signable;
@@ -382,6 +385,7 @@ class Sweep {
   void simulate(std::int32_t loss, SweepMode mode) noexcept {
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       snapshot_[static_cast<std::size_t>(i)] = NodeSnapshot<T>::of(graph_[i]);
+    tier_snapshot_.assign(graph_.tier_holds.begin(), graph_.tier_holds.end());  // within capacity
     // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
     // reservation that fails leaves memory() as it was. The same for the evictions' counters and clock.
     const std::size_t replayed_bytes = replayed_bytes_, replayed_ops = replayed_ops_;
@@ -396,6 +400,7 @@ class Sweep {
     replayed_ops_ = replayed_ops;
     evictor_.restore(evictions);
     for (std::int32_t i = 0; i < graph_.size(); ++i) snapshot_[static_cast<std::size_t>(i)].restore(graph_[i]);
+    std::copy(tier_snapshot_.begin(), tier_snapshot_.end(), graph_.tier_holds.begin());
     stash_.clear();
   }
 
@@ -549,13 +554,15 @@ class Sweep {
     const std::int32_t begin = plan.layer_begin[static_cast<std::size_t>(i - 1)],
                        end = plan.layer_begin[static_cast<std::size_t>(i)],
                        out = plan.outputs[static_cast<std::size_t>(i)];
-    const PresentNow present;
+    const PresentNow present{depth};
     uses_.assign(static_cast<std::size_t>(end - begin), 0);  // within capacity
+    computed_inputs_.assign(static_cast<std::size_t>(end - begin), 0);
     members_.clear();
     auto target = [&](std::int32_t u) {
       const Node<T>& n = graph_[u];
-      if (u == out && !present.value(n)) return true;
-      return all && n.level <= depth && ((n.holds() > 0 && !present.value(n)) || (n.extra_read && !present.extra(n)));
+      if (u == out && !present.value(graph_, u, u)) return true;
+      return all && ((read_at_or_below(graph_, n, depth) && !present.value(graph_, u, u)) ||
+                     (n.level <= depth && n.extra_read && !present.extra(n)));
     };
     for (std::int32_t u = end - 1; u >= begin; --u) {
       const Node<T>& n = graph_[u];
@@ -563,8 +570,9 @@ class Sweep {
       members_.push_back(u);
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
-        if (present.value(graph_[w]) || w < begin) continue;  // an absent input outside: regenerated
+        if (present.value(graph_, w, u) || w < begin) continue;  // an absent input outside: regenerated
         ++uses_[static_cast<std::size_t>(w - begin)];
+        computed_inputs_[static_cast<std::size_t>(u - begin)] |= static_cast<std::uint8_t>(1u << k);
       }
     }
     std::reverse(members_.begin(), members_.end());
@@ -579,11 +587,12 @@ class Sweep {
       evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
       ++replayed_ops_;
+      const std::uint8_t computed = computed_inputs_[static_cast<std::size_t>(u - begin)];
       for (int k = 0; k < n.arity; ++k) {
+        if (!(computed & (1u << k))) continue;  // read as it was there, not as this computes it
         const std::int32_t w = n.inputs[k];
-        if (w < begin) continue;
         std::int32_t& left = uses_[static_cast<std::size_t>(w - begin)];
-        if (left > 0 && --left == 0) {
+        if (--left == 0) {
           lifetime_.unpin(w);
           done(w);
         }
@@ -632,17 +641,19 @@ class Sweep {
   /// that an eviction leaves them). An evicted value counts as there: it is regenerated when read.
   void replay(const Region& r) noexcept {
     uses_.assign(static_cast<std::size_t>(r.end - r.begin), 0);  // within capacity
-    plan_replay(graph_, r, PresentNow{}, members_, uses_);
+    computed_inputs_.assign(static_cast<std::size_t>(r.end - r.begin), 0);
+    plan_replay(graph_, r, PresentNow{r.depth}, members_, uses_, computed_inputs_);
     for (std::int32_t u : members_) {
       const Node<T>& n = graph_[u];
       evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
       ++replayed_ops_;
+      const std::uint8_t computed = computed_inputs_[static_cast<std::size_t>(u - r.begin)];
       for (int k = 0; k < n.arity; ++k) {
+        if (!(computed & (1u << k))) continue;  // read as it was there, not as the replay computes it
         const std::int32_t w = n.inputs[k];
-        if (w < r.begin) continue;
         std::int32_t& left = uses_[static_cast<std::size_t>(w - r.begin)];
-        if (left > 0 && --left == 0) lifetime_.unpin(w);
+        if (--left == 0) lifetime_.unpin(w);
       }
       if (uses_[static_cast<std::size_t>(u - r.begin)] > 0)
         lifetime_.pin(u);
@@ -678,8 +689,8 @@ class Sweep {
     if (mode.accumulate) deliver_gradients_completed_by(i, mode);
     if (mode.retain_graph || !n.requires_grad) return;
     for (int k = 0; k < n.arity; ++k)
-      if (n.reads & reads_input(k)) lifetime_.release_backward_read(n.inputs[k]);
-    if (n.reads & reads_output) lifetime_.release_backward_read(i);
+      if (n.reads & reads_input(k)) lifetime_.release_backward_read(n.inputs[k], i);
+    if (n.reads & reads_output) lifetime_.release_backward_read(i, i);
     if (n.extra_read) lifetime_.release_extra_read(i);
   }
 
@@ -821,7 +832,8 @@ class Sweep {
     const Region& r = graph_.region(rid);
     if (!mode.retain_graph)
       for (std::int32_t k = r.sources_begin; k < r.sources_end; ++k)
-        lifetime_.release_replay_read(graph_.region_sources[static_cast<std::size_t>(k)]);
+        lifetime_.release_replay_read(graph_.region_sources[static_cast<std::size_t>(k)],
+                                      graph_.source_readers[static_cast<std::size_t>(k)]);
     lifetime_.set_level(r.depth - 1);
     // With retain_graph the holds stay; what this region's replay regenerated goes now all the same.
     if (mode.retain_graph)
@@ -840,9 +852,11 @@ class Sweep {
   Evictor<T>& evictor_;
   std::vector<std::int32_t> entering_, leaving_;  // regions by the order the sweep enters / leaves them
   std::vector<std::int32_t> members_, uses_;      // replay scratch
+  std::vector<std::uint8_t> computed_inputs_;     // replay scratch (plan_replay)
   typename std::vector<std::int32_t>::const_iterator enter_, leave_;  // the pass's next region to enter / leave
   std::vector<std::uint8_t> chain_held_, chain_tape_;                 // run_chain's scratch
   std::vector<NodeSnapshot<T>> snapshot_;
+  std::vector<std::int32_t> tier_snapshot_;  // Graph::tier_holds before a dry run
   std::vector<Stashed> stash_;
   std::vector<std::int32_t> first_leaf_;    // per node, see prepare_ready_callbacks
   std::vector<std::uint8_t> held_;          // per earliest leaf: the pass holds its Parameter (hold_parameters)

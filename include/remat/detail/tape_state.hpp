@@ -84,6 +84,16 @@ class TapeState {
                        "evaluation mode (tape.set_training(false))");
     return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
   }
+  /// checkpoint_name's first choice: tags the op output `id` with `name` itself and asks the open regions
+  /// enclosing it again (Recorder::retag). Only for an op's output no op has read yet and not yet tagged: then
+  /// nothing decided from its level has happened. Returns false, changing nothing, otherwise (the caller
+  /// records an identity op carrying the tag). Throws what a policy throws, or std::bad_alloc, with the tape
+  /// unchanged.
+  bool name_in_place(std::int32_t id, std::string_view name) {
+    check_not_in_callback("checkpoint_name");
+    const std::int32_t tag = graph_.intern_tag(name);
+    return recorder_.retag(id, tag);
+  }
   /// Room for an op recorded as `n` nodes with these output shapes (Recorder::reserve_records). Throws
   /// std::bad_alloc with the tape's figures unchanged.
   void reserve_records(const Shape* outputs, std::size_t n) {
@@ -135,6 +145,8 @@ class TapeState {
   /// Scratch for checkpoint() to collect a region's outputs without allocating in a steady loop.
   std::vector<std::int32_t>& output_scratch() { return outputs_; }
   int open_depth() const { return graph_.open_depth(); }
+  /// The innermost open region, -1 outside every region.
+  std::int32_t innermost_region() const { return graph_.open.empty() ? -1 : graph_.open.back(); }
 
   // ---- the memory budget (detail/eviction.hpp) ----
   void set_memory_budget(std::size_t bytes, EvictionHeuristic heuristic) {
@@ -175,6 +187,8 @@ class TapeState {
 
   // ---- nodes, for Var and Tape ----
   const Node<T>& node(std::int32_t id) const { return graph_[id]; }
+  /// Whether a pending reader (a backward, a replay, a region not closed yet) still needs node `id`'s value.
+  bool has_pending_reader(std::int32_t id) const { return read_at_all(graph_, graph_[id]); }
   const Region& region(std::int32_t id) const { return graph_.region(id); }
   std::int32_t size() const { return graph_.size(); }
   std::string node_name(std::int32_t id) const { return graph_.node_name(id); }
@@ -256,7 +270,8 @@ class TapeState {
     if (residuals_freed_) throw_residuals_freed(op, loss);
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       // Under a budget, a regeneration may read any Parameter whose value the tape refers to now.
-      if (graph_[i].holds() > 0 || (evictor_.active() && graph_[i].value)) check_parameter_current(graph_, i, op);
+      if (read_at_all(graph_, graph_[i]) || (evictor_.active() && graph_[i].value))
+        check_parameter_current(graph_, i, op);
       if (to_parameters) {
         check_parameter_not_reassigned(graph_, i, op);
         check_parameter_same_shape(graph_, i, op);
@@ -398,6 +413,8 @@ class TapeState {
     graph_.nodes.clear();
     graph_.regions.clear();
     graph_.region_sources.clear();
+    graph_.source_readers.clear();
+    graph_.tier_holds.clear();
     graph_.pending.clear();
     graph_.indices.clear();
     graph_.chain_plans.clear();
@@ -592,23 +609,41 @@ class TapeState {
            std::to_string(d.end_node - 1) + (d.depth > 1 ? ", nested at depth " + std::to_string(d.depth) : "") + ")";
   }
 
+  /// Why print_saved_residuals lists node `id` (kept for a reader at the current level): the reader that
+  /// keeps it, or for a value a policy decided on, that the policy allowed it.
   std::string reason(std::int32_t id) const {
     const Node<T>& n = graph_[id];
+    const int level = lifetime_.level();
     std::string why;
-    if (n.replay_reads > 0) why = read_by_enclosing_replay(id) ? "allowed by policy, read by a replay" : "region input";
-    if (why.empty() && n.schedule_holds > 0) why = "checkpoint of a chain schedule";
-    if (why.empty() && n.regen_reads > 0 && !(n.holds() > 0 && n.level <= lifetime_.level()))
+    if (n.is_leaf() && n.region >= 0) {
+      // Not a policy's decision: a leaf's data is the user's, and nothing could regenerate it.
+      why = std::string(n.is_variable ? "variable" : "constant") +
+            " recorded inside a checkpointed function (a leaf's data is kept, never regenerated)";
+    } else if (n.tiers >= 0 && kept_by_tier(n, level)) {
+      why = "region output, read outside its region";  // its own region dropped it
+    } else if (n.replay_reads > 0 && n.level <= level) {
+      why = read_by_enclosing_replay(id) ? "allowed by policy, read by a replay" : "region input";
+    } else if (n.schedule_holds > 0) {
+      why = "checkpoint of a chain schedule";
+    } else if (n.regen_reads > 0 && !read_at_or_below(graph_, n, level)) {
       why = "read by the regeneration of an evicted value";
-    if (why.empty()) {
-      if (n.region < 0)
-        why = "outside any region";
-      else if ((n.output_mask >> graph_.region(n.region).depth) & 1u)
-        why = "region output";
-      else
-        why = "allowed by policy";
+    } else if (n.region < 0) {
+      why = "outside any region";
+    } else if (((n.output_mask >> graph_.region(n.region).depth) & 1u) != 0) {
+      why = "region output";
+    } else {
+      why = "allowed by policy";
     }
     if (n.attributes.tag >= 0) why += ", named '" + graph_.tags[static_cast<std::size_t>(n.attributes.tag)] + "'";
     return why;
+  }
+  /// Whether a reader from outside a region that returned n keeps it at `level` (and none of its own does).
+  bool kept_by_tier(const Node<T>& n, int level) const {
+    if (n.backward_reads + n.replay_reads > 0 && n.level <= level) return false;
+    const std::int32_t* count = tier_counts(graph_, n);
+    for (int c = 0, depth = depth_of(graph_, n); c < depth; ++c)
+      if (count[c] > 0 && level_at_depth(n.drop_mask, c) <= level) return true;
+    return false;
   }
   /// True when a region containing `id` reads it as a replay source (else only regions it is an input of).
   bool read_by_enclosing_replay(std::int32_t id) const {

@@ -27,13 +27,20 @@ struct CheckpointNameOp : OpBase {
 
 }  // namespace detail
 
-/// Identity that tags its output with `name` (OpInfo::tag), so save_only_these_names and
-/// save_any_names_but_these can select it. The output is a copy of x ([m,n] → [m,n]); dy/dx = 1.
-/// Throws remat::domain_error for an empty name. Takes a string_view so that a long name given as a
-/// literal does not build a std::string (a heap allocation) on every call of a training step.
+/// Names x `name` (OpInfo::tag), so save_only_these_names and save_any_names_but_these can select it, as
+/// jax.ad_checkpoint.checkpoint_name does. When x is an op's output that no op has read yet — the usual
+/// `checkpoint_name(linear(h, W, b), "name")` — the value itself is named: the policies of the open regions
+/// enclosing it are asked again with the name, x is returned, and print_saved_residuals lists x under its name;
+/// nothing is copied or replayed for it. (A region that now drops it keeps saving it if its replay could not
+/// regenerate it: an input of its op has gone.) Otherwise (a leaf, a value already read or named) it records
+/// an identity op whose output, a copy of x, carries the name ([m,n] → [m,n]; dy/dx = 1). Throws
+/// remat::domain_error for an empty name, and what a policy throws. Takes a string_view so that a long name
+/// given as a literal does not build a std::string (a heap allocation) on every call of a training step.
 template <class T>
 Var<T> checkpoint_name(const Var<T>& x, std::string_view name) {
   if (name.empty()) throw domain_error("checkpoint_name: the name must not be empty");
+  x.node("checkpoint_name");  // a valid handle of a live tape
+  if (x.state()->name_in_place(x.id(), name)) return x;
   OpCall<detail::CheckpointNameOp> call;
   call.tag = name;
   return apply_op<detail::CheckpointNameOp>(call, x);

@@ -357,7 +357,7 @@ std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begi
       evicted += Buffers<T>::bytes(n.shape);
       continue;
     }
-    std::size_t b = !n.value && n.level > 0 && n.holds() > 0 ? Buffers<T>::bytes(n.shape) : 0;
+    std::size_t b = !n.value && n.level > 0 && state.has_pending_reader(j) ? Buffers<T>::bytes(n.shape) : 0;
     if (!n.extra && n.extra_read) b += Buffers<T>::bytes(n.extra_shape);
     std::int32_t r = n.region;
     if (b == 0 || r < 0) continue;  // outside every region nothing was dropped
@@ -443,6 +443,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   std::size_t owned_leaves = 0;  // bytes of tape-owned leaves (tape.variable(matrix), constants) the layers record
   checkpoint([&](Var<T> v) {
     const Var<T> chain_input = v;
+    const std::int32_t probe_region = state->innermost_region();
     for (int i = 0; i < L; ++i) {
       const std::int32_t begin = state->size();
       const std::int32_t input = v.id();
@@ -470,7 +471,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
       // dropped together by run_schedule's regions, so no value of a kept layer is a replay source.
       read_in_layer.assign(static_cast<std::size_t>(end - begin), 0);
       for (std::int32_t j = begin; j < end; ++j)
-        if (state->node(j).region != state->node(begin).region) {
+        if (state->node(j).region != probe_region) {  // the probe's own region holds the layer's plain ops
           for (std::int32_t k = begin; k < end; ++k) {
             const detail::Node<T>& n = state->node(k);
             for (int a = 0; a < n.arity; ++a)

@@ -1,0 +1,54 @@
+// full_like, zeros_like, ones_like: a constant of another value's shape, recorded as an op that reads no tensor.
+#pragma once
+
+#include "remat/detail/apply.hpp"
+
+namespace remat {
+namespace detail {
+
+struct FullLikeOp : OpBase {
+  static constexpr const char* name = "full_like";
+  static constexpr OpKind kind = OpKind::constant;
+  struct Params {
+    Index rows = 0, cols = 0;
+    double value = 0;
+  };
+  static unsigned reads(GradInputs) { return reads_nothing; }
+  static Shape output_shape(const Shape*, const Params& p) { return Shape{p.rows, p.cols}; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    c.out().setConstant(static_cast<T>(c.template params<Params>().value));
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>&) {}  // no input: never asked for a gradient
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+};
+
+}  // namespace detail
+
+/// A value of x's shape [m,n] with every element `value`, like torch.full_like; x's values are not read.
+/// It is recorded as an op without inputs, not as a leaf: inside a checkpointed function a policy that
+/// drops it drops it, and the replay writes it again from `value` — a constant made inside a checkpointed
+/// function is never a residual (JAX's test_constants_not_hoisted: checkpoint(x ↦ zeros_like(x)·x) under
+/// nothing_saveable saves nothing). It requires no gradient. Throws tape_error for an empty or stale Var.
+template <class T>
+Var<T> full_like(const Var<T>& x, double value) {
+  const Shape s = x.node("full_like").shape;
+  return apply_op_without_inputs<detail::FullLikeOp>(detail::FullLikeOp::Params{s.rows, s.cols, value}, x);
+}
+
+/// zeros of x's shape (full_like(x, 0)).
+template <class T>
+Var<T> zeros_like(const Var<T>& x) {
+  return full_like(x, 0.0);
+}
+
+/// ones of x's shape (full_like(x, 1)).
+template <class T>
+Var<T> ones_like(const Var<T>& x) {
+  return full_like(x, 1.0);
+}
+
+}  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::FullLikeOp)
