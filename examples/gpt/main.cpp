@@ -417,6 +417,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   std::fflush(stdout);
 
   eval_tape.set_training(false);
+  eval_tape.set_grad_enabled(false);  // evaluation keeps no residuals (torch.no_grad)
   // Every rank draws the windows of the whole global batch (the same stream) and trains on its sequences
   // [first, last) of it: the global batch is the single-process one.
   const std::size_t B = static_cast<std::size_t>(o.batch), S = static_cast<std::size_t>(o.seq_len);

@@ -89,14 +89,15 @@ struct Model {
   std::vector<EpochRecord> history;
 };
 
-/// Test accuracy, in batches, on a tape of constants: nothing requires a gradient, so no op holds a
-/// residual and each batch's values are freed as soon as its handles go.
-double evaluate(const Options& o, const Model& model, const mlp::Dataset& test, remat::Tape<float>& tape) {
+/// Test accuracy, in batches, with gradients off (remat::NoGradGuard, as torch.no_grad): the parameters are
+/// referenced, not copied, no op holds a residual, and each batch's values are freed as soon as its handles go.
+double evaluate(const Options& o, Model& model, const mlp::Dataset& test, remat::Tape<float>& tape) {
   tape.clear();
+  remat::NoGradGuard<float> no_grad(tape);
   std::vector<Var<float>> parameters;
-  for (const auto& layer : model.layers) {
-    parameters.push_back(tape.constant(layer.weight.value()));
-    parameters.push_back(tape.constant(layer.bias.value()));
+  for (auto& layer : model.layers) {
+    parameters.push_back(tape.variable(layer.weight));
+    parameters.push_back(tape.variable(layer.bias));
   }
   const auto n = test.images.rows();
   long correct = 0;

@@ -186,6 +186,15 @@ class Tape {
   void set_training(bool training) { state_->set_training(training); }
   bool training() const { return state_->training(); }
 
+  /// Gradient recording on (true, the default) or off, like torch.set_grad_enabled: while off, every op
+  /// recorded computes its value and records nothing to differentiate — its output requires no gradient,
+  /// so its backward reads nothing and no residual is kept (a value lives only while a Var refers to it), and
+  /// a checkpoint region replays nothing. For evaluation; see NoGradGuard. Leaves are recorded as always
+  /// (a variable still receives gradients from ops recorded with gradients on). A backward from a loss
+  /// recorded with it off computes no gradient. Kept across clear().
+  void set_grad_enabled(bool enabled) { state_->set_grad_enabled(enabled); }
+  bool grad_enabled() const { return state_->grad_enabled(); }
+
   /// Checkpoint regions that save no memory (CheckpointDiagnostic, docs/checkpointing.md §Diagnostics):
   /// regions in which nothing requires a gradient, regions whose policy drops nothing their backward
   /// reads, and the region the backward sweep would replay first when it frees less than it replays (the
@@ -333,6 +342,23 @@ class Tape {
 
   friend class CapturedStep<T>;
   detail::TapeState<T>* state_;
+};
+
+/// Records without gradients on `tape` while it lives, like `with torch.no_grad():` — evaluation keeps no
+/// residuals — and puts the tape's previous setting back when it goes (nested guards restore in turn).
+///
+///   { remat::NoGradGuard no_grad(tape); accuracy = evaluate(tape, batch); }
+template <class T>
+class NoGradGuard {
+ public:
+  explicit NoGradGuard(Tape<T>& tape) : tape_(tape), before_(tape.grad_enabled()) { tape_.set_grad_enabled(false); }
+  ~NoGradGuard() { tape_.set_grad_enabled(before_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  Tape<T>& tape_;
+  bool before_;
 };
 
 }  // namespace remat

@@ -230,6 +230,7 @@ struct Graph {
   std::vector<int> indices;                  // ops' integer side data (Attributes::indices_begin), flat
   std::vector<std::string> tags;             // names of tagged values, interned (kept across clear())
   Trace<T>* trace = nullptr;                 // a CapturedStep's log while its first step runs (detail/trace.hpp)
+  bool grad_enabled = true;                  // false: ops record no gradient (Tape::set_grad_enabled)
 
   Node<T>& operator[](std::int32_t id) { return nodes[static_cast<std::size_t>(id)]; }
   const Node<T>& operator[](std::int32_t id) const { return nodes[static_cast<std::size_t>(id)]; }

@@ -427,7 +427,7 @@ class Recorder {
     GradInputs grad_inputs = 0;
     for (int k = 0; k < n.arity; ++k)
       if (graph_[n.inputs[k]].requires_grad) grad_inputs |= 1u << k;
-    if (n.op->stops_gradient) grad_inputs = 0;
+    if (n.op->stops_gradient || !graph_.grad_enabled) grad_inputs = 0;
     n.requires_grad = grad_inputs != 0;
     n.reads = static_cast<std::uint8_t>(n.requires_grad ? n.op->reads(grad_inputs) : 0u);
     for (int k = 0; k < n.arity; ++k)

@@ -114,6 +114,8 @@ class TapeState {
   /// Training mode (the default): random ops such as dropout draw; in evaluation mode they are identities.
   bool training() const { return training_; }
   void set_training(bool training) { training_ = training; }
+  bool grad_enabled() const { return graph_.grad_enabled; }
+  void set_grad_enabled(bool enabled) { graph_.grad_enabled = enabled; }
 
   // ---- checkpoint regions ----
   std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object,
