@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,20 @@ class memory_budget_error : public domain_error {
 
  private:
   std::size_t budget_, needed_, least_;
+};
+
+/// Anomaly detection (Tape::set_detect_anomaly, torch.autograd.set_detect_anomaly's role) found a NaN or an
+/// infinity: in a leaf's data, in an op's forward value, or in a gradient an op's backward wrote. The message
+/// names the node, its op and shape, the first non-finite element, and for a backward the forward op whose
+/// backward wrote it; node() is that node's id (the op whose forward produced the value, or whose backward
+/// wrote the gradient).
+class anomaly_error : public std::runtime_error {
+ public:
+  anomaly_error(const std::string& what, std::int32_t node) : std::runtime_error(what), node_(node) {}
+  std::int32_t node() const noexcept { return node_; }
+
+ private:
+  std::int32_t node_;
 };
 
 /// Misuse of a tape: a Var from another tape or from a cleared tape, an empty Var, a region nested too deep.

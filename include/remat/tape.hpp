@@ -195,6 +195,17 @@ class Tape {
   void set_grad_enabled(bool enabled) { state_->set_grad_enabled(enabled); }
   bool grad_enabled() const { return state_->grad_enabled(); }
 
+  /// Anomaly detection (off by default, like torch.autograd.set_detect_anomaly): while on, a leaf whose data
+  /// holds a NaN or ±inf (constant(), variable(), a Parameter) is refused, an op whose forward gives one is
+  /// not recorded, and both throw remat::anomaly_error naming the node, op, shape, element and whether an input
+  /// already held one; a backward whose op writes one into a gradient completes its sweep and then throws
+  /// anomaly_error naming the op, its node and the input whose gradient it wrote, and whether the gradient
+  /// that op received was already non-finite (the gradients then hold what was computed). Each check reads
+  /// every element it checks once (a forward's value, a backward's input gradients); off, the tape tests one
+  /// flag per op. Replays and regenerations recompute values already checked. Kept across clear().
+  void set_detect_anomaly(bool on) { state_->set_detect_anomaly(on); }
+  bool detect_anomaly() const { return state_->detect_anomaly(); }
+
   /// Checkpoint regions that save no memory (CheckpointDiagnostic, docs/checkpointing.md §Diagnostics):
   /// regions in which nothing requires a gradient, regions whose policy drops nothing their backward
   /// reads, and the region the backward sweep would replay first when it frees less than it replays (the
@@ -315,6 +326,7 @@ class Tape {
     if (state_->shapes_only()) return Var<T>::adopt(state_, id);  // a placeholder: nothing to copy
     try {
       AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
+      state_->check_leaf_finite(id, variable ? "variable" : "constant");  // anomaly detection
     } catch (...) {
       state_->remove_last_leaf(id);  // an expression whose evaluation allocates a temporary threw
       throw;

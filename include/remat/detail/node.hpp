@@ -2,6 +2,7 @@
 // the static OpTable through which the tape runs an op without knowing its name.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -231,6 +232,7 @@ struct Graph {
   std::vector<std::string> tags;             // names of tagged values, interned (kept across clear())
   Trace<T>* trace = nullptr;                 // a CapturedStep's log while its first step runs (detail/trace.hpp)
   bool grad_enabled = true;                  // false: ops record no gradient (Tape::set_grad_enabled)
+  bool detect_anomaly = false;  // check every value and gradient for NaN and ±inf (Tape::set_detect_anomaly)
 
   Node<T>& operator[](std::int32_t id) { return nodes[static_cast<std::size_t>(id)]; }
   const Node<T>& operator[](std::int32_t id) const { return nodes[static_cast<std::size_t>(id)]; }
@@ -341,6 +343,23 @@ bool read_at_all(const Graph<T>& graph, const Node<T>& n) {
   for (int c = 0, depth = depth_of(graph, n); c < depth; ++c)
     if (count[c] > 0) return true;
   return false;
+}
+
+/// The first element of the [rows, cols] buffer `data` that is NaN or ±inf (row-major index), or -1.
+template <class T>
+std::int64_t first_non_finite(const T* data, Index rows, Index cols) {
+  const Index n = rows * cols;
+  for (Index i = 0; i < n; ++i)
+    if (!std::isfinite(data[i])) return i;
+  return -1;
+}
+
+/// "NaN at (r, c)" / "inf at (r, c)" for element `index` of a [rows, cols] buffer.
+template <class T>
+std::string non_finite_text(const T* data, Index cols, std::int64_t index) {
+  const T v = data[index];
+  return std::string(std::isnan(v) ? "NaN" : (v > 0 ? "inf" : "-inf")) + " at (" + std::to_string(index / cols) + "," +
+         std::to_string(index % cols) + ")";
 }
 
 }  // namespace remat::detail

@@ -138,6 +138,7 @@ class Recorder {
       if (!buffers_.shapes_only()) {  // placeholders: no kernel
         if (graph_.trace) graph_.trace->log_forward(graph_, id);
         table->forward(ForwardContext<T>{graph_, n});
+        if (graph_.detect_anomaly) check_finite_forward(id);  // throws: undone below
       }
       buffers_.free(n.scratch, n.scratch_shape);
     } catch (...) {
@@ -219,6 +220,34 @@ class Recorder {
         if (read_level(graph_, n.inputs[k], id) == 0) lifetime_.hold_pending(n.inputs[k]);
     lifetime_.settle(id);
     return true;
+  }
+
+  /// Anomaly detection: throws anomaly_error if op node `id`'s value or extra holds a NaN or ±inf, naming
+  /// whether an input already held one (the op propagated it) or the op produced it from finite inputs.
+  void check_finite_forward(std::int32_t id) const {
+    const Node<T>& n = graph_[id];
+    std::string where;
+    std::int64_t bad = first_non_finite(n.value, n.shape.rows, n.shape.cols);
+    if (bad >= 0) {
+      where = "its value holds " + non_finite_text(n.value, n.shape.cols, bad);
+    } else if (n.extra && (bad = first_non_finite(n.extra, n.extra_shape.rows, n.extra_shape.cols)) >= 0) {
+      where = "its extra " + to_string(n.extra_shape) + " holds " + non_finite_text(n.extra, n.extra_shape.cols, bad);
+    } else {
+      return;
+    }
+    std::string cause = "from finite inputs";
+    for (int k = 0; k < n.arity; ++k) {
+      const Node<T>& in = graph_[n.inputs[k]];
+      const std::int64_t e = in.value ? first_non_finite(in.value, in.shape.rows, in.shape.cols) : -1;
+      if (e < 0) continue;
+      cause = "propagated: its input " + std::to_string(k) + " (node #" + std::to_string(n.inputs[k]) + ", " +
+              graph_.node_name(n.inputs[k]) + ") holds " + non_finite_text(in.value, in.shape.cols, e);
+      break;
+    }
+    throw anomaly_error(std::string(n.op->name) + " (node #" + std::to_string(id) + ", " + to_string(n.shape) +
+                            "): its forward gave a non-finite value, " + cause + "; " + where +
+                            " (anomaly detection is on: Tape::set_detect_anomaly); the op was not recorded",
+                        id);
   }
 
   /// Throws what record() throws for input `id` of an op named `op`, before changing anything: tape_error

@@ -104,6 +104,9 @@ class Sweep {
 
   /// The exception the first throwing gradient-ready callback of the last run threw (null if none); clears it.
   std::exception_ptr take_callback_error() noexcept { return std::exchange(callback_error_, nullptr); }
+  /// The anomaly_error for the first non-finite gradient the last run found (anomaly detection), or null;
+  /// clears it.
+  std::exception_ptr take_anomaly() noexcept { return std::exchange(anomaly_, nullptr); }
   /// True while the real pass runs (a gradient-ready callback is being called from inside it).
   bool running() const { return running_; }
 
@@ -341,6 +344,7 @@ class Sweep {
   /// gradient is not complete yet); -1 otherwise. Allocates only the first time.
   void prepare_ready_callbacks(SweepMode mode) {
     callback_error_ = nullptr;
+    anomaly_ = nullptr;
     if (!ready_callbacks_active(mode)) return;
     const auto count = static_cast<std::size_t>(graph_.size());
     first_leaf_.assign(count, -1);
@@ -681,6 +685,7 @@ class Sweep {
       if (!simulating()) {
         if (graph_.trace) graph_.trace->log_backward(graph_, i);
         n.op->backward(BackwardContext<T>{graph_, n, wanted.data()});
+        if (graph_.detect_anomaly && !anomaly_) check_finite_backward(i);
       }
       buffers_.free(n.scratch, n.scratch_shape);
       unpin_residuals(i);
@@ -692,6 +697,35 @@ class Sweep {
       if (n.reads & reads_input(k)) lifetime_.release_backward_read(n.inputs[k], i);
     if (n.reads & reads_output) lifetime_.release_backward_read(i, i);
     if (n.extra_read) lifetime_.release_extra_read(i);
+  }
+
+  /// Anomaly detection: after op i's backward, the first gradient it wrote that holds a NaN or ±inf is kept as
+  /// an anomaly_error for run()'s caller (the sweep cannot stop half-way). Never throws.
+  void check_finite_backward(std::int32_t i) noexcept {
+    const Node<T>& n = graph_[i];
+    for (int k = 0; k < n.arity; ++k) {
+      const std::int32_t w = n.inputs[k];
+      const Node<T>& in = graph_[w];
+      if (!wanted[static_cast<std::size_t>(w)] || !in.grad) continue;
+      const std::int64_t bad = first_non_finite(in.grad, in.shape.rows, in.shape.cols);
+      if (bad < 0) continue;
+      const std::int64_t upstream = n.grad ? first_non_finite(n.grad, n.shape.rows, n.shape.cols) : -1;
+      try {
+        throw anomaly_error("backward of " + std::string(n.op->name) + " (node #" + std::to_string(i) + ", " +
+                                to_string(n.shape) + ") wrote " + non_finite_text(in.grad, in.shape.cols, bad) +
+                                " into the gradient of its input " + std::to_string(k) + " (node #" +
+                                std::to_string(w) + ", " + graph_.node_name(w) + " " + to_string(in.shape) + ")" +
+                                (upstream >= 0 ? ", propagated: the gradient it received holds " +
+                                                     non_finite_text(n.grad, n.shape.cols, upstream)
+                                               : ", from a finite incoming gradient") +
+                                " (anomaly detection is on: Tape::set_detect_anomaly); the sweep completed, so the "
+                                "gradients hold the non-finite values",
+                            i);
+      } catch (...) {
+        anomaly_ = std::current_exception();
+      }
+      return;
+    }
   }
 
   /// The values node i's backward reads, made resident (regenerated if evicted) and, under a memory
@@ -866,6 +900,7 @@ class Sweep {
   std::vector<std::uint8_t> receives_;      // per node: receives a gradient in this sweep (scratch)
   std::vector<std::pair<const ParameterStorage<T>*, std::int32_t>> by_storage_;  // scratch
   std::exception_ptr callback_error_;
+  std::exception_ptr anomaly_;  // the first non-finite gradient of the last run (anomaly detection)
   bool running_ = false;
   std::uint64_t simulation_ = 0;  // serial of the running dry run, 0 outside one
   std::size_t replayed_bytes_ = 0, replayed_ops_ = 0;

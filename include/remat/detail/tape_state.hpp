@@ -70,10 +70,32 @@ class TapeState {
   void leaf_filled(std::int32_t id) noexcept {
     if (graph_.trace) graph_.trace->log_leaf(graph_, id);
   }
+  /// Under anomaly detection, throws anomaly_error if leaf `id`'s data holds a NaN or ±inf (the caller then
+  /// removes the leaf).
+  void check_leaf_finite(std::int32_t id, const char* op) const {
+    const Node<T>& n = graph_[id];
+    if (!graph_.detect_anomaly || buffers_.shapes_only()) return;
+    const std::int64_t bad = first_non_finite(n.value, n.shape.rows, n.shape.cols);
+    if (bad >= 0)
+      throw anomaly_error(std::string(op) + ": the data of " + to_string(n.shape) + " holds " +
+                              non_finite_text(n.value, n.shape.cols, bad) +
+                              " (anomaly detection is on: Tape::set_detect_anomaly); the leaf was not recorded",
+                          id);
+  }
   std::int32_t add_parameter(Parameter<T>& p) {
     check_not_in_callback("variable");
+    if (graph_.detect_anomaly && !buffers_.shapes_only() && p.value().size() > 0) {
+      const std::int64_t bad = first_non_finite(p.value().data(), p.value().rows(), p.value().cols());
+      if (bad >= 0)
+        throw anomaly_error("variable: the Parameter " + to_string(Shape{p.value().rows(), p.value().cols()}) +
+                                " holds " + non_finite_text(p.value().data(), p.value().cols(), bad) +
+                                " (anomaly detection is on: Tape::set_detect_anomaly); it was not recorded",
+                            -1);
+    }
     return recorder_.add_parameter(ParameterAccess::storage(p));
   }
+  bool detect_anomaly() const { return graph_.detect_anomaly; }
+  void set_detect_anomaly(bool on) { graph_.detect_anomaly = on; }
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     check_not_in_callback(table->name);
@@ -346,9 +368,11 @@ class TapeState {
     }
     sweep_.run(loss, SweepMode{retain_graph, true});
     if (!retain_graph) mark_residuals_freed("backward");
-    // A gradient-ready callback threw: the sweep completed (every gradient is written), and the backward
-    // reports the callback's exception.
-    if (std::exception_ptr e = sweep_.take_callback_error()) std::rethrow_exception(e);
+    // Anomaly detection found a non-finite gradient, or a gradient-ready callback threw: the sweep completed
+    // (every gradient is written), and the backward reports it.
+    const std::exception_ptr anomaly = sweep_.take_anomaly(), callback = sweep_.take_callback_error();
+    if (anomaly) std::rethrow_exception(anomaly);
+    if (callback) std::rethrow_exception(callback);
   }
 
   /// gradient(): d loss / d target for each of `targets`, copied into `out` (matrices of their shapes,
@@ -378,6 +402,7 @@ class TapeState {
     }
     sweep_.finish_gradient();
     if (!retain_graph) mark_residuals_freed("gradient()");
+    if (std::exception_ptr e = sweep_.take_anomaly()) std::rethrow_exception(e);
   }
 
   // ---- a CapturedStep's tape (remat/captured_step.hpp) ----
