@@ -1,8 +1,8 @@
 // A runtime memory budget by Dynamic Tensor Rematerialization (Kirisame et al., "Dynamic Tensor
 // Rematerialization", ICLR 2021): when an allocation would take the tape's live bytes over the budget, evict
 // resident op outputs (their buffers go; the lifetime rule still wants them) chosen by a heuristic, and
-// regenerate an evicted value when it is read again by re-running its recorded op from its inputs,
-// recursively regenerated.
+// regenerate an evicted value when it is read again by re-running its recorded op from its inputs, themselves
+// regenerated first if evicted: all the values one read needs, each once, in recording order (regenerate()).
 //
 // How it sits on the lifetime rule (detail/lifetime.hpp): eviction frees a buffer the rule wants and marks
 // the node evicted; an evicted node holds a regeneration read on each input, so what it is regenerated from
@@ -10,10 +10,14 @@
 //
 // Determinism and exceptions: every choice depends only on the tape's state (shapes, FLOP estimates, a
 // logical clock), never on time or addresses. An allocation that may need evictions or regenerations first
-// runs as a trial (trial(): the same code with kernels skipped and buffers only counted, then every node put
-// back), which throws memory_budget_error if the budget cannot be met, and learns the pool buffers the real
-// run will take; the real run then repeats the trial's choices and cannot fail. The backward's dry run is
-// such a trial of the whole sweep (detail/sweep.hpp).
+// runs as a trial (trial(): the same code with kernels skipped and buffers only counted, then every node it
+// changed put back from a journal), which throws memory_budget_error if the budget cannot be met, and learns the
+// pool buffers the real run will take; the real run then repeats the trial's choices (from its log of victims)
+// and cannot fail. The backward's dry run is such a trial of the whole sweep (detail/sweep.hpp).
+//
+// Nothing here recurses: every walk (a regeneration, what is regenerable, what an eviction makes evicted, a
+// neighbourhood) runs on a work list reserved beforehand (reserve()), so that the stack depth does not
+// grow with the tape (issue 44: an LSTM's chain of evicted values recursed once per value).
 #pragma once
 
 #include <algorithm>
@@ -35,41 +39,6 @@
 #include "remat/memory.hpp"
 
 namespace remat::detail {
-
-/// Every field of a node that a sweep, a regeneration or an eviction changes: what a dry run or a trial
-/// puts back.
-template <class T>
-struct NodeSnapshot {
-  T *value, *extra, *grad;
-  std::int32_t backward_reads, replay_reads, pins, regen_reads, schedule_holds;
-  bool grad_assigned, extra_read, evicted;
-  std::uint64_t last_access;
-  std::int32_t class_parent, class_size;
-  double class_cost;
-
-  static NodeSnapshot of(const Node<T>& n) {
-    return {n.value,   n.extra,       n.grad,           n.backward_reads, n.replay_reads,
-            n.pins,    n.regen_reads, n.schedule_holds, n.grad_assigned,  n.extra_read,
-            n.evicted, n.last_access, n.class_parent,   n.class_size,     n.class_cost};
-  }
-  void restore(Node<T>& n) const {
-    n.value = value;
-    n.extra = extra;
-    n.grad = grad;
-    n.backward_reads = backward_reads;
-    n.replay_reads = replay_reads;
-    n.pins = pins;
-    n.regen_reads = regen_reads;
-    n.schedule_holds = schedule_holds;
-    n.grad_assigned = grad_assigned;
-    n.extra_read = extra_read;
-    n.evicted = evicted;
-    n.last_access = last_access;
-    n.class_parent = class_parent;
-    n.class_size = class_size;
-    n.class_cost = class_cost;
-  }
-};
 
 template <class T>
 class Evictor {
@@ -111,38 +80,69 @@ class Evictor {
             " bytes cannot hold an allocation of " + std::to_string(failed_needed_) +
             " bytes: " + std::to_string(failed_least_ - failed_needed_) +
             " bytes are live that no eviction can free then (leaves, gradients, op extras, the values the running op "
-            "reads, values that cannot be regenerated), so that allocation needs a budget of at least " +
+            "or regeneration reads, values that cannot be regenerated), so that allocation needs a budget of at "
+            "least " +
             std::to_string(failed_least_) + " bytes; raise the budget (Tape::set_memory_budget) or clear() the tape",
         budget_, failed_needed_, failed_least_);
   }
 
-  /// Room for the scratch of a trial on a graph of `nodes` nodes. Throws std::bad_alloc, before any change.
+  /// Room for the scratch of a trial, a regeneration and a victim scan on a graph of `nodes` nodes. Throws
+  /// std::bad_alloc, before any change.
   void reserve(std::size_t nodes) {
-    if (saved_.capacity() < nodes) saved_.reserve(std::max(nodes, 2 * saved_.capacity()));
-    if (walk_.capacity() < nodes) walk_.reserve(std::max(nodes, 2 * walk_.capacity()));
+    lifetime_.reserve(nodes);
+    for (std::vector<std::int32_t>* v : {&members_, &work_, &walk_, &stack_, &held_})
+      if (v->capacity() < nodes) v->reserve(std::max(nodes, 2 * v->capacity()));
+    const std::size_t choices = std::max(nodes, choices_wanted_);
+    if (choices_.capacity() < choices) choices_.reserve(std::max(choices, 2 * choices_.capacity()));
+  }
+
+  // ---- the choices of a trial or a dry run, repeated by the real run ----
+  // The real run after a trial (or a backward's real pass after its dry run) makes the same calls on the same
+  // state, so it would choose the same victims: it takes them from this log instead of scanning again (with
+  // assertions on, it scans all the same and checks). A log that outgrew its capacity holds the first choices;
+  // the real run scans for the rest (and reserve() makes room for them the next time).
+  /// From now on each victim chosen is logged (the log restarts). Never throws.
+  void record_choices() noexcept {
+    choices_.clear();
+    choices_next_ = 0;
+    choices_state_ = ChoicesState::recording;
+  }
+  /// The calls that follow repeat the recorded ones: their victims come from the log. Never throws.
+  void repeat_choices() noexcept {
+    choices_next_ = 0;
+    choices_state_ = ChoicesState::repeating;
+  }
+  /// Stops logging or repeating. Never throws.
+  void forget_choices() noexcept {
+    choices_.clear();
+    choices_state_ = ChoicesState::off;
   }
 
   /// Runs `body` (eviction, regeneration and allocation calls) as a trial: buffers only counted, kernels
-  /// skipped, and every node, the clock and the counters put back afterwards; then throws
-  /// memory_budget_error naming `what` if the budget could not be met, else leaves in the pool's
-  /// simulation the buffers the same body will take (Buffers::reserve_simulated). Call reserve() first.
+  /// skipped, and every node it changed, the clock and the counters put back afterwards (the nodes from the
+  /// journal Lifetime::note keeps: the cost is the nodes the body touched, not the tape); then throws
+  /// memory_budget_error naming `what` if the budget could not be met, else leaves in the pool's simulation
+  /// the buffers the same body will take (Buffers::reserve_simulated). Call reserve() first.
   template <class Body>
   void trial(const char* what, Body&& body) {
-    saved_.clear();
-    for (const Node<T>& n : graph_.nodes) saved_.push_back(NodeSnapshot<T>::of(n));  // within capacity
     const Counters before = counters();
     failed_ = false;
     stale_ = -1;
     buffers_.begin_simulation();
+    lifetime_.begin_journal();
+    record_choices();
     try {
       body();
     } catch (...) {
       end_trial(before);
+      forget_choices();
       throw;
     }
     end_trial(before);
+    if (stale_ >= 0 || failed_) forget_choices();
     if (stale_ >= 0) check_parameter_current(graph_, std::exchange(stale_, -1), what);
     if (failed_) throw_failure(what);
+    repeat_choices();  // the caller's real run comes next (a call that throws before it leaves it to the next trial)
   }
 
   /// Whether an op reading `inputs` and allocating `bytes` needs evictions or regenerations.
@@ -155,7 +155,10 @@ class Evictor {
   }
 
   /// One tick of the logical clock: node `id` is read or written now.
-  void touch(std::int32_t id) { graph_[id].last_access = ++clock_; }
+  void touch(std::int32_t id) noexcept {
+    lifetime_.note(id);
+    graph_[id].last_access = ++clock_;
+  }
 
   /// Evicts until `bytes` more fit within the budget. Returns false, noting the failure, if they cannot
   /// (nothing is left to evict); the caller allocates anyway (a trial or a dry run reports it afterwards;
@@ -163,7 +166,7 @@ class Evictor {
   bool make_room(std::size_t bytes) noexcept {
     if (!active()) return true;
     while (buffers_.current_live_bytes() + bytes > budget_) {
-      const std::int32_t victim = best_victim();
+      const std::int32_t victim = choose();
       if (victim < 0) {
         note_failure(bytes);
         return false;
@@ -182,19 +185,54 @@ class Evictor {
       touch(id);
       return;
     }
-    ensure_slow(id);
+    acquire(&id, 1);
+    lifetime_.unpin(id);
+  }
+
+  /// Makes the values of nodes `ids[0 … count)` resident, as ensure() does, all of them in one regeneration,
+  /// and pins each (once per entry: the caller unpins each entry). Never throws.
+  void acquire(const std::int32_t* ids, int count) noexcept {
+    bool resident = true;
+    for (int k = 0; k < count && resident; ++k) resident = graph_[ids[k]].value && !graph_[ids[k]].parameter;
+    if (!resident) {
+      regenerate(ids, count);
+      return;
+    }
+    for (int k = 0; k < count; ++k) {
+      touch(ids[k]);
+      lifetime_.pin(ids[k]);
+    }
   }
 
   /// Runs op node `u`'s forward into its buffers (allocating the value, extra and temporary it lacks), its
-  /// inputs made resident and pinned meanwhile: a regeneration (`rematerialization`, counted in memory())
-  /// or a checkpoint replay's member. The kernel is skipped in a trial, a dry run and on a shapes-only tape.
-  /// An extra the forward writes that the lifetime rule does not want is freed again at once. Never throws.
+  /// inputs made resident (acquire) and pinned meanwhile: a checkpoint replay's member (`rematerialization`
+  /// false) or a regeneration (true, counted in memory()). The kernel is skipped in a trial, a dry run and on a
+  /// shapes-only tape. An extra the forward writes that the lifetime rule does not want is freed again at once.
+  /// Never throws.
   void compute(std::int32_t u, bool rematerialization) noexcept {
     Node<T>& n = graph_[u];
-    for (int k = 0; k < n.arity; ++k) {
-      ensure(n.inputs[k]);
-      lifetime_.pin(n.inputs[k]);
+    acquire(n.inputs, n.arity);
+    run(u, rematerialization);
+    for (int k = 0; k < n.arity; ++k) lifetime_.unpin(n.inputs[k]);
+    lifetime_.settle_extra(u);
+  }
+
+ private:
+  /// The next value of a stamp whose marks are `field` of every node; after 2^32 uses every mark is cleared,
+  /// so that no old mark equals a new stamp. Never throws.
+  std::uint32_t next_stamp(std::uint32_t& stamp, std::uint32_t Node<T>::*field) noexcept {
+    if (++stamp == 0) {
+      for (Node<T>& n : graph_.nodes) n.*field = 0;
+      stamp = 1;
     }
+    return stamp;
+  }
+
+  /// Runs op node `u` into the buffers it lacks, its inputs resident and pinned (by the caller); counts it as a
+  /// regeneration if `rematerialization`. Never throws.
+  void run(std::int32_t u, bool rematerialization) noexcept {
+    Node<T>& n = graph_[u];
+    lifetime_.note(u);
     std::size_t need = Buffers<T>::bytes(n.scratch_shape);
     if (!n.value) need += Buffers<T>::bytes(n.shape);
     if (n.extra_shape.size() > 0 && !n.extra) need += Buffers<T>::bytes(n.extra_shape);
@@ -204,6 +242,7 @@ class Evictor {
     if (!n.value) n.value = buffers_.allocate(n.shape);
     if (n.extra_shape.size() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
     if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
+    for (int k = 0; k < n.arity; ++k) touch(n.inputs[k]);
     if (!buffers_.simulating() && !buffers_.shapes_only()) {
       if (graph_.trace) graph_.trace->log_forward(graph_, u);
       n.op->forward(ForwardContext<T>{graph_, n});
@@ -215,29 +254,89 @@ class Evictor {
     }
     touch(u);
     lifetime_.mark_resident(u);
-    for (int k = 0; k < n.arity; ++k) lifetime_.unpin(n.inputs[k]);
-    lifetime_.settle_extra(u);
   }
 
- private:
-  /// ensure() of a value that is evicted or a Parameter's (its version is checked).
-  void ensure_slow(std::int32_t id) noexcept {
-    Node<T>& n = graph_[id];
-    if (n.parameter && n.parameter->version != n.parameter_version && stale_ < 0) stale_ = id;
-    if (!n.value) {
-      if (n.is_leaf()) {
-        assert(n.parameter && "a leaf's value is needed after it was freed");
-        n.value = n.parameter->value.data();
+  /// The regeneration of `ids[0 … count)` (acquire): the absent values they need (evicted, or freed since a
+  /// replay's plan counted them as there), found by walking back from them through absent inputs (its members),
+  /// run once each in recording order, which is topological. The resident inputs of members (the regeneration's
+  /// boundary) are pinned from the start until the last member that reads them has run, and each member from its
+  /// run until its last reader in the regeneration has run: no eviction it makes can take a value it will still
+  /// read, so no value is regenerated twice in it and it never regenerates inside itself. (Regenerating each input
+  /// when its reader ran, recursively, recursed once per evicted value of a chain, and could evict what a pending
+  /// reader further up still needed: an LSTM of 48 timesteps under 35 % of its peak ran for minutes.) Its stack
+  /// depth does not grow with the tape; its work lists are reserved (reserve()). Never throws.
+  void regenerate(const std::int32_t* ids, int count) noexcept {
+    const std::uint32_t stamp = next_stamp(regen_stamp_, &Node<T>::regen_mark);
+    members_.clear();
+    work_.clear();
+    auto visit = [&](std::int32_t v) {
+      Node<T>& m = graph_[v];
+      if (m.parameter) {  // a Parameter's value is its storage
+        if (m.parameter->version != m.parameter_version && stale_ < 0) stale_ = v;
+        if (!m.value) {
+          lifetime_.note(v);
+          m.value = m.parameter->value.data();
+        }
+        return;
+      }
+      if (m.value || m.regen_mark == stamp) return;
+      // Evicted, or freed since a replay planned to read it (an evicted value whose last holder was regenerated
+      // in the meantime stops being evicted): computed all the same, from its inputs.
+      assert(!m.is_leaf() && "a leaf's value is needed after it was freed");
+      m.regen_mark = stamp;
+      m.regen_uses = 0;
+      members_.push_back(v);  // within capacity (reserve): each node once
+      work_.push_back(v);
+    };
+    for (int k = 0; k < count; ++k) visit(ids[k]);
+    while (!work_.empty()) {
+      const std::int32_t v = work_.back();
+      work_.pop_back();
+      const Node<T>& m = graph_[v];
+      for (int k = 0; k < m.arity; ++k) visit(m.inputs[k]);
+    }
+    std::sort(members_.begin(), members_.end());
+    auto member = [&](std::int32_t v) { return graph_[v].regen_mark == stamp; };
+    for (std::int32_t u : members_) {
+      const Node<T>& m = graph_[u];
+      for (int k = 0; k < m.arity; ++k)
+        if (member(m.inputs[k])) ++graph_[m.inputs[k]].regen_uses;
+    }
+    for (int k = 0; k < count; ++k) {
+      if (member(ids[k])) {
+        ++graph_[ids[k]].regen_uses;  // held until the end, for the caller
       } else {
-        compute(id, true);
+        touch(ids[k]);
+        lifetime_.pin(ids[k]);
       }
     }
-    touch(id);
+    for (std::int32_t u : members_) {
+      const Node<T>& m = graph_[u];
+      for (int k = 0; k < m.arity; ++k)
+        if (!member(m.inputs[k])) lifetime_.pin(m.inputs[k]);
+    }
+    for (std::int32_t u : members_) {
+      run(u, true);
+      const Node<T>& m = graph_[u];
+      for (int k = 0; k < m.arity; ++k) {
+        const std::int32_t w = m.inputs[k];
+        if (!member(w))
+          lifetime_.unpin(w);
+        else if (--graph_[w].regen_uses == 0)
+          lifetime_.unpin(w);
+      }
+      lifetime_.pin(u);  // every member has a reader left: a member or the caller
+    }
+    for (int k = 0; k < count; ++k) {
+      if (!member(ids[k])) continue;
+      lifetime_.pin(ids[k]);
+      if (--graph_[ids[k]].regen_uses == 0) lifetime_.unpin(ids[k]);
+    }
   }
 
   void end_trial(const Counters& before) noexcept {
     buffers_.end_simulation();
-    for (std::size_t i = 0; i < saved_.size(); ++i) saved_[i].restore(graph_.nodes[i]);
+    lifetime_.end_journal();
     restore(before);
   }
 
@@ -249,37 +348,81 @@ class Evictor {
   }
 
   // ---- choosing ----
-  /// A value the budget may evict: an op's tape-owned output, resident, wanted (the rule would keep it),
-  /// not read by an op running now, and regenerable from what is there.
-  bool evictable(std::int32_t id) {
-    const Node<T>& n = graph_[id];
-    if (n.is_leaf() || !n.value || !n.value_owned() || n.pins > 0 || !lifetime_.value_wanted(n)) return false;
-    for (int k = 0; k < n.arity; ++k)
-      if (!regenerable(n.inputs[k])) return false;
-    return true;
+  /// Whether node `id`, absent or not, could be regenerated from what is there: resident, evicted (its inputs
+  /// are held: regenerable by construction), a current Parameter, or an op whose inputs are regenerable.
+  /// Memoised per scan; walked on a work list, not by recursion. Never throws.
+  bool regenerable(std::int32_t id) noexcept {
+    auto known = [&](const Node<T>& n, bool& result) {
+      if (n.value || n.evicted) return result = true;
+      if (n.is_leaf()) return result = n.parameter && n.parameter->version == n.parameter_version, true;
+      if (n.evict_mark == scan_ && n.evict_memo != 0) return result = n.evict_memo == 1, true;
+      return false;
+    };
+    bool result = false;
+    if (known(graph_[id], result)) return result;
+    stack_.clear();
+    graph_[id].evict_mark = scan_;
+    graph_[id].evict_memo = 0;
+    stack_.push_back(id);
+    while (!stack_.empty()) {
+      Node<T>& n = graph_[stack_.back()];
+      bool ok = true, waiting = false;
+      for (int k = 0; k < n.arity && ok; ++k) {
+        Node<T>& w = graph_[n.inputs[k]];
+        bool r = false;
+        if (known(w, r)) {
+          ok = r;
+          continue;
+        }
+        assert(w.evict_mark != scan_ && "the graph has no cycle");
+        w.evict_mark = scan_;
+        w.evict_memo = 0;
+        stack_.push_back(n.inputs[k]);  // within capacity: each node once per scan
+        waiting = true;
+        break;
+      }
+      if (waiting) continue;
+      n.evict_memo = ok ? 1 : 2;
+      stack_.pop_back();
+    }
+    return graph_[id].evict_memo == 1;
   }
-  /// Resident, evicted (its inputs are held: regenerable by construction), a current Parameter, or an op
-  /// whose inputs are regenerable. Memoised per scan.
-  bool regenerable(std::int32_t id) {
-    Node<T>& n = graph_[id];
-    if (n.value || n.evicted) return true;
-    if (n.is_leaf()) return n.parameter && n.parameter->version == n.parameter_version;
-    if (n.evict_mark == scan_) return n.evict_memo == 1;
-    bool ok = true;
-    for (int k = 0; k < n.arity && ok; ++k) ok = regenerable(n.inputs[k]);
-    n.evict_mark = scan_;
-    n.evict_memo = ok ? 1 : 2;
-    return ok;
+
+  /// The next victim: from the log when repeating, else best_victim() (logged when recording).
+  std::int32_t choose() noexcept {
+    if (choices_state_ == ChoicesState::repeating) {
+      if (choices_next_ < choices_.size()) {
+        const std::int32_t v = choices_[choices_next_++];
+        assert(v == best_victim() && "a real run chooses the victims of its trial or dry run");
+        return v;
+      }
+      choices_state_ = ChoicesState::off;  // the log ran out (it outgrew its capacity): scan from here
+    }
+    const std::int32_t v = best_victim();
+    if (choices_state_ == ChoicesState::recording) {
+      if (choices_.size() < choices_.capacity()) {
+        choices_.push_back(v);
+      } else {
+        choices_wanted_ = std::max(choices_wanted_, 2 * choices_.size());
+        choices_state_ = ChoicesState::off;  // the log keeps the choices so far
+      }
+    }
+    return v;
   }
 
   /// The evictable value of lowest score cost / (bytes · staleness); the lowest id on a tie; -1 if none.
-  std::int32_t best_victim() {
-    if (++scan_ == 0) ++scan_;
+  /// Evictable: an op's tape-owned output, resident, wanted (the rule would keep it), not read by an op or a
+  /// regeneration running now, and regenerable from what is there.
+  std::int32_t best_victim() noexcept {
+    next_stamp(scan_, &Node<T>::evict_mark);
     std::int32_t best = -1;
     double best_score = 0;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      if (!evictable(i)) continue;
       const Node<T>& n = graph_[i];
+      if (!n.value || n.is_leaf() || n.pins > 0 || !lifetime_.value_wanted(n)) continue;
+      bool ok = true;
+      for (int k = 0; k < n.arity && ok; ++k) ok = regenerable(n.inputs[k]);
+      if (!ok) continue;
       const double staleness = static_cast<double>(clock_ - n.last_access + 1);
       const double score = cost(i) / (static_cast<double>(Buffers<T>::bytes(n.shape)) * staleness);
       if (best < 0 || score < best_score) {
@@ -290,7 +433,7 @@ class Evictor {
     return best;
   }
 
-  double cost(std::int32_t id) {
+  double cost(std::int32_t id) noexcept {
     switch (heuristic_) {
       case EvictionHeuristic::local:
         return graph_[id].cost;
@@ -304,13 +447,13 @@ class Evictor {
 
   /// h_DTR^eq's e*(t): the costs of the distinct classes of t's evicted inputs and consumers, and of its
   /// absent inputs that its eviction would make evicted (each alone: their own absent inputs are not walked).
-  double class_neighbourhood(std::int32_t id) {
-    if (++walk_stamp_ == 0) ++walk_stamp_;
+  double class_neighbourhood(std::int32_t id) noexcept {
+    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::class_mark);
     double sum = 0;
     auto add_class = [&](std::int32_t v) {
       Node<T>& root = graph_[class_root(graph_, v)];
-      if (root.class_mark == walk_stamp_) return;
-      root.class_mark = walk_stamp_;
+      if (root.class_mark == stamp) return;
+      root.class_mark = stamp;
       sum += root.class_cost;
     };
     const Node<T>& n = graph_[id];
@@ -327,12 +470,12 @@ class Evictor {
   }
 
   /// h_DTR's e*(t), walked: from t, through absent op inputs (what regenerating them needs) and evicted
-  /// consumers (what needs them), summing each node's cost once.
-  double exact_neighbourhood(std::int32_t id) {
-    if (++walk_stamp_ == 0) ++walk_stamp_;
+  /// consumers (what needs them), summing each node's cost once. On a work list, not by recursion.
+  double exact_neighbourhood(std::int32_t id) noexcept {
+    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::walk_mark);
     double sum = 0;
     walk_.clear();
-    graph_[id].class_mark = walk_stamp_;
+    graph_[id].walk_mark = stamp;
     walk_.push_back(id);  // within capacity (reserve): each node enters once
     while (!walk_.empty()) {
       const std::int32_t v = walk_.back();
@@ -340,8 +483,8 @@ class Evictor {
       const Node<T>& n = graph_[v];
       auto visit = [&](std::int32_t w) {
         Node<T>& m = graph_[w];
-        if (m.class_mark == walk_stamp_) return;
-        m.class_mark = walk_stamp_;
+        if (m.walk_mark == stamp) return;
+        m.walk_mark = stamp;
         sum += m.cost;
         walk_.push_back(w);
       };
@@ -356,26 +499,43 @@ class Evictor {
   }
 
   // ---- evicting ----
+  /// Frees `id`'s buffer; it and the absent inputs behind it (values the rule did not want, freed) become
+  /// evicted, each holding its inputs, so that all of them can be regenerated (a Parameter's value is its
+  /// storage again). Walked on a work list, not by recursion. Never throws.
   void evict(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
+    lifetime_.note(id);
     buffers_.free(n.value, n.shape);
-    hold_inputs(id);
     ++evictions_;
-  }
-  /// Node `id` just lost its buffer (or never had one back): its absent inputs become evicted in turn (a
-  /// Parameter's value is its storage again), and it becomes evicted, holding its inputs.
-  void hold_inputs(std::int32_t id) noexcept {
-    const Node<T>& n = graph_[id];
-    for (int k = 0; k < n.arity; ++k) {
-      Node<T>& w = graph_[n.inputs[k]];
-      if (w.value || w.evicted) continue;
-      if (w.is_leaf())
-        w.value = w.parameter->value.data();  // evictable() checked it current
-      else
-        hold_inputs(n.inputs[k]);
+    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::walk_mark);
+    held_.clear();
+    held_.push_back(id);
+    walk_.clear();
+    walk_.push_back(id);
+    while (!walk_.empty()) {
+      const Node<T>& v = graph_[walk_.back()];
+      walk_.pop_back();
+      for (int k = 0; k < v.arity; ++k) {
+        const std::int32_t w = v.inputs[k];
+        Node<T>& x = graph_[w];
+        if (x.value || x.evicted || x.walk_mark == stamp) continue;
+        if (x.is_leaf()) {
+          lifetime_.note(w);
+          x.value = x.parameter->value.data();  // evictable() checked it current
+          continue;
+        }
+        x.walk_mark = stamp;
+        held_.push_back(w);  // within capacity: each node once
+        walk_.push_back(w);
+      }
     }
-    lifetime_.mark_evicted(id);
+    // Inputs first (recording order is topological): each becomes evicted holding inputs that are resident or
+    // already evicted.
+    std::sort(held_.begin(), held_.end());
+    for (std::int32_t v : held_) lifetime_.mark_evicted(v);
   }
+
+  enum class ChoicesState { off, recording, repeating };
 
   Graph<T>& graph_;
   Buffers<T>& buffers_;
@@ -387,9 +547,13 @@ class Evictor {
   bool failed_ = false;
   std::size_t failed_needed_ = 0, failed_least_ = 0;
   std::int32_t stale_ = -1;  // a modified Parameter a trial read, reported after it
-  std::uint32_t scan_ = 0, walk_stamp_ = 0;
-  std::vector<NodeSnapshot<T>> saved_;
-  std::vector<std::int32_t> walk_;
+  std::uint32_t scan_ = 0, walk_stamp_ = 0, regen_stamp_ = 0;
+  std::vector<std::int32_t> members_, work_;  // a regeneration's members, and its walk
+  std::vector<std::int32_t> walk_, stack_;    // the neighbourhood walk, eviction's walk; regenerable's
+  std::vector<std::int32_t> held_;            // an eviction's newly evicted values
+  std::vector<std::int32_t> choices_;         // the victims of the last trial or dry run
+  std::size_t choices_next_ = 0, choices_wanted_ = 0;
+  ChoicesState choices_state_ = ChoicesState::off;
 };
 
 }  // namespace remat::detail

@@ -161,8 +161,12 @@ struct Node {
   std::int32_t first_use = -1;      // consumers, as edges id·max_inputs + k (input k of op id reads it), listed
   std::int32_t next_use[max_inputs] = {-1, -1, -1};  // from first_use through next_use[k] of each consumer
   std::uint32_t evict_mark = 0;                      // scratch of the eviction scans (stamp)
-  std::int8_t evict_memo = 0;                        // with evict_mark: 1 regenerable, 2 not
-  std::uint32_t class_mark = 0;                      // scratch of a heuristic's neighbourhood walk (stamp)
+  std::int8_t evict_memo = 0;                        // with evict_mark: 1 regenerable, 2 not, 0 being decided
+  std::uint32_t class_mark = 0;                      // scratch of h_DTR^eq: a class root counted by a walk (stamp)
+  std::uint32_t walk_mark = 0;                       // scratch of a neighbourhood or eviction walk (stamp)
+  std::uint32_t regen_mark = 0;                      // scratch of a regeneration: a member of the one of this stamp
+  std::int32_t regen_uses = 0;                       // with regen_mark: its readers in that regeneration not yet run
+  std::uint32_t journal_mark = 0;                    // saved in the journal of the trial of this stamp
 
   std::shared_ptr<ParameterStorage<T>> parameter;  // a referenced Parameter (value not tape-owned)
   std::uint64_t parameter_version = 0;

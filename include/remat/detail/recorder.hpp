@@ -110,10 +110,7 @@ class Recorder {
     // Nothing below throws, except an op's forward (which should not).
     const std::size_t peak = buffers_.peak_bytes();
     if (evicts) {
-      for (int k = 0; k < arity; ++k) {
-        evictor_.ensure(inputs[k]);
-        lifetime_.pin(inputs[k]);
-      }
+      evictor_.acquire(inputs, arity);  // resident and pinned, regenerated together if evicted
       evictor_.make_room(need);
     }
     for (int k = 0; k < arity; ++k) evictor_.touch(inputs[k]);
@@ -270,10 +267,7 @@ class Recorder {
   void room_by_trial(const char* what, const std::int32_t* inputs, int arity, const OpShapes& shapes) {
     evictor_.reserve(static_cast<std::size_t>(graph_.size()));
     evictor_.trial(what, [&] {
-      for (int k = 0; k < arity; ++k) {
-        evictor_.ensure(inputs[k]);
-        lifetime_.pin(inputs[k]);
-      }
+      evictor_.acquire(inputs, arity);
       evictor_.make_room(Buffers<T>::bytes(shapes.output) + Buffers<T>::bytes(shapes.extra) +
                          Buffers<T>::bytes(shapes.scratch));
       for (const Shape* s : {&shapes.output, &shapes.extra, &shapes.scratch}) {

@@ -78,9 +78,14 @@ class Sweep {
     if (buffers_.shapes_only()) {
       if (evictor_.active()) {
         simulate(loss, mode);
-        if (evictor_.failed()) evictor_.throw_failure(what);
+        if (evictor_.failed()) {
+          evictor_.forget_choices();
+          evictor_.throw_failure(what);
+        }
+        evictor_.repeat_choices();
       }
       count_only(loss, mode);
+      evictor_.forget_choices();
       return;
     }
     if (redundant_) {
@@ -92,10 +97,20 @@ class Sweep {
       return;
     }
     simulate(loss, mode);
-    if (evictor_.failed()) evictor_.throw_failure(what);
+    if (evictor_.failed()) {
+      evictor_.forget_choices();
+      evictor_.throw_failure(what);
+    }
     remember_dry_run();
-    buffers_.reserve_simulated();
+    try {
+      buffers_.reserve_simulated();
+    } catch (...) {
+      evictor_.forget_choices();
+      throw;
+    }
+    evictor_.repeat_choices();  // the real pass makes the dry run's choices
     pass(loss, mode);
+    evictor_.forget_choices();
     assert(!evictor_.failed() && "the real pass met the budget its dry run met");
   }
 
@@ -359,6 +374,7 @@ class Sweep {
     evictor_.clear_failure();
     simulation_ = next_simulation_serial();
     buffers_.begin_simulation();
+    if (evictor_.active()) evictor_.record_choices();
     pass(loss, mode);
     predicted_peak_ = buffers_.end_simulation();
     simulation_ = 0;
@@ -656,18 +672,20 @@ class Sweep {
   /// budget, pinned while it runs. Without a budget nothing evicts (Evictor::make_room), so nothing can
   /// free a residual while the backward runs: each one is wanted (its pending backward read holds it at
   /// the sweep's level), and unpinning would settle it to what it is now.
+  /// Under a budget they are acquired together (Evictor::acquire): one regeneration makes all of them resident,
+  /// so that regenerating one cannot evict another the same backward reads.
   void pin_residuals(std::int32_t i) noexcept {
     const Node<T>& n = graph_[i];
-    const bool pins = evictor_.active();
+    std::int32_t read[max_inputs + 1];
+    int count = 0;
     for (int k = 0; k < n.arity; ++k)
-      if (n.reads & reads_input(k)) {
-        evictor_.ensure(n.inputs[k]);
-        if (pins) lifetime_.pin(n.inputs[k]);
-      }
-    if (n.reads & reads_output) {
-      evictor_.ensure(i);
-      if (pins) lifetime_.pin(i);
+      if (n.reads & reads_input(k)) read[count++] = n.inputs[k];
+    if (n.reads & reads_output) read[count++] = i;
+    if (evictor_.active()) {
+      evictor_.acquire(read, count);
+      return;
     }
+    for (int k = 0; k < count; ++k) evictor_.ensure(read[k]);
   }
   void unpin_residuals(std::int32_t i) noexcept {
     if (!evictor_.active()) return;
