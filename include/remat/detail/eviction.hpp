@@ -16,7 +16,7 @@
 // and cannot fail. The backward's dry run is such a trial of the whole sweep (detail/sweep.hpp).
 //
 // Nothing here recurses: every walk (a regeneration, what is regenerable, what an eviction makes evicted, a
-// neighbourhood) runs on a work list reserved beforehand (reserve()), so that the stack depth does not
+// neighbourhood, a bound) runs on a work list reserved beforehand (reserve()), so that the stack depth does not
 // grow with the tape (issue 44: an LSTM's chain of evicted values recursed once per value).
 #pragma once
 
@@ -57,18 +57,38 @@ class Evictor {
   bool active() const { return budget_ != 0; }
 
   // ---- what it did (memory()) ----
+  /// Its state besides the nodes': what a trial or a dry run puts back.
   struct Counters {
     std::size_t evictions = 0, ops = 0, bytes = 0;
     std::uint64_t clock = 0;
+    std::uint64_t class_leaves = 0, classes_exact_at = 0;
   };
-  Counters counters() const { return {evictions_, rematerialized_ops_, rematerialized_bytes_, clock_}; }
+  Counters counters() const {
+    return {evictions_, rematerialized_ops_, rematerialized_bytes_, clock_, lifetime_.class_leaves(),
+            classes_exact_at_};
+  }
   void restore(const Counters& c) {
     evictions_ = c.evictions;
     rematerialized_ops_ = c.ops;
     rematerialized_bytes_ = c.bytes;
     clock_ = c.clock;
+    lifetime_.set_class_leaves(c.class_leaves);
+    classes_exact_at_ = c.classes_exact_at;
+    invalidate_bounds();  // the nodes were put back: what was freed since may be resident again
   }
-  void reset_counters() { evictions_ = rematerialized_ops_ = rematerialized_bytes_ = 0; }
+  /// The victim scans' cached bounds no longer hold (a node computed, or nodes put back). Never throws.
+  void invalidate_bounds() noexcept { ++bound_epoch_; }
+  /// The tape was cleared: nothing is evicted, so the classes are exact (each node its own).
+  void reset_counters() {
+    evictions_ = rematerialized_ops_ = rematerialized_bytes_ = 0;
+    classes_exact_at_ = lifetime_.class_leaves();
+  }
+  /// Before a trial or a dry run: h_DTR's classes made exact now, outside it, so that what it puts back is exact
+  /// classes (a rebuild inside it would be undone with it, and redone by the next one). Never throws.
+  void prepare_classes() noexcept {
+    if (active() && heuristic_ == EvictionHeuristic::dtr && classes_exact_at_ != lifetime_.class_leaves())
+      rebuild_classes();
+  }
 
   // ---- failures, noted by make_room() and reported after a trial or a dry run ----
   bool failed() const { return failed_; }
@@ -125,6 +145,7 @@ class Evictor {
   /// the buffers the same body will take (Buffers::reserve_simulated). Call reserve() first.
   template <class Body>
   void trial(const char* what, Body&& body) {
+    prepare_classes();
     const Counters before = counters();
     failed_ = false;
     stale_ = -1;
@@ -233,6 +254,7 @@ class Evictor {
   void run(std::int32_t u, bool rematerialization) noexcept {
     Node<T>& n = graph_[u];
     lifetime_.note(u);
+    invalidate_bounds();  // u becomes resident: a bound through it no longer holds
     std::size_t need = Buffers<T>::bytes(n.scratch_shape);
     if (!n.value) need += Buffers<T>::bytes(n.shape);
     if (n.extra_shape.size() > 0 && !n.extra) need += Buffers<T>::bytes(n.extra_shape);
@@ -410,21 +432,73 @@ class Evictor {
     return v;
   }
 
+  /// A lower bound on node `v`'s cost plus e*(v) (neighbourhood()) if v were evicted: v's cost plus the most of
+  /// (a) over v's freed inputs (absent op outputs that are not evicted), the costliest path of freed values back
+  /// from one, each with the cost of one evicted class it reads, and (b) the cost of the class of one evicted
+  /// input or consumer of v. Every node so counted is in e*(v), distinct. It stays a lower bound until a node is
+  /// computed (run()), a class loses a member (Lifetime::class_leaves) or nodes are put back: evictions only add
+  /// to classes. So it is cached until then (invalidate_bounds): in a forward pass, each node's is computed once.
+  /// Walked on a work list. Never throws.
+  double bound(std::int32_t v) noexcept {
+    auto freed = [](const Node<T>& w) { return !w.value && !w.evicted && !w.is_leaf(); };
+    auto class_cost = [&](std::int32_t w) { return graph_[class_root(graph_, w)].class_cost; };
+    if (graph_[v].bound_epoch == bound_epoch_) return graph_[v].bound;
+    stack_.clear();
+    stack_.push_back(v);
+    while (!stack_.empty()) {
+      const std::int32_t id = stack_.back();
+      Node<T>& n = graph_[id];
+      double most = 0;
+      bool waiting = false;
+      for (int k = 0; k < n.arity; ++k) {
+        const Node<T>& w = graph_[n.inputs[k]];
+        if (w.evicted) {
+          most = std::max(most, class_cost(n.inputs[k]));
+        } else if (freed(w)) {
+          if (w.bound_epoch != bound_epoch_) {
+            stack_.push_back(n.inputs[k]);  // within capacity: a node is pushed again only once it is bounded
+            waiting = true;
+            break;
+          }
+          most = std::max(most, w.bound);
+        }
+      }
+      if (waiting) continue;
+      if (id == v)  // a freed node has no evicted consumer (it would hold it): only v's are looked at
+        for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
+          if (graph_[e / max_inputs].evicted) most = std::max(most, class_cost(e / max_inputs));
+      n.bound = n.cost + most;
+      n.bound_epoch = bound_epoch_;
+      stack_.pop_back();
+    }
+    return graph_[v].bound;
+  }
+
   /// The evictable value of lowest score cost / (bytes · staleness); the lowest id on a tie; -1 if none.
   /// Evictable: an op's tape-owned output, resident, wanted (the rule would keep it), not read by an op or a
   /// regeneration running now, and regenerable from what is there.
   std::int32_t best_victim() noexcept {
     next_stamp(scan_, &Node<T>::evict_mark);
+    if (heuristic_ == EvictionHeuristic::dtr && classes_exact_at_ != lifetime_.class_leaves()) rebuild_classes();
+    if (bounds_leaves_ != lifetime_.class_leaves()) {  // a class lost a member: its cost fell
+      invalidate_bounds();
+      bounds_leaves_ = lifetime_.class_leaves();
+    }
     std::int32_t best = -1;
     double best_score = 0;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
-      if (!n.value || n.is_leaf() || n.pins > 0 || !lifetime_.value_wanted(n)) continue;
+      if (!n.value || n.is_leaf() || n.pins > 0) continue;  // an op's output is tape-owned
+      const double scale =
+          static_cast<double>(Buffers<T>::bytes(n.shape)) * static_cast<double>(clock_ - n.last_access + 1);
+      // A node whose lower bound already scores no better than the best so far cannot win, and its neighbourhood
+      // need not be walked: h_local's cost is the node's own, the others' at least bound().
+      if (best >= 0 && (heuristic_ == EvictionHeuristic::local ? n.cost : bound(i)) / scale >= best_score) continue;
+      if (!lifetime_.value_wanted(n)) continue;
       bool ok = true;
       for (int k = 0; k < n.arity && ok; ++k) ok = regenerable(n.inputs[k]);
       if (!ok) continue;
-      const double staleness = static_cast<double>(clock_ - n.last_access + 1);
-      const double score = cost(i) / (static_cast<double>(Buffers<T>::bytes(n.shape)) * staleness);
+      const double score = cost(i) / scale;
       if (best < 0 || score < best_score) {
         best = i;
         best_score = score;
@@ -433,67 +507,105 @@ class Evictor {
     return best;
   }
 
+  /// Makes the union-find classes the exact connected components of the evicted values (through inputs and
+  /// consumers), each with its members' summed cost: h_DTR's evicted neighbourhoods. Evictions only merge
+  /// components, which the classes follow as they are (enter_class); a value that stops being evicted may split
+  /// one, so h_DTR rebuilds them at its next scan after that (h_DTR^eq never does: the paper's approximation).
+  /// Each component becomes a star (every member's parent is its lowest member), labelled by a walk on a work
+  /// list. Costs are whole numbers, so a sum does not depend on the order it was taken in. O(nodes). Never throws.
+  void rebuild_classes() noexcept {
+    for (std::int32_t i = 0; i < graph_.size(); ++i) {
+      Node<T>& n = graph_[i];
+      if (n.class_parent == -1 && n.class_size == 1 && n.class_cost == 0) continue;
+      lifetime_.note(i);
+      n.class_parent = -1;
+      n.class_size = 1;
+      n.class_cost = 0;
+    }
+    // A member is marked by its parent (or, for the root, its size) as soon as it is reached.
+    for (std::int32_t root = 0; root < graph_.size(); ++root) {
+      Node<T>& r = graph_[root];
+      if (!r.evicted || r.class_parent != -1 || r.class_cost != 0) continue;
+      lifetime_.note(root);
+      double cost = 0;
+      std::int32_t size = 0;
+      stack_.clear();
+      stack_.push_back(root);
+      r.class_cost = 1;  // reached (set below)
+      auto reach = [&](std::int32_t w) {
+        Node<T>& m = graph_[w];
+        if (!m.evicted || w == root || m.class_parent != -1) return;
+        lifetime_.note(w);
+        m.class_parent = root;
+        stack_.push_back(w);  // within capacity: each node once
+      };
+      while (!stack_.empty()) {
+        const Node<T>& m = graph_[stack_.back()];
+        stack_.pop_back();
+        cost += m.cost;
+        ++size;
+        for (int k = 0; k < m.arity; ++k) reach(m.inputs[k]);
+        for (std::int32_t e = m.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
+          reach(e / max_inputs);
+      }
+      r.class_cost = cost;
+      r.class_size = size;
+    }
+    classes_exact_at_ = lifetime_.class_leaves();
+  }
+
   double cost(std::int32_t id) noexcept {
     switch (heuristic_) {
       case EvictionHeuristic::local:
         return graph_[id].cost;
       case EvictionHeuristic::dtr_eq:
-        return graph_[id].cost + class_neighbourhood(id);
       case EvictionHeuristic::dtr:
         break;
     }
-    return graph_[id].cost + exact_neighbourhood(id);
+    return graph_[id].cost + neighbourhood(id);
   }
 
-  /// h_DTR^eq's e*(t): the costs of the distinct classes of t's evicted inputs and consumers, and of its
-  /// absent inputs that its eviction would make evicted (each alone: their own absent inputs are not walked).
-  double class_neighbourhood(std::int32_t id) noexcept {
-    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::class_mark);
+  /// e*(t) (Kirisame et al. 2021, §4): the summed cost of what t's eviction leaves to be regenerated with t —
+  /// its absent inputs, which its eviction makes evicted, and theirs, up to resident values and Parameters
+  /// (t's "freed closure", walked) — and of the evicted values connected to t or to that closure through
+  /// evicted values, each counted once: their classes (rebuild_classes), exact for h_DTR, for h_DTR^eq merged on
+  /// eviction and never split. (Until issue 44, h_DTR^eq counted an absent input's own cost alone and not the
+  /// inputs behind it: a sigmoid's output whose regeneration re-runs two GEMMs through a slice and an add looked
+  /// as cheap as the slice; and h_DTR walked every evicted value connected to t for each candidate t of each
+  /// scan.) Never throws.
+  double neighbourhood(std::int32_t id) noexcept {
+    // Two stamps: a freed node may be the root of a class that still has evicted members (h_DTR^eq's classes
+    // never split).
+    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::walk_mark);
+    const std::uint32_t class_stamp = next_stamp(class_stamp_, &Node<T>::class_mark);
     double sum = 0;
-    auto add_class = [&](std::int32_t v) {
+    auto add_evicted = [&](std::int32_t v) {
       Node<T>& root = graph_[class_root(graph_, v)];
-      if (root.class_mark == stamp) return;
-      root.class_mark = stamp;
+      if (root.class_mark == class_stamp) return;
+      root.class_mark = class_stamp;
       sum += root.class_cost;
     };
     const Node<T>& n = graph_[id];
-    for (int k = 0; k < n.arity; ++k) {
-      const Node<T>& w = graph_[n.inputs[k]];
-      if (w.evicted)
-        add_class(n.inputs[k]);
-      else if (!w.value && !w.is_leaf())
-        sum += w.cost;
-    }
     for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
-      if (graph_[e / max_inputs].evicted) add_class(e / max_inputs);
-    return sum;
-  }
-
-  /// h_DTR's e*(t), walked: from t, through absent op inputs (what regenerating them needs) and evicted
-  /// consumers (what needs them), summing each node's cost once. On a work list, not by recursion.
-  double exact_neighbourhood(std::int32_t id) noexcept {
-    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::walk_mark);
-    double sum = 0;
+      if (graph_[e / max_inputs].evicted) add_evicted(e / max_inputs);
+    // The freed closure. An absent op output that is not evicted has no evicted consumer (an evicted consumer
+    // would hold it), so only inputs are walked from it.
     walk_.clear();
-    graph_[id].walk_mark = stamp;
-    walk_.push_back(id);  // within capacity (reserve): each node enters once
+    walk_.push_back(id);
     while (!walk_.empty()) {
-      const std::int32_t v = walk_.back();
+      const Node<T>& v = graph_[walk_.back()];
       walk_.pop_back();
-      const Node<T>& n = graph_[v];
-      auto visit = [&](std::int32_t w) {
-        Node<T>& m = graph_[w];
-        if (m.walk_mark == stamp) return;
-        m.walk_mark = stamp;
-        sum += m.cost;
-        walk_.push_back(w);
-      };
-      for (int k = 0; k < n.arity; ++k) {
-        const Node<T>& w = graph_[n.inputs[k]];
-        if (!w.value && !w.is_leaf()) visit(n.inputs[k]);
+      for (int k = 0; k < v.arity; ++k) {
+        Node<T>& w = graph_[v.inputs[k]];
+        if (w.value || w.is_leaf()) continue;
+        if (w.evicted) {
+          add_evicted(v.inputs[k]);
+        } else if (w.walk_mark != stamp) {
+          w.walk_mark = stamp;
+          sum += w.cost;
+          walk_.push_back(v.inputs[k]);  // within capacity: each node once per walk
+        }
       }
-      for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
-        if (graph_[e / max_inputs].evicted) visit(e / max_inputs);
     }
     return sum;
   }
@@ -547,9 +659,12 @@ class Evictor {
   bool failed_ = false;
   std::size_t failed_needed_ = 0, failed_least_ = 0;
   std::int32_t stale_ = -1;  // a modified Parameter a trial read, reported after it
-  std::uint32_t scan_ = 0, walk_stamp_ = 0, regen_stamp_ = 0;
+  std::uint32_t scan_ = 0, walk_stamp_ = 0, class_stamp_ = 0, regen_stamp_ = 0;
+  std::uint64_t classes_exact_at_ = 0;        // lifetime_.class_leaves() when the classes were last exact (h_DTR)
+  std::uint64_t bound_epoch_ = 1;             // Node::bound_epoch of the bounds that hold now
+  std::uint64_t bounds_leaves_ = 0;           // lifetime_.class_leaves() when they were last checked
   std::vector<std::int32_t> members_, work_;  // a regeneration's members, and its walk
-  std::vector<std::int32_t> walk_, stack_;    // the neighbourhood walk, eviction's walk; regenerable's
+  std::vector<std::int32_t> walk_, stack_;    // the neighbourhood walk, eviction's walk; regenerable's, bound's
   std::vector<std::int32_t> held_;            // an eviction's newly evicted values
   std::vector<std::int32_t> choices_;         // the victims of the last trial or dry run
   std::size_t choices_next_ = 0, choices_wanted_ = 0;

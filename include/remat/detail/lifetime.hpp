@@ -204,6 +204,11 @@ class Lifetime {
     settle_at(id, level);
   }
 
+  /// How many times an evicted value has stopped being evicted: its class may have split then (the classes of
+  /// h_DTR^eq never split; h_DTR rebuilds them, detail/eviction.hpp). A trial puts it back.
+  std::uint64_t class_leaves() const { return class_leaves_; }
+  void set_class_leaves(std::uint64_t n) { class_leaves_ = n; }
+
   // ---- the counters it reads ----
   int level() const { return level_; }
   void set_level(int level) { level_ = level; }
@@ -269,6 +274,7 @@ class Lifetime {
       cascade_.pop_back();
       Node<T>& n = graph_[v];
       leave_class(graph_, v, [this](std::int32_t changed) { note(changed); });
+      ++class_leaves_;
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
         Node<T>& in = graph_[w];
@@ -309,6 +315,7 @@ class Lifetime {
   std::uint32_t journal_stamp_ = 0;
   bool journaling_ = false;
   std::vector<std::int32_t> cascade_;  // forget_eviction's work list
+  std::uint64_t class_leaves_ = 0;
 };
 
 }  // namespace remat::detail

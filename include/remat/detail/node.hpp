@@ -154,7 +154,7 @@ struct Node {
   std::int32_t regen_reads = 0;     // evicted values whose regeneration reads it
   std::int32_t schedule_holds = 0;  // an executed chain schedule keeps it (ChainPlan): at every level
   std::uint64_t last_access = 0;    // the tape's logical clock at its last read or write (staleness)
-  double cost = 0;                  // forward FLOP estimate + 1: the cost of regenerating it alone
+  double cost = 0;                  // forward FLOP estimate, rounded up, + 1: the cost of regenerating it alone
   std::int32_t class_parent = -1;   // union-find over evicted values (h_DTR^eq); -1: a root
   std::int32_t class_size = 1;      // at a root: members of the class
   double class_cost = 0;            // at a root: the summed cost of its members evicted now
@@ -164,6 +164,8 @@ struct Node {
   std::int8_t evict_memo = 0;                        // with evict_mark: 1 regenerable, 2 not, 0 being decided
   std::uint32_t class_mark = 0;                      // scratch of h_DTR^eq: a class root counted by a walk (stamp)
   std::uint32_t walk_mark = 0;                       // scratch of a neighbourhood or eviction walk (stamp)
+  std::uint64_t bound_epoch = 0;                     // cache of the victim scans: `bound` holds in this epoch
+  double bound = 0;                                  // with bound_epoch: Evictor::bound
   std::uint32_t regen_mark = 0;                      // scratch of a regeneration: a member of the one of this stamp
   std::int32_t regen_uses = 0;                       // with regen_mark: its readers in that regeneration not yet run
   std::uint32_t journal_mark = 0;                    // saved in the journal of the trial of this stamp

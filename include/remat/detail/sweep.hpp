@@ -365,6 +365,7 @@ class Sweep {
 
   /// The dry run: the same pass with kernels skipped and buffers counted, then everything put back.
   void simulate(std::int32_t loss, SweepMode mode) noexcept {
+    evictor_.prepare_classes();
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       snapshot_[static_cast<std::size_t>(i)] = NodeSnapshot<T>::of(graph_[i]);
     // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
