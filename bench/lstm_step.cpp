@@ -93,9 +93,12 @@ class Lstm {
     V loss = record(run);
     std::size_t ops = 0;
     for (std::int32_t i = 0; i < loss.state()->size(); ++i) ops += loss.state()->node(i).is_leaf() ? 0 : 1;
+    forward_ = tape_.memory();
     tape_.backward(loss);
     return ops;
   }
+  /// memory() after the last step's forward pass.
+  const remat::MemoryStats& forward_memory() const { return forward_; }
 
   std::vector<remat::Matrix<float>> gradients() {
     std::vector<remat::Matrix<float>> g;
@@ -155,6 +158,7 @@ class Lstm {
   const LstmData& data_;
   Parameter<float> w_ih_, w_hh_, bias_, w_out_, b_out_;
   remat::Tape<float> tape_;
+  remat::MemoryStats forward_;
 };
 
 /// The plain step's peak and gradients, once per workload and thread count (OpenBLAS's products are bitwise
@@ -251,6 +255,7 @@ void lstm_step(benchmark::State& state, Means means, double fraction) {
   state.counters["recomputed_ops"] = recomputed;
   state.counters["N"] = static_cast<double>(ops);
   state.counters["recomputed_per_N"] = recomputed / static_cast<double>(ops);
+  state.counters["recomputed_flops"] = m.rematerialized_flops + m.replayed_flops;
   state.counters["evictions"] = static_cast<double>(m.evictions);
   state.counters["within_budget"] = m.peak_bytes <= budget ? 1 : 0;
   state.counters["flops_per_step"] = step_flops(W::shape);
@@ -280,6 +285,13 @@ void register_workload() {
     for (Means means : {Means::dtr, Means::dtr_eq, Means::local, Means::planner})
       register_one<W>(means_name(means), std::to_string(static_cast<int>(std::lround(fraction * 100))) + "pct", means,
                       fraction);
+}
+
+/// The forward pass's GEMM FLOPs (the two gate products per timestep and the head's): recomputed FLOPs are
+/// reported as a multiple of it.
+double forward_gemm_flops(const LstmShape& s) {
+  return double(s.steps) * 2.0 * double(s.batch) * double(s.input + s.hidden) * double(4 * s.hidden) +
+         2.0 * double(s.batch) * double(s.hidden) * double(s.classes);
 }
 
 /// --count: `steps` instrumented steps after the warm-up, one thread, no Google Benchmark.
@@ -315,10 +327,13 @@ int count(const std::string& means_text, double fraction, long steps) {
   const remat::MemoryStats m = model.tape().memory();
   std::printf(
       "%s %s budget %.2f (%zu B of plain peak %zu B): peak %zu B, N %zu, recomputed %zu (regenerated %zu, replayed "
-      "%zu) = %.2f N, evictions %zu, gradients %s, %ld steps + warm-up in %.2f s\n",
+      "%zu) = %.2f N, %.3f forward GEMM-FLOPs, evictions %zu (forward pass: %zu evictions, %zu regenerated), gradients "
+      "%s, %ld steps + warm-up in %.2f s\n",
       W::name, means_text.c_str(), fraction, budget, reference.peak, m.peak_bytes, ops,
       m.rematerialized_ops + m.replayed_ops, m.rematerialized_ops, m.replayed_ops,
-      static_cast<double>(m.rematerialized_ops + m.replayed_ops) / static_cast<double>(ops), m.evictions,
+      static_cast<double>(m.rematerialized_ops + m.replayed_ops) / static_cast<double>(ops),
+      (m.rematerialized_flops + m.replayed_flops) / forward_gemm_flops(W::shape), m.evictions,
+      model.forward_memory().evictions, model.forward_memory().rematerialized_ops,
       bitwise_equal(model.gradients(), reference.gradients) ? "bitwise equal" : "DIFFER", steps, seconds);
   return 0;
 }

@@ -14,12 +14,14 @@ struct MemoryStats {
   std::size_t saved_bytes = 0;     ///< buffers held now because a pending backward (or replay) needs them
   std::size_t replayed_bytes = 0;  ///< bytes recomputed by checkpoint replay in the last backward
   std::size_t replayed_ops = 0;    ///< ops re-executed by checkpoint replay in the last backward
+  double replayed_flops = 0;       ///< their FLOPs (the ops' estimates, OpInfo::flops)
   std::size_t cached_bytes = 0;    ///< bytes kept in the pool's free lists for reuse
   // Under a memory budget (Tape::set_memory_budget), since the tape was created or cleared (forward and
   // backward passes together; 0 without a budget):
   std::size_t evictions = 0;             ///< value buffers evicted to stay within the budget
   std::size_t rematerialized_ops = 0;    ///< ops re-run to regenerate evicted values (not checkpoint replays)
   std::size_t rematerialized_bytes = 0;  ///< output and extra bytes those re-runs wrote
+  double rematerialized_flops = 0;       ///< their FLOPs (the ops' estimates, OpInfo::flops)
 };
 
 /// How a tape under a memory budget picks the value to evict (Kirisame et al., "Dynamic Tensor

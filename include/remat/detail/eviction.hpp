@@ -60,17 +60,19 @@ class Evictor {
   /// Its state besides the nodes': what a trial or a dry run puts back.
   struct Counters {
     std::size_t evictions = 0, ops = 0, bytes = 0;
+    double flops = 0;
     std::uint64_t clock = 0;
     std::uint64_t class_leaves = 0, classes_exact_at = 0;
   };
   Counters counters() const {
-    return {evictions_, rematerialized_ops_, rematerialized_bytes_, clock_, lifetime_.class_leaves(),
-            classes_exact_at_};
+    return {evictions_, rematerialized_ops_,      rematerialized_bytes_, rematerialized_flops_,
+            clock_,     lifetime_.class_leaves(), classes_exact_at_};
   }
   void restore(const Counters& c) {
     evictions_ = c.evictions;
     rematerialized_ops_ = c.ops;
     rematerialized_bytes_ = c.bytes;
+    rematerialized_flops_ = c.flops;
     clock_ = c.clock;
     lifetime_.set_class_leaves(c.class_leaves);
     classes_exact_at_ = c.classes_exact_at;
@@ -81,6 +83,7 @@ class Evictor {
   /// The tape was cleared: nothing is evicted, so the classes are exact (each node its own).
   void reset_counters() {
     evictions_ = rematerialized_ops_ = rematerialized_bytes_ = 0;
+    rematerialized_flops_ = 0;
     classes_exact_at_ = lifetime_.class_leaves();
   }
   /// Before a trial or a dry run: h_DTR's classes made exact now, outside it, so that what it puts back is exact
@@ -273,6 +276,7 @@ class Evictor {
     if (rematerialization) {
       ++rematerialized_ops_;
       rematerialized_bytes_ += written;
+      rematerialized_flops_ += n.cost - 1;  // its FLOP estimate (Node::cost)
     }
     touch(u);
     lifetime_.mark_resident(u);
@@ -656,6 +660,7 @@ class Evictor {
   EvictionHeuristic heuristic_ = EvictionHeuristic::dtr_eq;
   std::uint64_t clock_ = 0;
   std::size_t evictions_ = 0, rematerialized_ops_ = 0, rematerialized_bytes_ = 0;
+  double rematerialized_flops_ = 0;
   bool failed_ = false;
   std::size_t failed_needed_ = 0, failed_least_ = 0;
   std::int32_t stale_ = -1;  // a modified Parameter a trial read, reported after it

@@ -137,6 +137,7 @@ class Sweep {
 
   std::size_t replayed_bytes() const { return replayed_bytes_; }
   std::size_t replayed_ops() const { return replayed_ops_; }
+  double replayed_flops() const { return replayed_flops_; }
   /// The peak live bytes the last run's dry run predicted (equal to what the real pass reached).
   std::size_t predicted_peak_bytes() const { return predicted_peak_; }
 
@@ -371,6 +372,7 @@ class Sweep {
     // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
     // reservation that fails leaves memory() as it was. The same for the evictions' counters and clock.
     const std::size_t replayed_bytes = replayed_bytes_, replayed_ops = replayed_ops_;
+    const double replayed_flops = replayed_flops_;
     const typename Evictor<T>::Counters evictions = evictor_.counters();
     evictor_.clear_failure();
     simulation_ = next_simulation_serial();
@@ -381,6 +383,7 @@ class Sweep {
     simulation_ = 0;
     replayed_bytes_ = replayed_bytes;
     replayed_ops_ = replayed_ops;
+    replayed_flops_ = replayed_flops;
     evictor_.restore(evictions);
     for (std::int32_t i = 0; i < graph_.size(); ++i) snapshot_[static_cast<std::size_t>(i)].restore(graph_[i]);
     stash_.clear();
@@ -409,6 +412,7 @@ class Sweep {
     running_ = !simulating();
     replayed_bytes_ = 0;
     replayed_ops_ = 0;
+    replayed_flops_ = 0;
     if (!mode.accumulate) set_aside_accumulated_gradients();
     seed(loss);
     enter_ = entering_.begin();
@@ -565,6 +569,7 @@ class Sweep {
       const Node<T>& n = graph_[u];
       evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
+      replayed_flops_ += n.cost - 1;  // its FLOP estimate (Node::cost)
       ++replayed_ops_;
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
@@ -624,6 +629,7 @@ class Sweep {
       const Node<T>& n = graph_[u];
       evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
+      replayed_flops_ += n.cost - 1;  // its FLOP estimate (Node::cost)
       ++replayed_ops_;
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
@@ -824,6 +830,7 @@ class Sweep {
   bool running_ = false;
   std::uint64_t simulation_ = 0;  // serial of the running dry run, 0 outside one
   std::size_t replayed_bytes_ = 0, replayed_ops_ = 0;
+  double replayed_flops_ = 0;
   std::size_t predicted_peak_ = 0;
   // Skipping the dry run (see the top of this file).
   std::vector<std::uint64_t> signature_, cached_signature_;          // this sweep's; the last remembered dry run's
