@@ -276,7 +276,7 @@ class Evictor {
     if (rematerialization) {
       ++rematerialized_ops_;
       rematerialized_bytes_ += written;
-      rematerialized_flops_ += n.cost - 1;  // its FLOP estimate (Node::cost)
+      rematerialized_flops_ += n.cost - op_overhead_flops;  // its FLOP estimate (Node::cost)
     }
     touch(u);
     lifetime_.mark_resident(u);

@@ -66,6 +66,14 @@ inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t ele
          static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
 }
 
+/// What regenerating an op costs besides its FLOPs, in FLOPs: calling its kernel and the tape's bookkeeping
+/// take a fixed time whatever the op's size, on this project's machines about as long as 2^16 FLOPs of a small
+/// GEMM on one core (bench/RESULTS.md §20). Part of each op's cost for the memory budget's heuristics
+/// (Node::cost): without it, an elementwise op on a [16,128] value (2^15 FLOPs or fewer) looked a thousand times
+/// cheaper to regenerate than the GEMM behind a gate of W5's LSTM, while regenerating it took about a tenth of
+/// that time, and h_DTR evicted the LSTM's state a step before reading it again, 149 times a step at half the peak.
+constexpr double op_overhead_flops = 65536;
+
 /// Per-node attributes that, with the op and the input ids, make a node re-executable. The tape knows
 /// none of their meanings: `params` holds the op's own Params struct (trivially copyable, copied in by
 /// apply_op), `indices` a range of the tape's integer store (token ids, class labels), `tag` a name any
@@ -154,7 +162,7 @@ struct Node {
   std::int32_t regen_reads = 0;     // evicted values whose regeneration reads it
   std::int32_t schedule_holds = 0;  // an executed chain schedule keeps it (ChainPlan): at every level
   std::uint64_t last_access = 0;    // the tape's logical clock at its last read or write (staleness)
-  double cost = 0;                  // forward FLOP estimate, rounded up, + 1: the cost of regenerating it alone
+  double cost = 0;                  // forward FLOP estimate, rounded up, + op_overhead_flops: regenerating it alone
   std::int32_t class_parent = -1;   // union-find over evicted values (h_DTR^eq); -1: a root
   std::int32_t class_size = 1;      // at a root: members of the class
   double class_cost = 0;            // at a root: the summed cost of its members evicted now

@@ -96,9 +96,10 @@ class Recorder {
         Buffers<T>::bytes(shape) + Buffers<T>::bytes(shapes.extra) + Buffers<T>::bytes(shapes.scratch);
     // Under a memory budget, evictions and regenerations of inputs first run as a trial (throws
     // memory_budget_error, stale_value_error, std::bad_alloc with the tape unchanged).
-    // h_DTR's cost, a whole number so that every sum of costs is exact whatever its order (the evicted classes'
-    // costs are summed as they merge: detail/eviction_classes.hpp).
-    const double cost = std::ceil(std::max(0.0, forward_flops(table, inputs, arity, attributes, shape))) + 1;
+    // The heuristics' cost of regenerating it (node.hpp), a whole number so that every sum of costs is exact
+    // whatever its order (the evicted classes' costs are summed as they merge: detail/eviction_classes.hpp).
+    const double cost =
+        std::ceil(std::max(0.0, forward_flops(table, inputs, arity, attributes, shape))) + op_overhead_flops;
     const bool evicts = evictor_.needs_work(inputs, arity, need);
     if (evicts) room_by_trial(table->name, inputs, arity, shapes);
     graph_.nodes.emplace_back();  // within capacity

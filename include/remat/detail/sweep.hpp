@@ -569,7 +569,7 @@ class Sweep {
       const Node<T>& n = graph_[u];
       evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
-      replayed_flops_ += n.cost - 1;  // its FLOP estimate (Node::cost)
+      replayed_flops_ += n.cost - op_overhead_flops;  // its FLOP estimate (Node::cost)
       ++replayed_ops_;
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
@@ -629,7 +629,7 @@ class Sweep {
       const Node<T>& n = graph_[u];
       evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
-      replayed_flops_ += n.cost - 1;  // its FLOP estimate (Node::cost)
+      replayed_flops_ += n.cost - op_overhead_flops;  // its FLOP estimate (Node::cost)
       ++replayed_ops_;
       for (int k = 0; k < n.arity; ++k) {
         const std::int32_t w = n.inputs[k];
