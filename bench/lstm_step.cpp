@@ -213,7 +213,7 @@ std::string set_up(Lstm<W>& model, Means means, std::size_t budget, Runner& run,
       probe.report = &report;
       try {
         model.step(probe);
-      } catch (const remat::memory_budget_error& e) {
+      } catch (const remat::domain_error& e) {  // memory_budget_error, or more layers than plan_schedule takes
         return e.what();
       }
       schedule = report.schedule;
