@@ -79,7 +79,12 @@ class Evictor {
     invalidate_bounds();  // the nodes were put back: what was freed since may be resident again
   }
   /// The victim scans' cached bounds no longer hold (a node computed, or nodes put back). Never throws.
-  void invalidate_bounds() noexcept { ++bound_epoch_; }
+  void invalidate_bounds() noexcept {
+    if (++bound_epoch_ == 0) {  // after 2^32: no node's epoch may equal one still to come
+      for (Node<T>& n : graph_.nodes) n.bound_epoch = 0;
+      bound_epoch_ = 1;
+    }
+  }
   /// The tape was cleared: nothing is evicted, so the classes are exact (each node its own).
   void reset_counters() {
     evictions_ = rematerialized_ops_ = rematerialized_bytes_ = 0;
@@ -188,16 +193,8 @@ class Evictor {
   /// (nothing is left to evict); the caller allocates anyway (a trial or a dry run reports it afterwards;
   /// a real run never gets here, its trial having succeeded). Never throws.
   bool make_room(std::size_t bytes) noexcept {
-    if (!active()) return true;
-    while (buffers_.current_live_bytes() + bytes > budget_) {
-      const std::int32_t victim = choose();
-      if (victim < 0) {
-        note_failure(bytes);
-        return false;
-      }
-      evict(victim);
-    }
-    return true;
+    if (!active() || buffers_.current_live_bytes() + bytes <= budget_) return true;  // inlined: the usual case
+    return evict_for(bytes);
   }
 
   /// Makes node `id`'s value resident, regenerating it (and what it needs) if it is evicted; a Parameter
@@ -205,7 +202,8 @@ class Evictor {
   /// report (a backward checks them all before its dry run).
   void ensure(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
-    if (n.value && !n.parameter) {  // the usual case, inlined: resident and tape-owned
+    if (n.value) {  // the usual case, inlined: resident
+      if (n.parameter) check_current(id);
       touch(id);
       return;
     }
@@ -217,12 +215,13 @@ class Evictor {
   /// and pins each (once per entry: the caller unpins each entry). Never throws.
   void acquire(const std::int32_t* ids, int count) noexcept {
     bool resident = true;
-    for (int k = 0; k < count && resident; ++k) resident = graph_[ids[k]].value && !graph_[ids[k]].parameter;
+    for (int k = 0; k < count && resident; ++k) resident = graph_[ids[k]].value != nullptr;
     if (!resident) {
       regenerate(ids, count);
       return;
     }
     for (int k = 0; k < count; ++k) {
+      if (graph_[ids[k]].parameter) check_current(ids[k]);
       touch(ids[k]);
       lifetime_.pin(ids[k]);
     }
@@ -242,6 +241,25 @@ class Evictor {
   }
 
  private:
+  /// make_room()'s evictions.
+  bool evict_for(std::size_t bytes) noexcept {
+    while (buffers_.current_live_bytes() + bytes > budget_) {
+      const std::int32_t victim = choose();
+      if (victim < 0) {
+        note_failure(bytes);
+        return false;
+      }
+      evict(victim);
+    }
+    return true;
+  }
+
+  /// A Parameter read now: noted for trial() to report if it was modified since it was recorded.
+  void check_current(std::int32_t id) noexcept {
+    const Node<T>& n = graph_[id];
+    if (n.parameter->version != n.parameter_version && stale_ < 0) stale_ = id;
+  }
+
   /// The next value of a stamp whose marks are `field` of every node; after 2^32 uses every mark is cleared,
   /// so that no old mark equals a new stamp. Never throws.
   std::uint32_t next_stamp(std::uint32_t& stamp, std::uint32_t Node<T>::*field) noexcept {
@@ -666,7 +684,7 @@ class Evictor {
   std::int32_t stale_ = -1;  // a modified Parameter a trial read, reported after it
   std::uint32_t scan_ = 0, walk_stamp_ = 0, class_stamp_ = 0, regen_stamp_ = 0;
   std::uint64_t classes_exact_at_ = 0;        // lifetime_.class_leaves() when the classes were last exact (h_DTR)
-  std::uint64_t bound_epoch_ = 1;             // Node::bound_epoch of the bounds that hold now
+  std::uint32_t bound_epoch_ = 1;             // Node::bound_epoch of the bounds that hold now
   std::uint64_t bounds_leaves_ = 0;           // lifetime_.class_leaves() when they were last checked
   std::vector<std::int32_t> members_, work_;  // a regeneration's members, and its walk
   std::vector<std::int32_t> walk_, stack_;    // the neighbourhood walk, eviction's walk; regenerable's, bound's

@@ -104,12 +104,10 @@ class Lifetime {
     journal_.clear();
     journaling_ = false;
   }
-  /// Node `id` is about to change. Never throws.
+  /// Node `id` is about to change. Never throws. Inlined: outside a trial it is one test on every change the
+  /// tape makes to a node.
   void note(std::int32_t id) noexcept {
-    if (journaling_ && graph_[id].journal_mark != journal_stamp_) {
-      graph_[id].journal_mark = journal_stamp_;
-      journal_.emplace_back(id, NodeSnapshot<T>::of(graph_[id]));  // within capacity: once per node
-    }
+    if (journaling_) save(id);
   }
 
   // ---- the rule ----
@@ -314,6 +312,14 @@ class Lifetime {
   std::vector<std::pair<std::int32_t, NodeSnapshot<T>>> journal_;  // a trial's changed nodes, as they were
   std::uint32_t journal_stamp_ = 0;
   bool journaling_ = false;
+  /// note()'s work in a trial: the node's fields, once per trial.
+  void save(std::int32_t id) noexcept {
+    Node<T>& n = graph_[id];
+    if (n.journal_mark == journal_stamp_) return;
+    n.journal_mark = journal_stamp_;
+    journal_.emplace_back(id, NodeSnapshot<T>::of(n));  // within capacity (reserve): once per node
+  }
+
   std::vector<std::int32_t> cascade_;  // forget_eviction's work list
   std::uint64_t class_leaves_ = 0;
 };

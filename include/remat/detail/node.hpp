@@ -156,11 +156,14 @@ struct Node {
   std::uint64_t output_mask = 0;  // bit d: returned by the enclosing region at depth d
   std::uint32_t mark = 0;         // scratch for region analyses (stamp of the last analysis that marked it)
 
-  // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021).
+  // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021). The scratch
+  // fields fill what would be padding where they can: every node of every tape carries them.
   bool evicted = false;             // wanted by the lifetime rule but without a buffer: regenerated when read
+  std::int8_t evict_memo = 0;       // with evict_mark: 1 regenerable, 2 not, 0 being decided
   std::int32_t pins = 0;            // running ops (forward, regeneration, backward) that read it now
   std::int32_t regen_reads = 0;     // evicted values whose regeneration reads it
   std::int32_t schedule_holds = 0;  // an executed chain schedule keeps it (ChainPlan): at every level
+  std::uint32_t bound_epoch = 0;    // cache of the victim scans: `bound` holds in this epoch
   std::uint64_t last_access = 0;    // the tape's logical clock at its last read or write (staleness)
   double cost = 0;                  // forward FLOP estimate, rounded up, + op_overhead_flops: regenerating it alone
   std::int32_t class_parent = -1;   // union-find over evicted values (h_DTR^eq); -1: a root
@@ -169,14 +172,12 @@ struct Node {
   std::int32_t first_use = -1;      // consumers, as edges id·max_inputs + k (input k of op id reads it), listed
   std::int32_t next_use[max_inputs] = {-1, -1, -1};  // from first_use through next_use[k] of each consumer
   std::uint32_t evict_mark = 0;                      // scratch of the eviction scans (stamp)
-  std::int8_t evict_memo = 0;                        // with evict_mark: 1 regenerable, 2 not, 0 being decided
   std::uint32_t class_mark = 0;                      // scratch of h_DTR^eq: a class root counted by a walk (stamp)
   std::uint32_t walk_mark = 0;                       // scratch of a neighbourhood or eviction walk (stamp)
-  std::uint64_t bound_epoch = 0;                     // cache of the victim scans: `bound` holds in this epoch
-  double bound = 0;                                  // with bound_epoch: Evictor::bound
   std::uint32_t regen_mark = 0;                      // scratch of a regeneration: a member of the one of this stamp
   std::int32_t regen_uses = 0;                       // with regen_mark: its readers in that regeneration not yet run
   std::uint32_t journal_mark = 0;                    // saved in the journal of the trial of this stamp
+  double bound = 0;                                  // with bound_epoch: Evictor::bound
 
   std::shared_ptr<ParameterStorage<T>> parameter;  // a referenced Parameter (value not tape-owned)
   std::uint64_t parameter_version = 0;

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -98,8 +97,7 @@ class Recorder {
     // memory_budget_error, stale_value_error, std::bad_alloc with the tape unchanged).
     // The heuristics' cost of regenerating it (node.hpp), a whole number so that every sum of costs is exact
     // whatever its order (the evicted classes' costs are summed as they merge: detail/eviction_classes.hpp).
-    const double cost =
-        std::ceil(std::max(0.0, forward_flops(table, inputs, arity, attributes, shape))) + op_overhead_flops;
+    const double cost = whole(forward_flops(table, inputs, arity, attributes, shape)) + op_overhead_flops;
     const bool evicts = evictor_.needs_work(inputs, arity, need);
     if (evicts) room_by_trial(table->name, inputs, arity, shapes);
     graph_.nodes.emplace_back();  // within capacity
@@ -280,6 +278,14 @@ class Recorder {
       }
     });
     buffers_.reserve_simulated();
+  }
+
+  /// `flops` rounded up to a whole number, 0 if negative (a conversion, not a call to ceil: every op records one).
+  static double whole(double flops) {
+    if (!(flops > 0)) return 0;
+    if (flops >= 0x1p53) return flops;  // a double this large is whole
+    const auto n = static_cast<std::uint64_t>(flops);
+    return static_cast<double>(n) + (static_cast<double>(n) < flops ? 1.0 : 0.0);
   }
 
   double forward_flops(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,

@@ -178,7 +178,6 @@ class Sweep {
     chain_held_.reserve(chain);
     chain_tape_.reserve(chain);
     snapshot_.resize(count);
-    if (evictor_.active()) evictor_.reserve(count);  // the exact heuristic's walk
     const std::size_t words =
         signature_header + signature_words * count + 3 * graph_.regions.size() + graph_.region_sources.size();
     signature_.resize(words);
@@ -191,9 +190,11 @@ class Sweep {
     *sig++ = graph_.regions.size();
     *sig++ = graph_.region_sources.size();
     const std::uint8_t *wanted_bits = wanted.data(), *keep_bits = keep.data();
+    bool evicted = false;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
       if (n.is_variable) ++variables;
+      evicted = evicted || n.evicted;
       if (n.parameter && n.parameter->grad_defined && n.parameter->grad_size != n.shape.size())
         throw shape_error("backward: the gradient of the Parameter recorded as node #" + std::to_string(i) + " has " +
                           std::to_string(n.parameter->grad_size) + " elements but its value is " + to_string(n.shape) +
@@ -209,6 +210,8 @@ class Sweep {
     }
     for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
     assert(sig == signature_.data() + words);
+    // The budget's work lists: for its evictions, and for regenerating what it evicted even once it is lifted.
+    if (evictor_.active() || evicted) evictor_.reserve(count);
     for (const Region& r : graph_.regions) signable = signable && r.plan < 0;  // a chain's schedule: not signed
     signable_ = signable;
     redundant_ = dry_run_redundant();
@@ -683,16 +686,18 @@ class Sweep {
   /// so that regenerating one cannot evict another the same backward reads.
   void pin_residuals(std::int32_t i) noexcept {
     const Node<T>& n = graph_[i];
+    if (!evictor_.active()) {
+      for (int k = 0; k < n.arity; ++k)
+        if (n.reads & reads_input(k)) evictor_.ensure(n.inputs[k]);
+      if (n.reads & reads_output) evictor_.ensure(i);
+      return;
+    }
     std::int32_t read[max_inputs + 1];
     int count = 0;
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) read[count++] = n.inputs[k];
     if (n.reads & reads_output) read[count++] = i;
-    if (evictor_.active()) {
-      evictor_.acquire(read, count);
-      return;
-    }
-    for (int k = 0; k < count; ++k) evictor_.ensure(read[k]);
+    evictor_.acquire(read, count);
   }
   void unpin_residuals(std::int32_t i) noexcept {
     if (!evictor_.active()) return;
