@@ -1,4 +1,4 @@
-// The reference workloads of shared/DESIGN.md (W0, W1, W1-small, W2, W3): shapes, data and FLOP counts,
+// The reference workloads of shared/DESIGN.md (W0, W1, W1-small, W2, W3, W5): shapes, data and FLOP counts,
 // shared by every implementation in the benchmark so that all of them run exactly the same step.
 #pragma once
 
@@ -57,6 +57,26 @@ struct W2 {
 struct W3 {
   static constexpr const char* name = "W3";
   static constexpr GptShape shape{4, 512, 256, 4, 4, 256};
+};
+
+/// An unrolled LSTM (bench/lstm_step.cpp): `steps` timesteps of the standard cell over inputs x_t [batch, input],
+/// gates = x_t·W_ih + b + h·W_hh ([batch, 4·hidden], in PyTorch's order i, f, g, o), i, f, o = σ(…), g = tanh(…),
+/// c = f⊙c + i⊙g, h = o⊙tanh(c), from h = c = 0; then Linear(hidden→classes) on the last h and softmax
+/// cross-entropy (mean over the batch): a sequence classifier.
+struct LstmShape {
+  Index batch, steps, input, hidden, classes;
+};
+
+/// The recurrent workload of issue 44 (batch 16, 48 steps, input 128, hidden 128, 10 classes; float32).
+struct W5 {
+  static constexpr const char* name = "W5";
+  static constexpr LstmShape shape{16, 48, 128, 128, 10};
+};
+/// shared/DESIGN.md's W5 shape (batch 32, 64 steps, hidden 256, input 64 like its embedding width), the larger
+/// LSTM of issue 44, with W5's classifier head instead of its byte vocabulary.
+struct W5Large {
+  static constexpr const char* name = "W5-large";
+  static constexpr LstmShape shape{32, 64, 64, 256, 10};
 };
 
 template <class W>
@@ -186,6 +206,50 @@ inline double forward_flops(const GptShape& s) {
 /// useful work, so GFLOP/s compares the modes' step times.
 inline double step_flops(const GptShape& s) {
   return 3 * forward_flops(s);
+}
+
+/// W5's data: the inputs x_t N(0,1), labels uniform, PyTorch's LSTM initialisation U(±1/√hidden) for every
+/// weight and bias of the cell (one bias: PyTorch's b_ih + b_hh folded into one), U(±1/√hidden) for the head.
+struct LstmData {
+  std::vector<Matrix<float>> x;  // steps × [batch, input]
+  std::vector<int> labels;
+  Matrix<float> w_ih, w_hh, bias;  // [input, 4·hidden], [hidden, 4·hidden], [1, 4·hidden]
+  Affine head;                     // [hidden, classes], [1, classes]
+};
+
+inline LstmData make_data(const LstmShape& s, std::uint32_t seed = 42) {
+  std::mt19937 rng(seed);
+  LstmData d;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (Index t = 0; t < s.steps; ++t) {
+    Matrix<float> x(s.batch, s.input);
+    for (Index i = 0; i < x.size(); ++i) x.data()[i] = normal(rng);
+    d.x.push_back(std::move(x));
+  }
+  std::uniform_int_distribution<int> label(0, static_cast<int>(s.classes) - 1);
+  d.labels.resize(static_cast<std::size_t>(s.batch));
+  for (int& l : d.labels) l = label(rng);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(s.hidden));
+  std::uniform_real_distribution<float> u(-bound, bound);
+  auto uniform = [&](Index rows, Index cols) {
+    Matrix<float> m(rows, cols);
+    for (Index i = 0; i < m.size(); ++i) m.data()[i] = u(rng);
+    return m;
+  };
+  d.w_ih = uniform(s.input, 4 * s.hidden);
+  d.w_hh = uniform(s.hidden, 4 * s.hidden);
+  d.bias = uniform(1, 4 * s.hidden);
+  d.head = Affine{uniform(s.hidden, s.classes), uniform(1, s.classes)};
+  return d;
+}
+
+/// GEMM FLOPs of one W5 step without recomputation: per timestep the two gate products (2·B·I·4H, 2·B·H·4H) once
+/// forward and twice backward (h_0's gradient and x_t's are not needed: the first step's h·W_hh backward computes
+/// only dW_hh, every x_t·W_ih only dW_ih), and the head's product three times. Elementwise work is not counted.
+inline double step_flops(const LstmShape& s) {
+  auto gemm = [](Index m, Index k, Index n) { return 2.0 * double(m) * double(k) * double(n); };
+  const double ih = gemm(s.batch, s.input, 4 * s.hidden), hh = gemm(s.batch, s.hidden, 4 * s.hidden);
+  return double(s.steps) * (2 * ih + 3 * hh) - hh + 3 * gemm(s.batch, s.hidden, s.classes);
 }
 
 /// Sets the BLAS (and, through the LibTorch driver, intra-op) thread count for the current run.

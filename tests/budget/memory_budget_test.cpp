@@ -228,6 +228,26 @@ TEST(MemoryBudget, CheckpointReplayOfAnEvictedSource) {
   EXPECT_EQ(budgeted.second.replayed_ops, plain.second.replayed_ops);
 }
 
+/// memory()'s FLOP counts: the FLOP estimates (OpInfo::flops) of the ops a budget regenerated and of those a
+/// checkpoint replay re-ran, by hand. tanh and exp take 10 FLOPs an element: on a [4,8] value, 320.
+TEST(MemoryBudget, FlopsOfRegenerationsAndReplaysAreTheirOpsEstimates) {
+  const ChainRun r = chain(64, 20 * value_bytes + 16, EvictionHeuristic::dtr);
+  EXPECT_GT(r.memory.rematerialized_ops, 0u);
+  EXPECT_EQ(r.memory.rematerialized_flops, 320.0 * static_cast<double>(r.memory.rematerialized_ops));
+  EXPECT_EQ(r.memory.replayed_ops, 0u);
+  EXPECT_EQ(r.memory.replayed_flops, 0.0);
+
+  remat::Tape<double> tape;  // no budget: the replay of tanh(exp(tanh(x))) re-runs the inner tanh and exp
+  auto x = tape.variable(remat_test::random_matrix<double>(4, 8, 5));
+  Var<double> y = remat::checkpoint([](Var<double> h) { return remat::tanh(remat::exp(remat::tanh(h))); })(x);
+  auto loss = remat::sum(y);
+  y = {};
+  tape.backward(loss);
+  EXPECT_EQ(tape.memory().replayed_ops, 2u);
+  EXPECT_EQ(tape.memory().replayed_flops, 640.0);
+  EXPECT_EQ(tape.memory().rematerialized_flops, 0.0);
+}
+
 // ---- the budget lifted after evictions: the backward regenerates without pinning ----
 
 /// Five blocks h ← tanh(matmul(h · exp(h/2), w)), optionally each in a checkpoint region saving nothing,

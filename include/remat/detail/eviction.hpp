@@ -1,8 +1,8 @@
 // A runtime memory budget by Dynamic Tensor Rematerialization (Kirisame et al., "Dynamic Tensor
 // Rematerialization", ICLR 2021): when an allocation would take the tape's live bytes over the budget, evict
 // resident op outputs (their buffers go; the lifetime rule still wants them) chosen by a heuristic, and
-// regenerate an evicted value when it is read again by re-running its recorded op from its inputs,
-// recursively regenerated.
+// regenerate an evicted value when it is read again by re-running its recorded op from its inputs, themselves
+// regenerated first if evicted: all the values one read needs, each once, in recording order (regenerate()).
 //
 // How it sits on the lifetime rule (detail/lifetime.hpp): eviction frees a buffer the rule wants and marks
 // the node evicted; an evicted node holds a regeneration read on each input, so what it is regenerated from
@@ -10,10 +10,14 @@
 //
 // Determinism and exceptions: every choice depends only on the tape's state (shapes, FLOP estimates, a
 // logical clock), never on time or addresses. An allocation that may need evictions or regenerations first
-// runs as a trial (trial(): the same code with kernels skipped and buffers only counted, then every node put
-// back), which throws memory_budget_error if the budget cannot be met, and learns the pool buffers the real
-// run will take; the real run then repeats the trial's choices and cannot fail. The backward's dry run is
-// such a trial of the whole sweep (detail/sweep.hpp).
+// runs as a trial (trial(): the same code with kernels skipped and buffers only counted, then every node it
+// changed put back from a journal), which throws memory_budget_error if the budget cannot be met, and learns the
+// pool buffers the real run will take; the real run then repeats the trial's choices (from its log of victims)
+// and cannot fail. The backward's dry run is such a trial of the whole sweep (detail/sweep.hpp).
+//
+// Nothing here recurses: every walk (a regeneration, what is regenerable, what an eviction makes evicted, a
+// neighbourhood, a bound) runs on a work list reserved beforehand (reserve()), so that the stack depth does not
+// grow with the tape (issue 44: an LSTM's chain of evicted values recursed once per value).
 #pragma once
 
 #include <algorithm>
@@ -36,41 +40,6 @@
 
 namespace remat::detail {
 
-/// Every field of a node that a sweep, a regeneration or an eviction changes: what a dry run or a trial
-/// puts back.
-template <class T>
-struct NodeSnapshot {
-  T *value, *extra, *grad;
-  std::int32_t backward_reads, replay_reads, pins, regen_reads, schedule_holds;
-  bool grad_assigned, extra_read, evicted;
-  std::uint64_t last_access;
-  std::int32_t class_parent, class_size;
-  double class_cost;
-
-  static NodeSnapshot of(const Node<T>& n) {
-    return {n.value,   n.extra,       n.grad,           n.backward_reads, n.replay_reads,
-            n.pins,    n.regen_reads, n.schedule_holds, n.grad_assigned,  n.extra_read,
-            n.evicted, n.last_access, n.class_parent,   n.class_size,     n.class_cost};
-  }
-  void restore(Node<T>& n) const {
-    n.value = value;
-    n.extra = extra;
-    n.grad = grad;
-    n.backward_reads = backward_reads;
-    n.replay_reads = replay_reads;
-    n.pins = pins;
-    n.regen_reads = regen_reads;
-    n.schedule_holds = schedule_holds;
-    n.grad_assigned = grad_assigned;
-    n.extra_read = extra_read;
-    n.evicted = evicted;
-    n.last_access = last_access;
-    n.class_parent = class_parent;
-    n.class_size = class_size;
-    n.class_cost = class_cost;
-  }
-};
-
 template <class T>
 class Evictor {
  public:
@@ -88,18 +57,46 @@ class Evictor {
   bool active() const { return budget_ != 0; }
 
   // ---- what it did (memory()) ----
+  /// Its state besides the nodes': what a trial or a dry run puts back.
   struct Counters {
     std::size_t evictions = 0, ops = 0, bytes = 0;
+    double flops = 0;
     std::uint64_t clock = 0;
+    std::uint64_t class_leaves = 0, classes_exact_at = 0;
   };
-  Counters counters() const { return {evictions_, rematerialized_ops_, rematerialized_bytes_, clock_}; }
+  Counters counters() const {
+    return {evictions_, rematerialized_ops_,      rematerialized_bytes_, rematerialized_flops_,
+            clock_,     lifetime_.class_leaves(), classes_exact_at_};
+  }
   void restore(const Counters& c) {
     evictions_ = c.evictions;
     rematerialized_ops_ = c.ops;
     rematerialized_bytes_ = c.bytes;
+    rematerialized_flops_ = c.flops;
     clock_ = c.clock;
+    lifetime_.set_class_leaves(c.class_leaves);
+    classes_exact_at_ = c.classes_exact_at;
+    invalidate_bounds();  // the nodes were put back: what was freed since may be resident again
   }
-  void reset_counters() { evictions_ = rematerialized_ops_ = rematerialized_bytes_ = 0; }
+  /// The victim scans' cached bounds no longer hold (a node computed, or nodes put back). Never throws.
+  void invalidate_bounds() noexcept {
+    if (++bound_epoch_ == 0) {  // after 2^32: no node's epoch may equal one still to come
+      for (Node<T>& n : graph_.nodes) n.bound_epoch = 0;
+      bound_epoch_ = 1;
+    }
+  }
+  /// The tape was cleared: nothing is evicted, so the classes are exact (each node its own).
+  void reset_counters() {
+    evictions_ = rematerialized_ops_ = rematerialized_bytes_ = 0;
+    rematerialized_flops_ = 0;
+    classes_exact_at_ = lifetime_.class_leaves();
+  }
+  /// Before a trial or a dry run: h_DTR's classes made exact now, outside it, so that what it puts back is exact
+  /// classes (a rebuild inside it would be undone with it, and redone by the next one). Never throws.
+  void prepare_classes() noexcept {
+    if (active() && heuristic_ == EvictionHeuristic::dtr && classes_exact_at_ != lifetime_.class_leaves())
+      rebuild_classes();
+  }
 
   // ---- failures, noted by make_room() and reported after a trial or a dry run ----
   bool failed() const { return failed_; }
@@ -111,38 +108,70 @@ class Evictor {
             " bytes cannot hold an allocation of " + std::to_string(failed_needed_) +
             " bytes: " + std::to_string(failed_least_ - failed_needed_) +
             " bytes are live that no eviction can free then (leaves, gradients, op extras, the values the running op "
-            "reads, values that cannot be regenerated), so that allocation needs a budget of at least " +
+            "or regeneration reads, values that cannot be regenerated), so that allocation needs a budget of at "
+            "least " +
             std::to_string(failed_least_) + " bytes; raise the budget (Tape::set_memory_budget) or clear() the tape",
         budget_, failed_needed_, failed_least_);
   }
 
-  /// Room for the scratch of a trial on a graph of `nodes` nodes. Throws std::bad_alloc, before any change.
+  /// Room for the scratch of a trial, a regeneration and a victim scan on a graph of `nodes` nodes. Throws
+  /// std::bad_alloc, before any change.
   void reserve(std::size_t nodes) {
-    if (saved_.capacity() < nodes) saved_.reserve(std::max(nodes, 2 * saved_.capacity()));
-    if (walk_.capacity() < nodes) walk_.reserve(std::max(nodes, 2 * walk_.capacity()));
+    lifetime_.reserve(nodes);
+    for (std::vector<std::int32_t>* v : {&members_, &work_, &walk_, &stack_, &held_})
+      if (v->capacity() < nodes) v->reserve(std::max(nodes, 2 * v->capacity()));
+    const std::size_t choices = std::max(nodes, choices_wanted_);
+    if (choices_.capacity() < choices) choices_.reserve(std::max(choices, 2 * choices_.capacity()));
+  }
+
+  // ---- the choices of a trial or a dry run, repeated by the real run ----
+  // The real run after a trial (or a backward's real pass after its dry run) makes the same calls on the same
+  // state, so it would choose the same victims: it takes them from this log instead of scanning again (with
+  // assertions on, it scans all the same and checks). A log that outgrew its capacity holds the first choices;
+  // the real run scans for the rest (and reserve() makes room for them the next time).
+  /// From now on each victim chosen is logged (the log restarts). Never throws.
+  void record_choices() noexcept {
+    choices_.clear();
+    choices_next_ = 0;
+    choices_state_ = ChoicesState::recording;
+  }
+  /// The calls that follow repeat the recorded ones: their victims come from the log. Never throws.
+  void repeat_choices() noexcept {
+    choices_next_ = 0;
+    choices_state_ = ChoicesState::repeating;
+  }
+  /// Stops logging or repeating. Never throws.
+  void forget_choices() noexcept {
+    choices_.clear();
+    choices_state_ = ChoicesState::off;
   }
 
   /// Runs `body` (eviction, regeneration and allocation calls) as a trial: buffers only counted, kernels
-  /// skipped, and every node, the clock and the counters put back afterwards; then throws
-  /// memory_budget_error naming `what` if the budget could not be met, else leaves in the pool's
-  /// simulation the buffers the same body will take (Buffers::reserve_simulated). Call reserve() first.
+  /// skipped, and every node it changed, the clock and the counters put back afterwards (the nodes from the
+  /// journal Lifetime::note keeps: the cost is the nodes the body touched, not the tape); then throws
+  /// memory_budget_error naming `what` if the budget could not be met, else leaves in the pool's simulation
+  /// the buffers the same body will take (Buffers::reserve_simulated). Call reserve() first.
   template <class Body>
   void trial(const char* what, Body&& body) {
-    saved_.clear();
-    for (const Node<T>& n : graph_.nodes) saved_.push_back(NodeSnapshot<T>::of(n));  // within capacity
+    prepare_classes();
     const Counters before = counters();
     failed_ = false;
     stale_ = -1;
     buffers_.begin_simulation();
+    lifetime_.begin_journal();
+    record_choices();
     try {
       body();
     } catch (...) {
       end_trial(before);
+      forget_choices();
       throw;
     }
     end_trial(before);
+    if (stale_ >= 0 || failed_) forget_choices();
     if (stale_ >= 0) check_parameter_current(graph_, std::exchange(stale_, -1), what);
     if (failed_) throw_failure(what);
+    repeat_choices();  // the caller's real run comes next (a call that throws before it leaves it to the next trial)
   }
 
   /// Whether an op reading `inputs` and allocating `bytes` needs evictions or regenerations.
@@ -155,15 +184,67 @@ class Evictor {
   }
 
   /// One tick of the logical clock: node `id` is read or written now.
-  void touch(std::int32_t id) { graph_[id].last_access = ++clock_; }
+  void touch(std::int32_t id) noexcept {
+    lifetime_.note(id);
+    graph_[id].last_access = ++clock_;
+  }
 
   /// Evicts until `bytes` more fit within the budget. Returns false, noting the failure, if they cannot
   /// (nothing is left to evict); the caller allocates anyway (a trial or a dry run reports it afterwards;
   /// a real run never gets here, its trial having succeeded). Never throws.
   bool make_room(std::size_t bytes) noexcept {
-    if (!active()) return true;
+    if (!active() || buffers_.current_live_bytes() + bytes <= budget_) return true;  // inlined: the usual case
+    return evict_for(bytes);
+  }
+
+  /// Makes node `id`'s value resident, regenerating it (and what it needs) if it is evicted; a Parameter
+  /// leaf's value is its storage again. Never throws: a modified Parameter read here is noted for trial() to
+  /// report (a backward checks them all before its dry run).
+  void ensure(std::int32_t id) noexcept {
+    Node<T>& n = graph_[id];
+    if (n.value) {  // the usual case, inlined: resident
+      if (n.parameter) check_current(id);
+      touch(id);
+      return;
+    }
+    acquire(&id, 1);
+    lifetime_.unpin(id);
+  }
+
+  /// Makes the values of nodes `ids[0 … count)` resident, as ensure() does, all of them in one regeneration,
+  /// and pins each (once per entry: the caller unpins each entry). Never throws.
+  void acquire(const std::int32_t* ids, int count) noexcept {
+    bool resident = true;
+    for (int k = 0; k < count && resident; ++k) resident = graph_[ids[k]].value != nullptr;
+    if (!resident) {
+      regenerate(ids, count);
+      return;
+    }
+    for (int k = 0; k < count; ++k) {
+      if (graph_[ids[k]].parameter) check_current(ids[k]);
+      touch(ids[k]);
+      lifetime_.pin(ids[k]);
+    }
+  }
+
+  /// Runs op node `u`'s forward into its buffers (allocating the value, extra and temporary it lacks), its
+  /// inputs made resident (acquire) and pinned meanwhile: a checkpoint replay's member (`rematerialization`
+  /// false) or a regeneration (true, counted in memory()). The kernel is skipped in a trial, a dry run and on a
+  /// shapes-only tape. An extra the forward writes that the lifetime rule does not want is freed again at once.
+  /// Never throws.
+  void compute(std::int32_t u, bool rematerialization) noexcept {
+    Node<T>& n = graph_[u];
+    acquire(n.inputs, n.arity);
+    run(u, rematerialization);
+    for (int k = 0; k < n.arity; ++k) lifetime_.unpin(n.inputs[k]);
+    lifetime_.settle_extra(u);
+  }
+
+ private:
+  /// make_room()'s evictions.
+  bool evict_for(std::size_t bytes) noexcept {
     while (buffers_.current_live_bytes() + bytes > budget_) {
-      const std::int32_t victim = best_victim();
+      const std::int32_t victim = choose();
       if (victim < 0) {
         note_failure(bytes);
         return false;
@@ -173,28 +254,28 @@ class Evictor {
     return true;
   }
 
-  /// Makes node `id`'s value resident, regenerating it (and what it needs) if it is evicted; a Parameter
-  /// leaf's value is its storage again. Never throws: a modified Parameter read here is noted for trial() to
-  /// report (a backward checks them all before its dry run).
-  void ensure(std::int32_t id) noexcept {
-    Node<T>& n = graph_[id];
-    if (n.value && !n.parameter) {  // the usual case, inlined: resident and tape-owned
-      touch(id);
-      return;
-    }
-    ensure_slow(id);
+  /// A Parameter read now: noted for trial() to report if it was modified since it was recorded.
+  void check_current(std::int32_t id) noexcept {
+    const Node<T>& n = graph_[id];
+    if (n.parameter->version != n.parameter_version && stale_ < 0) stale_ = id;
   }
 
-  /// Runs op node `u`'s forward into its buffers (allocating the value, extra and temporary it lacks), its
-  /// inputs made resident and pinned meanwhile: a regeneration (`rematerialization`, counted in memory())
-  /// or a checkpoint replay's member. The kernel is skipped in a trial, a dry run and on a shapes-only tape.
-  /// An extra the forward writes that the lifetime rule does not want is freed again at once. Never throws.
-  void compute(std::int32_t u, bool rematerialization) noexcept {
-    Node<T>& n = graph_[u];
-    for (int k = 0; k < n.arity; ++k) {
-      ensure(n.inputs[k]);
-      lifetime_.pin(n.inputs[k]);
+  /// The next value of a stamp whose marks are `field` of every node; after 2^32 uses every mark is cleared,
+  /// so that no old mark equals a new stamp. Never throws.
+  std::uint32_t next_stamp(std::uint32_t& stamp, std::uint32_t Node<T>::*field) noexcept {
+    if (++stamp == 0) {
+      for (Node<T>& n : graph_.nodes) n.*field = 0;
+      stamp = 1;
     }
+    return stamp;
+  }
+
+  /// Runs op node `u` into the buffers it lacks, its inputs resident and pinned (by the caller); counts it as a
+  /// regeneration if `rematerialization`. Never throws.
+  void run(std::int32_t u, bool rematerialization) noexcept {
+    Node<T>& n = graph_[u];
+    lifetime_.note(u);
+    invalidate_bounds();  // u becomes resident: a bound through it no longer holds
     std::size_t need = Buffers<T>::bytes(n.scratch_shape);
     if (!n.value) need += Buffers<T>::bytes(n.shape);
     if (n.extra_shape.size() > 0 && !n.extra) need += Buffers<T>::bytes(n.extra_shape);
@@ -204,6 +285,7 @@ class Evictor {
     if (!n.value) n.value = buffers_.allocate(n.shape);
     if (n.extra_shape.size() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
     if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
+    for (int k = 0; k < n.arity; ++k) touch(n.inputs[k]);
     if (!buffers_.simulating() && !buffers_.shapes_only()) {
       if (graph_.trace) graph_.trace->log_forward(graph_, u);
       n.op->forward(ForwardContext<T>{graph_, n});
@@ -212,32 +294,93 @@ class Evictor {
     if (rematerialization) {
       ++rematerialized_ops_;
       rematerialized_bytes_ += written;
+      rematerialized_flops_ += n.cost - op_overhead_flops;  // its FLOP estimate (Node::cost)
     }
     touch(u);
     lifetime_.mark_resident(u);
-    for (int k = 0; k < n.arity; ++k) lifetime_.unpin(n.inputs[k]);
-    lifetime_.settle_extra(u);
   }
 
- private:
-  /// ensure() of a value that is evicted or a Parameter's (its version is checked).
-  void ensure_slow(std::int32_t id) noexcept {
-    Node<T>& n = graph_[id];
-    if (n.parameter && n.parameter->version != n.parameter_version && stale_ < 0) stale_ = id;
-    if (!n.value) {
-      if (n.is_leaf()) {
-        assert(n.parameter && "a leaf's value is needed after it was freed");
-        n.value = n.parameter->value.data();
+  /// The regeneration of `ids[0 … count)` (acquire): the absent values they need (evicted, or freed since a
+  /// replay's plan counted them as there), found by walking back from them through absent inputs (its members),
+  /// run once each in recording order, which is topological. The resident inputs of members (the regeneration's
+  /// boundary) are pinned from the start until the last member that reads them has run, and each member from its
+  /// run until its last reader in the regeneration has run: no eviction it makes can take a value it will still
+  /// read, so no value is regenerated twice in it and it never regenerates inside itself. (Regenerating each input
+  /// when its reader ran, recursively, recursed once per evicted value of a chain, and could evict what a pending
+  /// reader further up still needed: an LSTM of 48 timesteps under 35 % of its peak ran for minutes.) Its stack
+  /// depth does not grow with the tape; its work lists are reserved (reserve()). Never throws.
+  void regenerate(const std::int32_t* ids, int count) noexcept {
+    const std::uint32_t stamp = next_stamp(regen_stamp_, &Node<T>::regen_mark);
+    members_.clear();
+    work_.clear();
+    auto visit = [&](std::int32_t v) {
+      Node<T>& m = graph_[v];
+      if (m.parameter) {  // a Parameter's value is its storage
+        if (m.parameter->version != m.parameter_version && stale_ < 0) stale_ = v;
+        if (!m.value) {
+          lifetime_.note(v);
+          m.value = m.parameter->value.data();
+        }
+        return;
+      }
+      if (m.value || m.regen_mark == stamp) return;
+      // Evicted, or freed since a replay planned to read it (an evicted value whose last holder was regenerated
+      // in the meantime stops being evicted): computed all the same, from its inputs.
+      assert(!m.is_leaf() && "a leaf's value is needed after it was freed");
+      m.regen_mark = stamp;
+      m.regen_uses = 0;
+      members_.push_back(v);  // within capacity (reserve): each node once
+      work_.push_back(v);
+    };
+    for (int k = 0; k < count; ++k) visit(ids[k]);
+    while (!work_.empty()) {
+      const std::int32_t v = work_.back();
+      work_.pop_back();
+      const Node<T>& m = graph_[v];
+      for (int k = 0; k < m.arity; ++k) visit(m.inputs[k]);
+    }
+    std::sort(members_.begin(), members_.end());
+    auto member = [&](std::int32_t v) { return graph_[v].regen_mark == stamp; };
+    for (std::int32_t u : members_) {
+      const Node<T>& m = graph_[u];
+      for (int k = 0; k < m.arity; ++k)
+        if (member(m.inputs[k])) ++graph_[m.inputs[k]].regen_uses;
+    }
+    for (int k = 0; k < count; ++k) {
+      if (member(ids[k])) {
+        ++graph_[ids[k]].regen_uses;  // held until the end, for the caller
       } else {
-        compute(id, true);
+        touch(ids[k]);
+        lifetime_.pin(ids[k]);
       }
     }
-    touch(id);
+    for (std::int32_t u : members_) {
+      const Node<T>& m = graph_[u];
+      for (int k = 0; k < m.arity; ++k)
+        if (!member(m.inputs[k])) lifetime_.pin(m.inputs[k]);
+    }
+    for (std::int32_t u : members_) {
+      run(u, true);
+      const Node<T>& m = graph_[u];
+      for (int k = 0; k < m.arity; ++k) {
+        const std::int32_t w = m.inputs[k];
+        if (!member(w))
+          lifetime_.unpin(w);
+        else if (--graph_[w].regen_uses == 0)
+          lifetime_.unpin(w);
+      }
+      lifetime_.pin(u);  // every member has a reader left: a member or the caller
+    }
+    for (int k = 0; k < count; ++k) {
+      if (!member(ids[k])) continue;
+      lifetime_.pin(ids[k]);
+      if (--graph_[ids[k]].regen_uses == 0) lifetime_.unpin(ids[k]);
+    }
   }
 
   void end_trial(const Counters& before) noexcept {
     buffers_.end_simulation();
-    for (std::size_t i = 0; i < saved_.size(); ++i) saved_[i].restore(graph_.nodes[i]);
+    lifetime_.end_journal();
     restore(before);
   }
 
@@ -249,39 +392,135 @@ class Evictor {
   }
 
   // ---- choosing ----
-  /// A value the budget may evict: an op's tape-owned output, resident, wanted (the rule would keep it),
-  /// not read by an op running now, and regenerable from what is there.
-  bool evictable(std::int32_t id) {
-    const Node<T>& n = graph_[id];
-    if (n.is_leaf() || !n.value || !n.value_owned() || n.pins > 0 || !lifetime_.value_wanted(n)) return false;
-    for (int k = 0; k < n.arity; ++k)
-      if (!regenerable(n.inputs[k])) return false;
-    return true;
+  /// Whether node `id`, absent or not, could be regenerated from what is there: resident, evicted (its inputs
+  /// are held: regenerable by construction), a current Parameter, or an op whose inputs are regenerable.
+  /// Memoised per scan; walked on a work list, not by recursion. Never throws.
+  bool regenerable(std::int32_t id) noexcept {
+    auto known = [&](const Node<T>& n, bool& result) {
+      if (n.value || n.evicted) return result = true;
+      if (n.is_leaf()) return result = n.parameter && n.parameter->version == n.parameter_version, true;
+      if (n.evict_mark == scan_ && n.evict_memo != 0) return result = n.evict_memo == 1, true;
+      return false;
+    };
+    bool result = false;
+    if (known(graph_[id], result)) return result;
+    stack_.clear();
+    graph_[id].evict_mark = scan_;
+    graph_[id].evict_memo = 0;
+    stack_.push_back(id);
+    while (!stack_.empty()) {
+      Node<T>& n = graph_[stack_.back()];
+      bool ok = true, waiting = false;
+      for (int k = 0; k < n.arity && ok; ++k) {
+        Node<T>& w = graph_[n.inputs[k]];
+        bool r = false;
+        if (known(w, r)) {
+          ok = r;
+          continue;
+        }
+        assert(w.evict_mark != scan_ && "the graph has no cycle");
+        w.evict_mark = scan_;
+        w.evict_memo = 0;
+        stack_.push_back(n.inputs[k]);  // within capacity: each node once per scan
+        waiting = true;
+        break;
+      }
+      if (waiting) continue;
+      n.evict_memo = ok ? 1 : 2;
+      stack_.pop_back();
+    }
+    return graph_[id].evict_memo == 1;
   }
-  /// Resident, evicted (its inputs are held: regenerable by construction), a current Parameter, or an op
-  /// whose inputs are regenerable. Memoised per scan.
-  bool regenerable(std::int32_t id) {
-    Node<T>& n = graph_[id];
-    if (n.value || n.evicted) return true;
-    if (n.is_leaf()) return n.parameter && n.parameter->version == n.parameter_version;
-    if (n.evict_mark == scan_) return n.evict_memo == 1;
-    bool ok = true;
-    for (int k = 0; k < n.arity && ok; ++k) ok = regenerable(n.inputs[k]);
-    n.evict_mark = scan_;
-    n.evict_memo = ok ? 1 : 2;
-    return ok;
+
+  /// The next victim: from the log when repeating, else best_victim() (logged when recording).
+  std::int32_t choose() noexcept {
+    if (choices_state_ == ChoicesState::repeating) {
+      if (choices_next_ < choices_.size()) {
+        const std::int32_t v = choices_[choices_next_++];
+        assert(v == best_victim() && "a real run chooses the victims of its trial or dry run");
+        return v;
+      }
+      choices_state_ = ChoicesState::off;  // the log ran out (it outgrew its capacity): scan from here
+    }
+    const std::int32_t v = best_victim();
+    if (choices_state_ == ChoicesState::recording) {
+      if (choices_.size() < choices_.capacity()) {
+        choices_.push_back(v);
+      } else {
+        choices_wanted_ = std::max(choices_wanted_, 2 * choices_.size());
+        choices_state_ = ChoicesState::off;  // the log keeps the choices so far
+      }
+    }
+    return v;
+  }
+
+  /// A lower bound on node `v`'s cost plus e*(v) (neighbourhood()) if v were evicted: v's cost plus the most of
+  /// (a) over v's freed inputs (absent op outputs that are not evicted), the costliest path of freed values back
+  /// from one, each with the cost of one evicted class it reads, and (b) the cost of the class of one evicted
+  /// input or consumer of v. Every node so counted is in e*(v), distinct. It stays a lower bound until a node is
+  /// computed (run()), a class loses a member (Lifetime::class_leaves) or nodes are put back: evictions only add
+  /// to classes. So it is cached until then (invalidate_bounds): in a forward pass, each node's is computed once.
+  /// Walked on a work list. Never throws.
+  double bound(std::int32_t v) noexcept {
+    auto freed = [](const Node<T>& w) { return !w.value && !w.evicted && !w.is_leaf(); };
+    auto class_cost = [&](std::int32_t w) { return graph_[class_root(graph_, w)].class_cost; };
+    if (graph_[v].bound_epoch == bound_epoch_) return graph_[v].bound;
+    stack_.clear();
+    stack_.push_back(v);
+    while (!stack_.empty()) {
+      const std::int32_t id = stack_.back();
+      Node<T>& n = graph_[id];
+      double most = 0;
+      bool waiting = false;
+      for (int k = 0; k < n.arity; ++k) {
+        const Node<T>& w = graph_[n.inputs[k]];
+        if (w.evicted) {
+          most = std::max(most, class_cost(n.inputs[k]));
+        } else if (freed(w)) {
+          if (w.bound_epoch != bound_epoch_) {
+            stack_.push_back(n.inputs[k]);  // within capacity: a node is pushed again only once it is bounded
+            waiting = true;
+            break;
+          }
+          most = std::max(most, w.bound);
+        }
+      }
+      if (waiting) continue;
+      if (id == v)  // a freed node has no evicted consumer (it would hold it): only v's are looked at
+        for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
+          if (graph_[e / max_inputs].evicted) most = std::max(most, class_cost(e / max_inputs));
+      n.bound = n.cost + most;
+      n.bound_epoch = bound_epoch_;
+      stack_.pop_back();
+    }
+    return graph_[v].bound;
   }
 
   /// The evictable value of lowest score cost / (bytes · staleness); the lowest id on a tie; -1 if none.
-  std::int32_t best_victim() {
-    if (++scan_ == 0) ++scan_;
+  /// Evictable: an op's tape-owned output, resident, wanted (the rule would keep it), not read by an op or a
+  /// regeneration running now, and regenerable from what is there.
+  std::int32_t best_victim() noexcept {
+    next_stamp(scan_, &Node<T>::evict_mark);
+    if (heuristic_ == EvictionHeuristic::dtr && classes_exact_at_ != lifetime_.class_leaves()) rebuild_classes();
+    if (bounds_leaves_ != lifetime_.class_leaves()) {  // a class lost a member: its cost fell
+      invalidate_bounds();
+      bounds_leaves_ = lifetime_.class_leaves();
+    }
     std::int32_t best = -1;
     double best_score = 0;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      if (!evictable(i)) continue;
       const Node<T>& n = graph_[i];
-      const double staleness = static_cast<double>(clock_ - n.last_access + 1);
-      const double score = cost(i) / (static_cast<double>(Buffers<T>::bytes(n.shape)) * staleness);
+      if (!n.value || n.is_leaf() || n.pins > 0) continue;  // an op's output is tape-owned
+      const double scale =
+          static_cast<double>(Buffers<T>::bytes(n.shape)) * static_cast<double>(clock_ - n.last_access + 1);
+      // A node whose lower bound already scores no better than the best so far cannot win, and its neighbourhood
+      // need not be walked: h_local's cost is the node's own, the others' at least bound().
+      if (best >= 0 && (heuristic_ == EvictionHeuristic::local ? n.cost : bound(i)) / scale >= best_score) continue;
+      if (!lifetime_.value_wanted(n)) continue;
+      bool ok = true;
+      for (int k = 0; k < n.arity && ok; ++k) ok = regenerable(n.inputs[k]);
+      if (!ok) continue;
+      const double score = cost(i) / scale;
       if (best < 0 || score < best_score) {
         best = i;
         best_score = score;
@@ -290,92 +529,147 @@ class Evictor {
     return best;
   }
 
-  double cost(std::int32_t id) {
+  /// Makes the union-find classes the exact connected components of the evicted values (through inputs and
+  /// consumers), each with its members' summed cost: h_DTR's evicted neighbourhoods. Evictions only merge
+  /// components, which the classes follow as they are (enter_class); a value that stops being evicted may split
+  /// one, so h_DTR rebuilds them at its next scan after that (h_DTR^eq never does: the paper's approximation).
+  /// Each component becomes a star (every member's parent is its lowest member), labelled by a walk on a work
+  /// list. Costs are whole numbers, so a sum does not depend on the order it was taken in. O(nodes). Never throws.
+  void rebuild_classes() noexcept {
+    for (std::int32_t i = 0; i < graph_.size(); ++i) {
+      Node<T>& n = graph_[i];
+      if (n.class_parent == -1 && n.class_size == 1 && n.class_cost == 0) continue;
+      lifetime_.note(i);
+      n.class_parent = -1;
+      n.class_size = 1;
+      n.class_cost = 0;
+    }
+    // A member is marked by its parent (or, for the root, its size) as soon as it is reached.
+    for (std::int32_t root = 0; root < graph_.size(); ++root) {
+      Node<T>& r = graph_[root];
+      if (!r.evicted || r.class_parent != -1 || r.class_cost != 0) continue;
+      lifetime_.note(root);
+      double cost = 0;
+      std::int32_t size = 0;
+      stack_.clear();
+      stack_.push_back(root);
+      r.class_cost = 1;  // reached (set below)
+      auto reach = [&](std::int32_t w) {
+        Node<T>& m = graph_[w];
+        if (!m.evicted || w == root || m.class_parent != -1) return;
+        lifetime_.note(w);
+        m.class_parent = root;
+        stack_.push_back(w);  // within capacity: each node once
+      };
+      while (!stack_.empty()) {
+        const Node<T>& m = graph_[stack_.back()];
+        stack_.pop_back();
+        cost += m.cost;
+        ++size;
+        for (int k = 0; k < m.arity; ++k) reach(m.inputs[k]);
+        for (std::int32_t e = m.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
+          reach(e / max_inputs);
+      }
+      r.class_cost = cost;
+      r.class_size = size;
+    }
+    classes_exact_at_ = lifetime_.class_leaves();
+  }
+
+  double cost(std::int32_t id) noexcept {
     switch (heuristic_) {
       case EvictionHeuristic::local:
         return graph_[id].cost;
       case EvictionHeuristic::dtr_eq:
-        return graph_[id].cost + class_neighbourhood(id);
       case EvictionHeuristic::dtr:
         break;
     }
-    return graph_[id].cost + exact_neighbourhood(id);
+    return graph_[id].cost + neighbourhood(id);
   }
 
-  /// h_DTR^eq's e*(t): the costs of the distinct classes of t's evicted inputs and consumers, and of its
-  /// absent inputs that its eviction would make evicted (each alone: their own absent inputs are not walked).
-  double class_neighbourhood(std::int32_t id) {
-    if (++walk_stamp_ == 0) ++walk_stamp_;
+  /// e*(t) (Kirisame et al. 2021, §4): the summed cost of what t's eviction leaves to be regenerated with t —
+  /// its absent inputs, which its eviction makes evicted, and theirs, up to resident values and Parameters
+  /// (t's "freed closure", walked) — and of the evicted values connected to t or to that closure through
+  /// evicted values, each counted once: their classes (rebuild_classes), exact for h_DTR, for h_DTR^eq merged on
+  /// eviction and never split. (Until issue 44, h_DTR^eq counted an absent input's own cost alone and not the
+  /// inputs behind it: a sigmoid's output whose regeneration re-runs two GEMMs through a slice and an add looked
+  /// as cheap as the slice; and h_DTR walked every evicted value connected to t for each candidate t of each
+  /// scan.) Never throws.
+  double neighbourhood(std::int32_t id) noexcept {
+    // Two stamps: a freed node may be the root of a class that still has evicted members (h_DTR^eq's classes
+    // never split).
+    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::walk_mark);
+    const std::uint32_t class_stamp = next_stamp(class_stamp_, &Node<T>::class_mark);
     double sum = 0;
-    auto add_class = [&](std::int32_t v) {
+    auto add_evicted = [&](std::int32_t v) {
       Node<T>& root = graph_[class_root(graph_, v)];
-      if (root.class_mark == walk_stamp_) return;
-      root.class_mark = walk_stamp_;
+      if (root.class_mark == class_stamp) return;
+      root.class_mark = class_stamp;
       sum += root.class_cost;
     };
     const Node<T>& n = graph_[id];
-    for (int k = 0; k < n.arity; ++k) {
-      const Node<T>& w = graph_[n.inputs[k]];
-      if (w.evicted)
-        add_class(n.inputs[k]);
-      else if (!w.value && !w.is_leaf())
-        sum += w.cost;
-    }
     for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
-      if (graph_[e / max_inputs].evicted) add_class(e / max_inputs);
-    return sum;
-  }
-
-  /// h_DTR's e*(t), walked: from t, through absent op inputs (what regenerating them needs) and evicted
-  /// consumers (what needs them), summing each node's cost once.
-  double exact_neighbourhood(std::int32_t id) {
-    if (++walk_stamp_ == 0) ++walk_stamp_;
-    double sum = 0;
+      if (graph_[e / max_inputs].evicted) add_evicted(e / max_inputs);
+    // The freed closure. An absent op output that is not evicted has no evicted consumer (an evicted consumer
+    // would hold it), so only inputs are walked from it.
     walk_.clear();
-    graph_[id].class_mark = walk_stamp_;
-    walk_.push_back(id);  // within capacity (reserve): each node enters once
+    walk_.push_back(id);
     while (!walk_.empty()) {
-      const std::int32_t v = walk_.back();
+      const Node<T>& v = graph_[walk_.back()];
       walk_.pop_back();
-      const Node<T>& n = graph_[v];
-      auto visit = [&](std::int32_t w) {
-        Node<T>& m = graph_[w];
-        if (m.class_mark == walk_stamp_) return;
-        m.class_mark = walk_stamp_;
-        sum += m.cost;
-        walk_.push_back(w);
-      };
-      for (int k = 0; k < n.arity; ++k) {
-        const Node<T>& w = graph_[n.inputs[k]];
-        if (!w.value && !w.is_leaf()) visit(n.inputs[k]);
+      for (int k = 0; k < v.arity; ++k) {
+        Node<T>& w = graph_[v.inputs[k]];
+        if (w.value || w.is_leaf()) continue;
+        if (w.evicted) {
+          add_evicted(v.inputs[k]);
+        } else if (w.walk_mark != stamp) {
+          w.walk_mark = stamp;
+          sum += w.cost;
+          walk_.push_back(v.inputs[k]);  // within capacity: each node once per walk
+        }
       }
-      for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
-        if (graph_[e / max_inputs].evicted) visit(e / max_inputs);
     }
     return sum;
   }
 
   // ---- evicting ----
+  /// Frees `id`'s buffer; it and the absent inputs behind it (values the rule did not want, freed) become
+  /// evicted, each holding its inputs, so that all of them can be regenerated (a Parameter's value is its
+  /// storage again). Walked on a work list, not by recursion. Never throws.
   void evict(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
+    lifetime_.note(id);
     buffers_.free(n.value, n.shape);
-    hold_inputs(id);
     ++evictions_;
-  }
-  /// Node `id` just lost its buffer (or never had one back): its absent inputs become evicted in turn (a
-  /// Parameter's value is its storage again), and it becomes evicted, holding its inputs.
-  void hold_inputs(std::int32_t id) noexcept {
-    const Node<T>& n = graph_[id];
-    for (int k = 0; k < n.arity; ++k) {
-      Node<T>& w = graph_[n.inputs[k]];
-      if (w.value || w.evicted) continue;
-      if (w.is_leaf())
-        w.value = w.parameter->value.data();  // evictable() checked it current
-      else
-        hold_inputs(n.inputs[k]);
+    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::walk_mark);
+    held_.clear();
+    held_.push_back(id);
+    walk_.clear();
+    walk_.push_back(id);
+    while (!walk_.empty()) {
+      const Node<T>& v = graph_[walk_.back()];
+      walk_.pop_back();
+      for (int k = 0; k < v.arity; ++k) {
+        const std::int32_t w = v.inputs[k];
+        Node<T>& x = graph_[w];
+        if (x.value || x.evicted || x.walk_mark == stamp) continue;
+        if (x.is_leaf()) {
+          lifetime_.note(w);
+          x.value = x.parameter->value.data();  // evictable() checked it current
+          continue;
+        }
+        x.walk_mark = stamp;
+        held_.push_back(w);  // within capacity: each node once
+        walk_.push_back(w);
+      }
     }
-    lifetime_.mark_evicted(id);
+    // Inputs first (recording order is topological): each becomes evicted holding inputs that are resident or
+    // already evicted.
+    std::sort(held_.begin(), held_.end());
+    for (std::int32_t v : held_) lifetime_.mark_evicted(v);
   }
+
+  enum class ChoicesState { off, recording, repeating };
 
   Graph<T>& graph_;
   Buffers<T>& buffers_;
@@ -384,12 +678,20 @@ class Evictor {
   EvictionHeuristic heuristic_ = EvictionHeuristic::dtr_eq;
   std::uint64_t clock_ = 0;
   std::size_t evictions_ = 0, rematerialized_ops_ = 0, rematerialized_bytes_ = 0;
+  double rematerialized_flops_ = 0;
   bool failed_ = false;
   std::size_t failed_needed_ = 0, failed_least_ = 0;
   std::int32_t stale_ = -1;  // a modified Parameter a trial read, reported after it
-  std::uint32_t scan_ = 0, walk_stamp_ = 0;
-  std::vector<NodeSnapshot<T>> saved_;
-  std::vector<std::int32_t> walk_;
+  std::uint32_t scan_ = 0, walk_stamp_ = 0, class_stamp_ = 0, regen_stamp_ = 0;
+  std::uint64_t classes_exact_at_ = 0;        // lifetime_.class_leaves() when the classes were last exact (h_DTR)
+  std::uint32_t bound_epoch_ = 1;             // Node::bound_epoch of the bounds that hold now
+  std::uint64_t bounds_leaves_ = 0;           // lifetime_.class_leaves() when they were last checked
+  std::vector<std::int32_t> members_, work_;  // a regeneration's members, and its walk
+  std::vector<std::int32_t> walk_, stack_;    // the neighbourhood walk, eviction's walk; regenerable's, bound's
+  std::vector<std::int32_t> held_;            // an eviction's newly evicted values
+  std::vector<std::int32_t> choices_;         // the victims of the last trial or dry run
+  std::size_t choices_next_ = 0, choices_wanted_ = 0;
+  ChoicesState choices_state_ = ChoicesState::off;
 };
 
 }  // namespace remat::detail

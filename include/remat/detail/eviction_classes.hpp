@@ -5,7 +5,8 @@
 // is never split: a member that is regenerated only takes its cost out of it.
 //
 // Union by size without path compression, so that a trial (the dry run of an allocation, detail/eviction.hpp)
-// is undone by restoring the fields it changed: compression would rewrite parents a restore cannot know of.
+// is undone by restoring the fields it changed: compression would rewrite parents a restore cannot know of. Each
+// function calls note(id) before it changes node `id` (Lifetime::note: a trial's journal).
 #pragma once
 
 #include <cstdint>
@@ -21,11 +22,13 @@ std::int32_t class_root(const Graph<T>& graph, std::int32_t id) {
 }
 
 /// Merges the classes of `a` and `b`; the larger class's root (the smaller id on a tie) stays the root.
-template <class T>
-void join_classes(Graph<T>& graph, std::int32_t a, std::int32_t b) noexcept {
+template <class T, class Note>
+void join_classes(Graph<T>& graph, std::int32_t a, std::int32_t b, Note&& note) noexcept {
   a = class_root(graph, a);
   b = class_root(graph, b);
   if (a == b) return;
+  note(a);
+  note(b);
   Node<T>&na = graph[a], &nb = graph[b];
   const bool a_stays = na.class_size != nb.class_size ? na.class_size > nb.class_size : a < b;
   Node<T>& root = a_stays ? na : nb;
@@ -37,20 +40,24 @@ void join_classes(Graph<T>& graph, std::int32_t a, std::int32_t b) noexcept {
 }
 
 /// Node `id` was evicted: its cost joins its class, which merges with the class of every evicted neighbour.
-template <class T>
-void enter_class(Graph<T>& graph, std::int32_t id) noexcept {
-  graph[class_root(graph, id)].class_cost += graph[id].cost;
+template <class T, class Note>
+void enter_class(Graph<T>& graph, std::int32_t id, Note&& note) noexcept {
+  const std::int32_t root = class_root(graph, id);
+  note(root);
+  graph[root].class_cost += graph[id].cost;
   const Node<T>& n = graph[id];
   for (int k = 0; k < n.arity; ++k)
-    if (graph[n.inputs[k]].evicted) join_classes(graph, id, n.inputs[k]);
+    if (graph[n.inputs[k]].evicted) join_classes(graph, id, n.inputs[k], note);
   for (std::int32_t e = n.first_use; e >= 0; e = graph[e / max_inputs].next_use[e % max_inputs])
-    if (graph[e / max_inputs].evicted) join_classes(graph, id, e / max_inputs);
+    if (graph[e / max_inputs].evicted) join_classes(graph, id, e / max_inputs, note);
 }
 
 /// Node `id` is no longer evicted (regenerated, or no longer wanted): its cost leaves its class.
-template <class T>
-void leave_class(Graph<T>& graph, std::int32_t id) noexcept {
-  graph[class_root(graph, id)].class_cost -= graph[id].cost;
+template <class T, class Note>
+void leave_class(Graph<T>& graph, std::int32_t id, Note&& note) noexcept {
+  const std::int32_t root = class_root(graph, id);
+  note(root);
+  graph[root].class_cost -= graph[id].cost;
 }
 
 }  // namespace remat::detail

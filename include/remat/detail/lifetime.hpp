@@ -24,10 +24,19 @@
 // A chain run by its schedule (ChainPlan, run_schedule with a non-persistent schedule) holds the
 // activations its schedule keeps at every level too (a schedule hold), from the operation that computes
 // one to the one that frees it: the schedule, not a region, says when such a checkpoint goes.
+//
+// Every change this class (and the budget's Evictor) makes to a node goes through note(id) first: during a
+// trial of an allocation under a memory budget (Evictor::trial) that saves the node's mutable fields once, so
+// that the trial is undone in time proportional to the nodes it touched, not to the tape (issue 44: a trial per
+// recorded op made recording under a budget quadratic in the tape's length).
 #pragma once
 
+#include <algorithm>
 #include <cassert>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "remat/detail/buffers.hpp"
 #include "remat/detail/eviction_classes.hpp"
@@ -35,10 +44,73 @@
 
 namespace remat::detail {
 
+/// Every field of a node that a sweep, a regeneration or an eviction changes: what a dry run or a trial
+/// puts back.
+template <class T>
+struct NodeSnapshot {
+  T *value, *extra, *grad;
+  std::int32_t backward_reads, replay_reads, pins, regen_reads, schedule_holds;
+  bool grad_assigned, extra_read, evicted;
+  std::uint64_t last_access;
+  std::int32_t class_parent, class_size;
+  double class_cost;
+
+  static NodeSnapshot of(const Node<T>& n) {
+    return {n.value,   n.extra,       n.grad,           n.backward_reads, n.replay_reads,
+            n.pins,    n.regen_reads, n.schedule_holds, n.grad_assigned,  n.extra_read,
+            n.evicted, n.last_access, n.class_parent,   n.class_size,     n.class_cost};
+  }
+  void restore(Node<T>& n) const {
+    n.value = value;
+    n.extra = extra;
+    n.grad = grad;
+    n.backward_reads = backward_reads;
+    n.replay_reads = replay_reads;
+    n.pins = pins;
+    n.regen_reads = regen_reads;
+    n.schedule_holds = schedule_holds;
+    n.grad_assigned = grad_assigned;
+    n.extra_read = extra_read;
+    n.evicted = evicted;
+    n.last_access = last_access;
+    n.class_parent = class_parent;
+    n.class_size = class_size;
+    n.class_cost = class_cost;
+  }
+};
+
 template <class T>
 class Lifetime {
  public:
   Lifetime(Graph<T>& graph, Buffers<T>& buffers) : graph_(graph), buffers_(buffers) {}
+
+  // ---- a trial's undo log ----
+  /// Room for a journal of `nodes` nodes and for the cascades of forget_eviction(). Throws std::bad_alloc.
+  void reserve(std::size_t nodes) {
+    if (journal_.capacity() < nodes) journal_.reserve(std::max(nodes, 2 * journal_.capacity()));
+    if (cascade_.capacity() < nodes) cascade_.reserve(std::max(nodes, 2 * cascade_.capacity()));
+  }
+  /// From now until end_journal(), the first change to each node saves its mutable fields (within the
+  /// capacity reserve() made). Never throws.
+  void begin_journal() noexcept {
+    journal_.clear();
+    if (++journal_stamp_ == 0) {  // after 2^32 trials: no mark may equal a stamp still to come
+      for (Node<T>& n : graph_.nodes) n.journal_mark = 0;
+      journal_stamp_ = 1;
+    }
+    journaling_ = true;
+  }
+  /// Puts back every node changed since begin_journal() and stops logging. Never throws.
+  void end_journal() noexcept {
+    for (auto it = journal_.rbegin(); it != journal_.rend(); ++it) it->second.restore(graph_[it->first]);
+    journal_.clear();
+    journaling_ = false;
+  }
+  /// Node `id` is about to change. Never throws. Inlined: outside a trial it is one test on every change the
+  /// tape makes to a node.
+  void note(std::int32_t id) noexcept {
+    if (journaling_) save(id);
+  }
 
   // ---- the rule ----
   bool value_wanted(const Node<T>& n) const {
@@ -56,6 +128,7 @@ class Lifetime {
   /// Frees what the rule no longer wants. Never throws.
   void settle(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
+    note(id);
     if (n.value && !value_wanted(n)) free_value(n);
     if (n.evicted && !value_wanted(n)) forget_eviction(id);
     if (n.extra && !extra_wanted(n)) free_extra(n);
@@ -71,6 +144,7 @@ class Lifetime {
     const bool value = n.value && !value_wanted(n), evicted = n.evicted && !value_wanted(n),
                extra = n.extra && !extra_wanted(n);
     level_ = current;
+    note(id);
     if (value) free_value(n);
     if (evicted) forget_eviction(id);
     if (extra) free_extra(n);
@@ -78,28 +152,32 @@ class Lifetime {
   /// Frees the extra if the rule does not want it (after a regeneration wrote it). Never throws.
   void settle_extra(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
+    note(id);
     if (n.extra && !extra_wanted(n)) free_extra(n);
   }
 
   // ---- evictions (a memory budget) ----
-  void pin(std::int32_t id) { ++graph_[id].pins; }
+  void pin(std::int32_t id) {
+    note(id);
+    ++graph_[id].pins;
+  }
   void unpin(std::int32_t id) noexcept {
     assert(graph_[id].pins > 0);
+    note(id);
     --graph_[id].pins;
     settle(id);
   }
-  void add_regen_read(std::int32_t id) { ++graph_[id].regen_reads; }
-  void release_regen_read(std::int32_t id) noexcept {
-    assert(graph_[id].regen_reads > 0);
-    --graph_[id].regen_reads;
-    settle(id);
+  void add_regen_read(std::int32_t id) {
+    note(id);
+    ++graph_[id].regen_reads;
   }
   /// Node `id` (wanted, its buffer just freed or never regenerated) becomes evicted: it holds its inputs.
   void mark_evicted(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
     assert(!n.value && !n.evicted && !n.is_leaf());
+    note(id);
     n.evicted = true;
-    enter_class(graph_, id);
+    enter_class(graph_, id, [this](std::int32_t changed) { note(changed); });
     for (int k = 0; k < n.arity; ++k) add_regen_read(n.inputs[k]);
   }
   /// Node `id` was evicted and has a buffer again (regenerated): it gives back its regeneration reads.
@@ -108,31 +186,43 @@ class Lifetime {
   }
 
   // ---- a chain schedule's holds ----
-  void add_schedule_hold(std::int32_t id) { ++graph_[id].schedule_holds; }
+  void add_schedule_hold(std::int32_t id) {
+    note(id);
+    ++graph_[id].schedule_holds;
+  }
   void release_schedule_hold(std::int32_t id) noexcept {
     assert(graph_[id].schedule_holds > 0);
+    note(id);
     --graph_[id].schedule_holds;
     settle(id);
   }
   /// The same, settling `id` at `level` (settle_at).
   void release_schedule_hold_at(std::int32_t id, int level) noexcept {
     assert(graph_[id].schedule_holds > 0);
+    note(id);
     --graph_[id].schedule_holds;
     settle_at(id, level);
   }
+
+  /// How many times an evicted value has stopped being evicted: its class may have split then (the classes of
+  /// h_DTR^eq never split; h_DTR rebuilds them, detail/eviction.hpp). A trial puts it back.
+  std::uint64_t class_leaves() const { return class_leaves_; }
+  void set_class_leaves(std::uint64_t n) { class_leaves_ = n; }
 
   // ---- the counters it reads ----
   int level() const { return level_; }
   void set_level(int level) { level_ = level; }
 
-  void acquire_handle(std::int32_t id) { ++graph_[id].handles; }
+  void acquire_handle(std::int32_t id) { ++graph_[id].handles; }  // handles are not in a journal: no trial changes them
   void release_handle(std::int32_t id) noexcept {
     assert(graph_[id].handles > 0);
     --graph_[id].handles;
     settle(id);
   }
+  // A trial's journal saves nodes, not Graph::tier_holds: no trial adds or releases a backward or replay read.
   /// The backward of op `reader` reads `id` (its input, or its own output: reader == id).
   void add_backward_read(std::int32_t id, std::int32_t reader) {
+    note(id);
     const int c = tier_of(graph_, id, reader);
     if (c < 0)
       ++graph_[id].backward_reads;
@@ -140,6 +230,7 @@ class Lifetime {
       ++tier(id, c);
   }
   void release_backward_read(std::int32_t id, std::int32_t reader) noexcept {
+    note(id);
     const int c = tier_of(graph_, id, reader);
     if (c < 0) {
       assert(graph_[id].backward_reads > 0);
@@ -152,6 +243,7 @@ class Lifetime {
   }
   /// A region's replay reads `id` as a source, for its member op `reader`.
   void add_replay_read(std::int32_t id, std::int32_t reader) {
+    note(id);
     const int c = tier_of(graph_, id, reader);
     if (c < 0)
       ++graph_[id].replay_reads;
@@ -159,6 +251,7 @@ class Lifetime {
       ++tier(id, c);
   }
   void release_replay_read(std::int32_t id, std::int32_t reader) noexcept {
+    note(id);
     const int c = tier_of(graph_, id, reader);
     if (c < 0) {
       assert(graph_[id].replay_reads > 0);
@@ -170,6 +263,7 @@ class Lifetime {
     settle(id);
   }
   void release_extra_read(std::int32_t id) noexcept {
+    note(id);
     graph_[id].extra_read = false;
     settle(id);
   }
@@ -189,15 +283,39 @@ class Lifetime {
     graph_.pending.clear();
   }
 
-  /// An evicted node stops being evicted (the rule no longer wants it, or it was regenerated).
+  /// An evicted node stops being evicted (the rule no longer wants it, or it was regenerated): it gives back
+  /// its regeneration reads, and each input the rule then no longer wants is freed, or, evicted, stops being
+  /// evicted in turn. The cascade may run through every evicted value of a long chain, so it runs on a work
+  /// list (capacity: reserve()), not by recursion: its stack depth does not grow with the tape. Never throws.
   void forget_eviction(std::int32_t id) noexcept {
-    Node<T>& n = graph_[id];
-    n.evicted = false;
-    leave_class(graph_, id);
-    for (int k = 0; k < n.arity; ++k) release_regen_read(n.inputs[k]);
+    const std::size_t base = cascade_.size();  // a cascade never starts inside another one
+    note(id);
+    graph_[id].evicted = false;
+    cascade_.push_back(id);
+    while (cascade_.size() > base) {
+      const std::int32_t v = cascade_.back();
+      cascade_.pop_back();
+      Node<T>& n = graph_[v];
+      leave_class(graph_, v, [this](std::int32_t changed) { note(changed); });
+      ++class_leaves_;
+      for (int k = 0; k < n.arity; ++k) {
+        const std::int32_t w = n.inputs[k];
+        Node<T>& in = graph_[w];
+        assert(in.regen_reads > 0);
+        note(w);
+        --in.regen_reads;
+        if (in.value && !value_wanted(in)) free_value(in);
+        if (in.evicted && !value_wanted(in)) {
+          in.evicted = false;     // marked now, so that another reader's release does not list it twice
+          cascade_.push_back(w);  // within capacity: each evicted node once
+        }
+        if (in.extra && !extra_wanted(in)) free_extra(in);
+      }
+    }
   }
 
   void free_value(Node<T>& n) noexcept {
+    note(static_cast<std::int32_t>(&n - graph_.nodes.data()));
     if (!n.value_owned()) {
       n.value = nullptr;  // a Parameter's storage is not the tape's to free
       return;
@@ -207,18 +325,33 @@ class Lifetime {
     if (buffers_.measuring() && read_at_all(graph_, n)) buffers_.count_retained(Buffers<T>::bytes(n.shape));
   }
   void free_extra(Node<T>& n) noexcept {
+    note(static_cast<std::int32_t>(&n - graph_.nodes.data()));
     buffers_.free(n.extra, n.extra_shape);
     if (buffers_.measuring() && n.extra_read) buffers_.count_retained(Buffers<T>::bytes(n.extra_shape));
   }
 
  private:
   std::int32_t& tier(std::int32_t id, int c) {
+    assert(!journaling_ && "a trial changes no backward or replay read");
     return graph_.tier_holds[static_cast<std::size_t>(graph_[id].tiers + c)];
   }
 
   Graph<T>& graph_;
   Buffers<T>& buffers_;
   int level_ = 0;
+  std::vector<std::pair<std::int32_t, NodeSnapshot<T>>> journal_;  // a trial's changed nodes, as they were
+  std::uint32_t journal_stamp_ = 0;
+  bool journaling_ = false;
+  /// note()'s work in a trial: the node's fields, once per trial.
+  void save(std::int32_t id) noexcept {
+    Node<T>& n = graph_[id];
+    if (n.journal_mark == journal_stamp_) return;
+    n.journal_mark = journal_stamp_;
+    journal_.emplace_back(id, NodeSnapshot<T>::of(n));  // within capacity (reserve): once per node
+  }
+
+  std::vector<std::int32_t> cascade_;  // forget_eviction's work list
+  std::uint64_t class_leaves_ = 0;
 };
 
 }  // namespace remat::detail

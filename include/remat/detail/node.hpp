@@ -67,6 +67,14 @@ inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t ele
          static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
 }
 
+/// What regenerating an op costs besides its FLOPs, in FLOPs: calling its kernel and the tape's bookkeeping
+/// take a fixed time whatever the op's size, on this project's machines about as long as 2^16 FLOPs of a small
+/// GEMM on one core (bench/RESULTS.md §20). Part of each op's cost for the memory budget's heuristics
+/// (Node::cost): without it, an elementwise op on a [16,128] value (2^15 FLOPs or fewer) looked a thousand times
+/// cheaper to regenerate than the GEMM behind a gate of W5's LSTM, while regenerating it took about a tenth of
+/// that time, and h_DTR evicted the LSTM's state a step before reading it again, 149 times a step at half the peak.
+constexpr double op_overhead_flops = 65536;
+
 /// Per-node attributes that, with the op and the input ids, make a node re-executable. The tape knows
 /// none of their meanings: `params` holds the op's own Params struct (trivially copyable, copied in by
 /// apply_op), `indices` a range of the tape's integer store (token ids, class labels), `tag` a name any
@@ -155,21 +163,28 @@ struct Node {
   std::int32_t tiers = -1;
   std::uint32_t mark = 0;  // scratch for region analyses (stamp of the last analysis that marked it)
 
-  // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021).
+  // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021). The scratch
+  // fields fill what would be padding where they can: every node of every tape carries them.
   bool evicted = false;             // wanted by the lifetime rule but without a buffer: regenerated when read
+  std::int8_t evict_memo = 0;       // with evict_mark: 1 regenerable, 2 not, 0 being decided
   std::int32_t pins = 0;            // running ops (forward, regeneration, backward) that read it now
   std::int32_t regen_reads = 0;     // evicted values whose regeneration reads it
   std::int32_t schedule_holds = 0;  // an executed chain schedule keeps it (ChainPlan): at every level
+  std::uint32_t bound_epoch = 0;    // cache of the victim scans: `bound` holds in this epoch
   std::uint64_t last_access = 0;    // the tape's logical clock at its last read or write (staleness)
-  double cost = 0;                  // forward FLOP estimate + 1: the cost of regenerating it alone
+  double cost = 0;                  // forward FLOP estimate, rounded up, + op_overhead_flops: regenerating it alone
   std::int32_t class_parent = -1;   // union-find over evicted values (h_DTR^eq); -1: a root
   std::int32_t class_size = 1;      // at a root: members of the class
   double class_cost = 0;            // at a root: the summed cost of its members evicted now
   std::int32_t first_use = -1;      // consumers, as edges id·max_inputs + k (input k of op id reads it), listed
   std::int32_t next_use[max_inputs] = {-1, -1, -1};  // from first_use through next_use[k] of each consumer
   std::uint32_t evict_mark = 0;                      // scratch of the eviction scans (stamp)
-  std::int8_t evict_memo = 0;                        // with evict_mark: 1 regenerable, 2 not
-  std::uint32_t class_mark = 0;                      // scratch of a heuristic's neighbourhood walk (stamp)
+  std::uint32_t class_mark = 0;                      // scratch of h_DTR^eq: a class root counted by a walk (stamp)
+  std::uint32_t walk_mark = 0;                       // scratch of a neighbourhood or eviction walk (stamp)
+  std::uint32_t regen_mark = 0;                      // scratch of a regeneration: a member of the one of this stamp
+  std::int32_t regen_uses = 0;                       // with regen_mark: its readers in that regeneration not yet run
+  std::uint32_t journal_mark = 0;                    // saved in the journal of the trial of this stamp
+  double bound = 0;                                  // with bound_epoch: Evictor::bound
 
   std::shared_ptr<ParameterStorage<T>> parameter;  // a referenced Parameter (value not tape-owned)
   std::uint64_t parameter_version = 0;

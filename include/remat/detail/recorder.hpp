@@ -95,7 +95,9 @@ class Recorder {
         Buffers<T>::bytes(shape) + Buffers<T>::bytes(shapes.extra) + Buffers<T>::bytes(shapes.scratch);
     // Under a memory budget, evictions and regenerations of inputs first run as a trial (throws
     // memory_budget_error, stale_value_error, std::bad_alloc with the tape unchanged).
-    const double cost = forward_flops(table, inputs, arity, attributes, shape) + 1;  // h_DTR's cost
+    // The heuristics' cost of regenerating it (node.hpp), a whole number so that every sum of costs is exact
+    // whatever its order (the evicted classes' costs are summed as they merge: detail/eviction_classes.hpp).
+    const double cost = whole(forward_flops(table, inputs, arity, attributes, shape)) + op_overhead_flops;
     const bool evicts = evictor_.needs_work(inputs, arity, need);
     if (evicts) room_by_trial(table->name, inputs, arity, shapes);
     graph_.nodes.emplace_back();  // within capacity
@@ -110,10 +112,7 @@ class Recorder {
     // Nothing below throws, except an op's forward (which should not).
     const std::size_t peak = buffers_.peak_bytes();
     if (evicts) {
-      for (int k = 0; k < arity; ++k) {
-        evictor_.ensure(inputs[k]);
-        lifetime_.pin(inputs[k]);
-      }
+      evictor_.acquire(inputs, arity);  // resident and pinned, regenerated together if evicted
       evictor_.make_room(need);
     }
     for (int k = 0; k < arity; ++k) evictor_.touch(inputs[k]);
@@ -357,10 +356,7 @@ class Recorder {
   void room_by_trial(const char* what, const std::int32_t* inputs, int arity, const OpShapes& shapes) {
     evictor_.reserve(static_cast<std::size_t>(graph_.size()));
     evictor_.trial(what, [&] {
-      for (int k = 0; k < arity; ++k) {
-        evictor_.ensure(inputs[k]);
-        lifetime_.pin(inputs[k]);
-      }
+      evictor_.acquire(inputs, arity);
       evictor_.make_room(Buffers<T>::bytes(shapes.output) + Buffers<T>::bytes(shapes.extra) +
                          Buffers<T>::bytes(shapes.scratch));
       for (const Shape* s : {&shapes.output, &shapes.extra, &shapes.scratch}) {
@@ -369,6 +365,14 @@ class Recorder {
       }
     });
     buffers_.reserve_simulated();
+  }
+
+  /// `flops` rounded up to a whole number, 0 if negative (a conversion, not a call to ceil: every op records one).
+  static double whole(double flops) {
+    if (!(flops > 0)) return 0;
+    if (flops >= 0x1p53) return flops;  // a double this large is whole
+    const auto n = static_cast<std::uint64_t>(flops);
+    return static_cast<double>(n) + (static_cast<double>(n) < flops ? 1.0 : 0.0);
   }
 
   double forward_flops(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,

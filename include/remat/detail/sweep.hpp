@@ -78,9 +78,14 @@ class Sweep {
     if (buffers_.shapes_only()) {
       if (evictor_.active()) {
         simulate(loss, mode);
-        if (evictor_.failed()) evictor_.throw_failure(what);
+        if (evictor_.failed()) {
+          evictor_.forget_choices();
+          evictor_.throw_failure(what);
+        }
+        evictor_.repeat_choices();
       }
       count_only(loss, mode);
+      evictor_.forget_choices();
       return;
     }
     if (redundant_) {
@@ -92,10 +97,20 @@ class Sweep {
       return;
     }
     simulate(loss, mode);
-    if (evictor_.failed()) evictor_.throw_failure(what);
+    if (evictor_.failed()) {
+      evictor_.forget_choices();
+      evictor_.throw_failure(what);
+    }
     remember_dry_run();
-    buffers_.reserve_simulated();
+    try {
+      buffers_.reserve_simulated();
+    } catch (...) {
+      evictor_.forget_choices();
+      throw;
+    }
+    evictor_.repeat_choices();  // the real pass makes the dry run's choices
     pass(loss, mode);
+    evictor_.forget_choices();
     assert(!evictor_.failed() && "the real pass met the budget its dry run met");
   }
 
@@ -125,6 +140,7 @@ class Sweep {
 
   std::size_t replayed_bytes() const { return replayed_bytes_; }
   std::size_t replayed_ops() const { return replayed_ops_; }
+  double replayed_flops() const { return replayed_flops_; }
   /// The peak live bytes the last run's dry run predicted (equal to what the real pass reached).
   std::size_t predicted_peak_bytes() const { return predicted_peak_; }
 
@@ -166,7 +182,6 @@ class Sweep {
     chain_held_.reserve(chain);
     chain_tape_.reserve(chain);
     snapshot_.resize(count);
-    if (evictor_.active()) evictor_.reserve(count);    // the exact heuristic's walk
     tier_snapshot_.reserve(graph_.tier_holds.size());  // simulate() cannot throw
     const std::size_t words = signature_header + signature_words * count + 3 * graph_.regions.size() +
                               graph_.region_sources.size() + graph_.tier_holds.size();
@@ -180,9 +195,11 @@ class Sweep {
     *sig++ = graph_.regions.size();
     *sig++ = graph_.region_sources.size();
     const std::uint8_t *wanted_bits = wanted.data(), *keep_bits = keep.data();
+    bool evicted = false;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
       if (n.is_variable) ++variables;
+      evicted = evicted || n.evicted;
       if (n.parameter && n.parameter->grad_defined && n.parameter->grad_size != n.shape.size())
         throw shape_error("backward: the gradient of the Parameter recorded as node #" + std::to_string(i) + " has " +
                           std::to_string(n.parameter->grad_size) + " elements but its value is " + to_string(n.shape) +
@@ -199,6 +216,8 @@ class Sweep {
     for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
     for (std::int32_t held : graph_.tier_holds) *sig++ = static_cast<std::uint32_t>(held);
     assert(sig == signature_.data() + words);
+    // The budget's work lists: for its evictions, and for regenerating what it evicted even once it is lifted.
+    if (evictor_.active() || evicted) evictor_.reserve(count);
     for (const Region& r : graph_.regions) signable = signable && r.plan < 0;  // a chain's schedule: not signed
     signable_ = signable;
     redundant_ = dry_run_redundant();
@@ -387,21 +406,25 @@ class Sweep {
 
   /// The dry run: the same pass with kernels skipped and buffers counted, then everything put back.
   void simulate(std::int32_t loss, SweepMode mode) noexcept {
+    evictor_.prepare_classes();
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       snapshot_[static_cast<std::size_t>(i)] = NodeSnapshot<T>::of(graph_[i]);
     tier_snapshot_.assign(graph_.tier_holds.begin(), graph_.tier_holds.end());  // within capacity
     // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
     // reservation that fails leaves memory() as it was. The same for the evictions' counters and clock.
     const std::size_t replayed_bytes = replayed_bytes_, replayed_ops = replayed_ops_;
+    const double replayed_flops = replayed_flops_;
     const typename Evictor<T>::Counters evictions = evictor_.counters();
     evictor_.clear_failure();
     simulation_ = next_simulation_serial();
     buffers_.begin_simulation();
+    if (evictor_.active()) evictor_.record_choices();
     pass(loss, mode);
     predicted_peak_ = buffers_.end_simulation();
     simulation_ = 0;
     replayed_bytes_ = replayed_bytes;
     replayed_ops_ = replayed_ops;
+    replayed_flops_ = replayed_flops;
     evictor_.restore(evictions);
     for (std::int32_t i = 0; i < graph_.size(); ++i) snapshot_[static_cast<std::size_t>(i)].restore(graph_[i]);
     std::copy(tier_snapshot_.begin(), tier_snapshot_.end(), graph_.tier_holds.begin());
@@ -431,6 +454,7 @@ class Sweep {
     running_ = !simulating();
     replayed_bytes_ = 0;
     replayed_ops_ = 0;
+    replayed_flops_ = 0;
     if (!mode.accumulate) set_aside_accumulated_gradients();
     seed(loss);
     enter_ = entering_.begin();
@@ -590,6 +614,7 @@ class Sweep {
       const Node<T>& n = graph_[u];
       evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
+      replayed_flops_ += n.cost - op_overhead_flops;  // its FLOP estimate (Node::cost)
       ++replayed_ops_;
       const std::uint8_t computed = computed_inputs_[static_cast<std::size_t>(u - begin)];
       for (int k = 0; k < n.arity; ++k) {
@@ -651,6 +676,7 @@ class Sweep {
       const Node<T>& n = graph_[u];
       evictor_.compute(u, false);
       replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
+      replayed_flops_ += n.cost - op_overhead_flops;  // its FLOP estimate (Node::cost)
       ++replayed_ops_;
       const std::uint8_t computed = computed_inputs_[static_cast<std::size_t>(u - r.begin)];
       for (int k = 0; k < n.arity; ++k) {
@@ -732,18 +758,22 @@ class Sweep {
   /// budget, pinned while it runs. Without a budget nothing evicts (Evictor::make_room), so nothing can
   /// free a residual while the backward runs: each one is wanted (its pending backward read holds it at
   /// the sweep's level), and unpinning would settle it to what it is now.
+  /// Under a budget they are acquired together (Evictor::acquire): one regeneration makes all of them resident,
+  /// so that regenerating one cannot evict another the same backward reads.
   void pin_residuals(std::int32_t i) noexcept {
     const Node<T>& n = graph_[i];
-    const bool pins = evictor_.active();
-    for (int k = 0; k < n.arity; ++k)
-      if (n.reads & reads_input(k)) {
-        evictor_.ensure(n.inputs[k]);
-        if (pins) lifetime_.pin(n.inputs[k]);
-      }
-    if (n.reads & reads_output) {
-      evictor_.ensure(i);
-      if (pins) lifetime_.pin(i);
+    if (!evictor_.active()) {
+      for (int k = 0; k < n.arity; ++k)
+        if (n.reads & reads_input(k)) evictor_.ensure(n.inputs[k]);
+      if (n.reads & reads_output) evictor_.ensure(i);
+      return;
     }
+    std::int32_t read[max_inputs + 1];
+    int count = 0;
+    for (int k = 0; k < n.arity; ++k)
+      if (n.reads & reads_input(k)) read[count++] = n.inputs[k];
+    if (n.reads & reads_output) read[count++] = i;
+    evictor_.acquire(read, count);
   }
   void unpin_residuals(std::int32_t i) noexcept {
     if (!evictor_.active()) return;
@@ -904,6 +934,7 @@ class Sweep {
   bool running_ = false;
   std::uint64_t simulation_ = 0;  // serial of the running dry run, 0 outside one
   std::size_t replayed_bytes_ = 0, replayed_ops_ = 0;
+  double replayed_flops_ = 0;
   std::size_t predicted_peak_ = 0;
   // Skipping the dry run (see the top of this file).
   std::vector<std::uint64_t> signature_, cached_signature_;          // this sweep's; the last remembered dry run's

@@ -483,11 +483,13 @@ class TapeState {
     }
     m.replayed_bytes = sweep_.replayed_bytes();
     m.replayed_ops = sweep_.replayed_ops();
+    m.replayed_flops = sweep_.replayed_flops();
     m.cached_bytes = buffers_.cached_bytes();
     const typename Evictor<T>::Counters c = evictor_.counters();
     m.evictions = c.evictions;
     m.rematerialized_ops = c.ops;
     m.rematerialized_bytes = c.bytes;
+    m.rematerialized_flops = c.flops;
     return m;
   }
 
