@@ -1,7 +1,7 @@
 """End-to-end tests of the GPT example (examples/gpt), registered with CTest by examples/gpt/CMakeLists.txt.
 
 usage: gpt_test.py CASE GPT_BINARY [MPIEXEC]
-  CASE: bad_corpus | fused_dropout | checkpoint_modes | estimate | resume | json | real_corpus
+  CASE: bad_corpus | fused_dropout | checkpoint_modes | estimate | resume | json | real_corpus | weights
         | distributed_equals_single_process | distributed_faults (these two run GPT under MPIEXEC)
 Each case exits 0 on success and prints what failed otherwise. The cases train a tiny model for a few
 steps on a corpus the test writes (so they do not need the fortunes package) and take well under a
@@ -381,8 +381,209 @@ def case_distributed_faults():
               f"different --state files: stderr {p.stderr[-3000:]!r}")
 
 
+# ---- --save-weights / --load-weights: safetensors files read and written here with json and struct ----
+
+def read_safetensors(path):
+    """(header, {name: (shape, list of floats)}) of a safetensors file, read by the format's rules alone."""
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    check(n % 8 == 0, f"{path}: header not padded to 8 bytes")
+    tensors = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = t["data_offsets"]
+        code = {"F32": "f", "F64": "d"}[t["dtype"]]
+        count = (end - begin) // struct.calcsize(code)
+        tensors[name] = (t["shape"], list(struct.unpack(f"<{count}{code}", data[8 + n + begin:8 + n + end])))
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    check(8 + n + end == len(data), f"{path}: the tensors do not end at the end of the file")
+    return header, tensors
+
+
+def write_safetensors(path, tensors, dtypes=None):
+    """A safetensors file as another writer (PyTorch's) would make it: no metadata, tensors in reverse name
+    order, F32 unless `dtypes` says F64."""
+    dtypes = dtypes or {}
+    header, chunks, offset = {}, [], 0
+    for name in sorted(tensors, reverse=True):
+        shape, values = tensors[name]
+        dtype = dtypes.get(name, "F32")
+        chunk = struct.pack(f"<{len(values)}{'f' if dtype == 'F32' else 'd'}", *values)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(chunk)]}
+        chunks.append(chunk)
+        offset += len(chunk)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+
+
+def nanogpt_logits(tensors, layers, heads, context):
+    """The logits of the last byte of `context`, computed in double from the file's tensors alone, as a
+    nanoGPT-style PyTorch module does with them (nn.Linear: y = x·Wᵀ + b with W [out,in]; c_attn's output is
+    q, k, v; head h is columns h·d … h·d+d−1; GELU's tanh form; layer norm with eps 1e-5; causal attention)."""
+    def t(name):
+        shape, values = tensors[name]
+        return [values[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])] if len(shape) == 2 else values
+
+    def linear(x, prefix):
+        w, b = t(prefix + ".weight"), t(prefix + ".bias")
+        return [[sum(wi * xi for wi, xi in zip(row, v)) + bo for row, bo in zip(w, b)] for v in x]
+
+    def layer_norm(x, prefix):
+        g, b, out = t(prefix + ".weight"), t(prefix + ".bias"), []
+        for v in x:
+            mean = sum(v) / len(v)
+            var = sum((e - mean) ** 2 for e in v) / len(v)
+            out.append([(e - mean) / math.sqrt(var + 1e-5) * gi + bi for e, gi, bi in zip(v, g, b)])
+        return out
+
+    def gelu(z):
+        return 0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
+
+    wte, wpe = t("transformer.wte.weight"), t("transformer.wpe.weight")
+    x = [[a + b for a, b in zip(wte[c], wpe[s])] for s, c in enumerate(context)]
+    H = len(x[0])
+    d = H // heads
+    for l in range(layers):
+        p = f"transformer.h.{l}."
+        qkv = linear(layer_norm(x, p + "ln_1"), p + "attn.c_attn")
+        y = [[0.0] * H for _ in x]
+        for h in range(heads):
+            q = [r[h * d:(h + 1) * d] for r in qkv]
+            k = [r[H + h * d:H + (h + 1) * d] for r in qkv]
+            v = [r[2 * H + h * d:2 * H + (h + 1) * d] for r in qkv]
+            for i in range(len(x)):
+                scores = [sum(a * b for a, b in zip(q[i], k[j])) / math.sqrt(d) for j in range(i + 1)]
+                top = max(scores)
+                e = [math.exp(s - top) for s in scores]
+                for c in range(d):
+                    y[i][h * d + c] = sum(e[j] * v[j][c] for j in range(i + 1)) / sum(e)
+        x = [[a + b for a, b in zip(r, o)] for r, o in zip(x, linear(y, p + "attn.c_proj"))]
+        m = [[gelu(z) for z in r] for r in linear(layer_norm(x, p + "ln_2"), p + "mlp.c_fc")]
+        x = [[a + b for a, b in zip(r, o)] for r, o in zip(x, linear(m, p + "mlp.c_proj"))]
+    return linear(layer_norm(x[-1:], "transformer.ln_f"), "lm_head")[0]
+
+
+def case_weights():
+    """--save-weights writes nanoGPT's names in PyTorch's layouts; --load-weights --steps 0 evaluates exactly the
+    saving run's parameters; files of another model, dtype or --heads, and --load-weights with a state file to
+    resume, are refused with one line naming the file and the tensor."""
+    L, H, heads, S = 2, 16, 2, 16
+    model = ["--layers", L, "--width", H, "--heads", heads, "--seq-len", S, "--batch", 4, "--warmup", 5,
+             "--log-every", 5, "--eval-every", 0, "--eval-batches", 2]
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "corpus")
+        write_corpus(data)
+        common = ["--data", data, *model]
+        weights = os.path.join(tmp, "w.safetensors")
+        a = run_json(*common, "--steps", 20, "--save-weights", weights)
+
+        header, tensors = read_safetensors(weights)
+        expected = {"transformer.wte.weight": [256, H], "transformer.wpe.weight": [S, H],
+                    "transformer.ln_f.weight": [H], "transformer.ln_f.bias": [H],
+                    "lm_head.weight": [256, H], "lm_head.bias": [256]}
+        for l in range(L):
+            p = f"transformer.h.{l}."
+            expected.update({p + "ln_1.weight": [H], p + "ln_1.bias": [H], p + "attn.c_attn.weight": [3 * H, H],
+                             p + "attn.c_attn.bias": [3 * H], p + "attn.c_proj.weight": [H, H],
+                             p + "attn.c_proj.bias": [H], p + "ln_2.weight": [H], p + "ln_2.bias": [H],
+                             p + "mlp.c_fc.weight": [4 * H, H], p + "mlp.c_fc.bias": [4 * H],
+                             p + "mlp.c_proj.weight": [H, 4 * H], p + "mlp.c_proj.bias": [H]})
+        shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+        check(shapes == expected, f"tensors in {weights}: {sorted(shapes.items())}")
+        check(all(v["dtype"] == "F32" for k, v in header.items() if k != "__metadata__"), f"dtypes: {header}")
+        meta = header.get("__metadata__", {})
+        check(meta.get("format") == "pt" and meta.get("layers") == str(L) and meta.get("width") == str(H) and
+              meta.get("heads") == str(heads) and meta.get("seq_len") == str(S) and meta.get("vocab") == "256" and
+              meta.get("steps") == "20", f"metadata: {meta}")
+        check(sum(len(v) for _, v in tensors.values()) == a.get("parameters"), "not every parameter is in the file")
+
+        # Zero steps from the loaded weights evaluate exactly as the run that saved them. Without the file the
+        # same command evaluates the initialisation, which differs: the comparison sees a load that did nothing.
+        prompt = ["--prompt", "The cat ", "--temperature", 0, "--sample-bytes", 6]
+        b = run_json(*common, "--steps", 0, "--load-weights", weights, *prompt)
+        for key in ("val_loss", "parameter_checksum", "parameters_crc32"):
+            check(key in a and a.get(key) == b.get(key),
+                  f"--load-weights differs in {key}: {a.get(key)} vs {b.get(key)}")
+        check(b.get("steps") == 0 and b.get("train_loss") is None, f"--steps 0 trained: {b}")
+        fresh = run_json(*common, "--steps", 0)
+        check(fresh.get("val_loss") != a.get("val_loss"), f"the initialisation evaluates as the trained model: {fresh}")
+
+        # The names and layouts mean what nanoGPT means by them: its forward pass on the file's tensors, in
+        # double, scores the bytes the example sampled greedily from the loaded weights highest (to rounding).
+        # (The JSON sample is the bytes themselves unless they are not UTF-8: a greedy sample of these weights is.)
+        sample = b.get("sample", "")
+        check("\ufffd" not in sample, f"the sample is not UTF-8, its bytes are lost: {sample!r}")
+        context = list(b"The cat ")
+        for i, byte in enumerate(sample.encode()[:6] if "\ufffd" not in sample else b""):
+            logits = nanogpt_logits(tensors, L, heads, context)
+            check(max(logits) - logits[byte] < 1e-4,
+                  f"sample byte {i} is {byte}, but nanoGPT's forward scores {logits.index(max(logits))} higher by "
+                  f"{max(logits) - logits[byte]:g}")
+            context.append(byte)
+        check(len(sample.encode()) == 6, f"the sample is not 6 bytes: {sample!r}")
+
+        # Another writer's file (no metadata, another order) loads the same; training goes on from it.
+        foreign = os.path.join(tmp, "foreign.safetensors")
+        write_safetensors(foreign, tensors)
+        c = run_json(*common, "--steps", 0, "--load-weights", foreign)
+        check("val_loss" in a and c.get("val_loss") == a.get("val_loss"),
+              f"a file without metadata: {c.get('val_loss')} vs {a.get('val_loss')}")
+        d = run_json(*common, "--steps", 10, "--load-weights", weights)
+        check(d.get("steps") == 10 and d.get("parameters_crc32") != a.get("parameters_crc32"), f"training on: {d}")
+
+        # Refused, with one line naming the file and the tensor, before anything is trained.
+        def refused(args, words, what):
+            p = run(*args, expect=2)
+            one_error_line(p, words, what)
+            check("step " not in p.stdout, f"{what}: trained anyway: {p.stdout[-500:]!r}")
+
+        shorter = [str(v) for v in common]
+        shorter[shorter.index("--seq-len") + 1] = "8"
+        refused([*shorter, "--steps", 0, "--load-weights", weights],
+                [weights, '"transformer.wpe.weight"', "[16,16]", "--seq-len 16"], "another --seq-len")
+        deeper = [str(v) for v in common]
+        deeper[deeper.index("--layers") + 1] = "3"
+        refused([*deeper, "--steps", 0, "--load-weights", weights], [weights, "transformer.h.2."], "another --layers")
+        more_heads = [str(v) for v in common]
+        more_heads[more_heads.index("--heads") + 1] = "4"
+        refused([*more_heads, "--steps", 0, "--load-weights", weights], [weights, "2 heads", "--heads is 4"],
+                "another --heads")
+        doubles = os.path.join(tmp, "f64.safetensors")
+        write_safetensors(doubles, tensors, {"transformer.h.1.mlp.c_fc.bias": "F64"})
+        refused([*common, "--steps", 0, "--load-weights", doubles], [doubles, "transformer.h.1.mlp.c_fc.bias", "F64"],
+                "an F64 tensor")
+        cut = os.path.join(tmp, "cut.safetensors")
+        with open(weights, "rb") as f, open(cut, "wb") as g:
+            g.write(f.read()[:-4])
+        refused([*common, "--steps", 0, "--load-weights", cut], [cut, "truncated"], "a truncated file")
+        refused([*common, "--steps", 0, "--load-weights", os.path.join(tmp, "absent")], ["absent"], "a missing file")
+
+        # A state file that exists holds the weights to resume from: refused beside --load-weights. A new one
+        # is a fresh run from the loaded weights.
+        state = os.path.join(tmp, "run.state")
+        e = run_json(*common, "--steps", 10, "--load-weights", weights, "--state", state, "--stop-after", 5)
+        check(e.get("steps") == 5, f"--load-weights with a new --state: {e}")
+        before = open(state, "rb").read()
+        refused([*common, "--steps", 10, "--load-weights", weights, "--state", state], [state, "drop --load-weights"],
+                "--load-weights with a state file to resume")
+        check(open(state, "rb").read() == before, "a refused run changed the state file")
+        refused([*common, "--steps", 0, "--state", os.path.join(tmp, "new.state")], ["--steps 0", "--state"],
+                "--steps 0 with --state")
+        before = open(weights, "rb").read()
+        refused([*common, "--steps", 10, "--save-weights", os.path.join(tmp, "no", "w.safetensors")],
+                [os.path.join(tmp, "no", "w.safetensors")], "an unwritable --save-weights")
+        check(open(weights, "rb").read() == before, "a refused run changed the weights file")
+        check(sorted(os.listdir(tmp)) == ["corpus", "cut.safetensors", "f64.safetensors", "foreign.safetensors",
+                                          "run.state", "w.safetensors"], f"left-over files: {os.listdir(tmp)}")
+
+
 {"bad_corpus": case_bad_corpus, "fused_dropout": case_fused_dropout, "checkpoint_modes": case_checkpoint_modes,
  "estimate": case_estimate, "resume": case_resume, "json": case_json, "real_corpus": case_real_corpus,
+ "weights": case_weights,
  "distributed_equals_single_process": case_distributed_equals_single_process,
  "distributed_faults": case_distributed_faults}[CASE]()
 if failures:

@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include <remat/io/safetensors.hpp>
 #include <remat/nn/adamw.hpp>
 #include <remat/nn/warmup_cosine_schedule.hpp>
 #include <remat/remat.hpp>
@@ -46,6 +48,7 @@ using examples::setting_text;
 
 using remat::Var;
 
+// --steps may be 0 (evaluate only), a state file's steps may not: a run that trains nothing writes none.
 constexpr Limits<int> layers_limits{1, 1024}, batch_limits{1, 1 << 20}, steps_limits{1, 1 << 30},
     warmup_limits{0, 1 << 30};
 constexpr Limits<int> size_limits{1, 1 << 16};  ///< --width, --heads and --seq-len
@@ -68,6 +71,7 @@ struct Options {
   std::string prompt;
   bool json = false;
   std::string state;
+  std::string save_weights, load_weights;  // safetensors files of the parameters alone
   int save_every = 100, stop_after = 0;
   bool distributed = false, timing = false;
   bool estimate = false;
@@ -223,6 +227,116 @@ void decode_training(examples::StateReader& r, const gpt::Corpus& corpus, Traini
   t.last_loss = last_loss;
 }
 
+// ---- weights in the safetensors format (--save-weights, --load-weights) ----
+
+/// A parameter's name in the file and how its matrix is laid out there.
+struct TorchName {
+  const char* remat;  ///< gpt::Model::parameter_names(), without "blockL."
+  const char* torch;  ///< under "transformer.h.L." for a block's parameters
+  remat::safetensors::Layout layout;
+};
+using Layout = remat::safetensors::Layout;
+/// nanoGPT's names (github.com/karpathy/nanoGPT, model.py: class GPT) and PyTorch's layouts, so that the file
+/// loads with load_state_dict into a nanoGPT-style module and such a module's file loads here: nn.Linear
+/// weights [out, in] (remat's W is [in, out]), biases and layer-norm weights 1-D [n] (remat's are [1, n]),
+/// nn.Embedding weights [num, dim] as remat's. docs/gpt.md §Weights lists where the model differs from nanoGPT.
+constexpr TorchName model_torch_names[] = {
+    {"token_embedding", "transformer.wte.weight", Layout::matrix},
+    {"position_embedding", "transformer.wpe.weight", Layout::matrix},
+    {"lnf_gain", "transformer.ln_f.weight", Layout::vector},
+    {"lnf_bias", "transformer.ln_f.bias", Layout::vector},
+    {"head_weight", "lm_head.weight", Layout::transposed},
+    {"head_bias", "lm_head.bias", Layout::vector},  // nanoGPT's head has no bias; this model's has one
+};
+constexpr TorchName block_torch_names[] = {
+    {"ln1_gain", "ln_1.weight", Layout::vector},
+    {"ln1_bias", "ln_1.bias", Layout::vector},
+    {"qkv_weight", "attn.c_attn.weight", Layout::transposed},  // q, k, v in nanoGPT's order: rows [0,H), [H,2H), ...
+    {"qkv_bias", "attn.c_attn.bias", Layout::vector},
+    {"proj_weight", "attn.c_proj.weight", Layout::transposed},
+    {"proj_bias", "attn.c_proj.bias", Layout::vector},
+    {"ln2_gain", "ln_2.weight", Layout::vector},
+    {"ln2_bias", "ln_2.bias", Layout::vector},
+    {"fc_weight", "mlp.c_fc.weight", Layout::transposed},
+    {"fc_bias", "mlp.c_fc.bias", Layout::vector},
+    {"fc_proj_weight", "mlp.c_proj.weight", Layout::transposed},
+    {"fc_proj_bias", "mlp.c_proj.bias", Layout::vector},
+};
+
+/// Every parameter of `model` under its PyTorch name. Looked up by the model's own names rather than by
+/// position, so that a parameter added to gpt.hpp without a name here stops the program instead of being
+/// saved under another parameter's name.
+std::vector<remat::safetensors::Entry> weight_entries(gpt::Model<float>& model) {
+  const std::vector<remat::Parameter<float>*> parameters = model.parameters();
+  const std::vector<std::string> names = model.parameter_names();
+  std::vector<remat::safetensors::Entry> entries;
+  for (std::size_t n = 0; n < parameters.size(); ++n) {
+    std::string name = names[n], prefix;
+    const TorchName* begin = std::begin(model_torch_names);
+    const TorchName* end = std::end(model_torch_names);
+    if (name.compare(0, 5, "block") == 0) {  // "block3.qkv_weight" → "transformer.h.3." and "qkv_weight"
+      const std::size_t dot = name.find('.');
+      prefix = "transformer.h." + name.substr(5, dot - 5) + ".";
+      name = name.substr(dot + 1);
+      begin = std::begin(block_torch_names);
+      end = std::end(block_torch_names);
+    }
+    const TorchName* t = std::find_if(begin, end, [&](const TorchName& c) { return name == c.remat; });
+    if (t == end) throw std::logic_error("gpt: no PyTorch name for the parameter " + names[n]);
+    entries.emplace_back(prefix + t->torch, *parameters[n], t->layout);
+  }
+  return entries;
+}
+
+/// The flags of the model a weights file describes in its metadata ("" if it does not say: a file written
+/// by PyTorch), for the message of a file that does not fit.
+std::string model_flags_of(const remat::safetensors::Metadata& metadata) {
+  std::string flags;
+  for (const auto& [key, flag] : {std::pair{"layers", "--layers"}, std::pair{"width", "--width"},
+                                  std::pair{"heads", "--heads"}, std::pair{"seq_len", "--seq-len"}}) {
+    const auto it = metadata.find(key);
+    if (it == metadata.end()) return "";
+    flags += (flags.empty() ? "" : " ") + std::string(flag) + " " + it->second;
+  }
+  return flags;
+}
+
+/// Loads --load-weights into `model`. The shapes fix every size of the model but the head count, which the
+/// metadata of a file written here records: a file of another --heads would load and compute something else.
+void load_weights(const Options& o, gpt::Model<float>& model) {
+  namespace st = remat::safetensors;
+  st::Header header;
+  try {
+    header = st::read_header(o.load_weights);
+    const auto heads = header.metadata.find("heads");
+    if (heads != header.metadata.end() && heads->second != std::to_string(o.heads))
+      throw std::runtime_error("--load-weights: " + o.load_weights + ": the weights are of a model with " +
+                               heads->second + " heads (its metadata) but --heads is " + std::to_string(o.heads));
+    st::load(o.load_weights, weight_entries(model));
+  } catch (const remat::mismatch_error& e) {  // the library's message names the file and the tensor
+    const std::string flags = model_flags_of(header.metadata);
+    throw std::runtime_error("--load-weights: " + std::string(e.what()) +
+                             (flags.empty() ? "" : " (the file's metadata: " + flags + ")"));
+  } catch (const remat::io_error& e) {
+    throw std::runtime_error("--load-weights: " + std::string(e.what()));
+  }
+}
+
+/// Writes --save-weights: the parameters alone (the optimizer's state is --state's), with the model's shape
+/// in the metadata, which PyTorch ignores and a reader needs to build the model.
+void save_weights(const Options& o, Training& t) {
+  const remat::safetensors::Metadata metadata = {{"format", "pt"},
+                                                 {"model", "remat GPT"},
+                                                 {"layers", std::to_string(o.layers)},
+                                                 {"width", std::to_string(o.width)},
+                                                 {"heads", std::to_string(o.heads)},
+                                                 {"seq_len", std::to_string(o.seq_len)},
+                                                 {"vocab", std::to_string(t.model->config().vocabulary)},
+                                                 {"gelu", "tanh"},
+                                                 {"steps", std::to_string(t.optimizer->step_count())}};
+  remat::safetensors::save(o.save_weights, weight_entries(*t.model), metadata);
+}
+
 // ---- --estimate ----
 
 /// --estimate: the memory of one training step (a batch of B windows of S bytes) with the --checkpoint and
@@ -335,6 +449,10 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   // The state file's settings come first: they decide the model's shape and the split.
   std::unique_ptr<examples::StateReader> resume;
   if (!o.state.empty() && std::filesystem::exists(o.state)) {
+    if (!o.load_weights.empty())  // the state file holds the weights the run continues from
+      throw std::invalid_argument("--state " + o.state +
+                                  " exists, and a resumed run continues from its weights: drop --load-weights, or "
+                                  "give --state a new file");
     resume = std::make_unique<examples::StateReader>(examples::read_state_file(o.state, state_format));
     decode_settings(*resume, o, app);
   }
@@ -348,7 +466,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   if (o.width % o.heads != 0)
     throw std::invalid_argument("--width " + std::to_string(o.width) + " is not divisible by --heads " +
                                 std::to_string(o.heads));
-  if (o.steps <= o.warmup)
+  if (o.steps > 0 && o.steps <= o.warmup)  // --steps 0 takes no step: there is no schedule
     throw std::invalid_argument("--steps " + std::to_string(o.steps) + " must exceed --warmup " +
                                 std::to_string(o.warmup));
   if (o.batch < ranks.size)
@@ -356,6 +474,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
                                 std::to_string(ranks.size) + " ranks: every rank needs a sequence of each batch");
   if (o.estimate) return estimate_step(o);
   if (!o.state.empty() && ranks.rank == 0) examples::check_state_destination(o.state);  // before steps are spent
+  if (!o.save_weights.empty() && ranks.rank == 0) examples::check_state_destination(o.save_weights);
 
   gpt::Corpus corpus = gpt::read_corpus(o.data);
   gpt::split(corpus, static_cast<std::size_t>(o.seq_len));
@@ -371,6 +490,9 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   } else {
     remat::nn::Generator init(o.seed);
     t.model = std::make_unique<gpt::Model<float>>(gpt::Model<float>::random(config_of(o), init));
+    // Every rank reads the file (a shared file system, as --state assumes); DataParallel then checks that the
+    // ranks hold the same parameters.
+    if (!o.load_weights.empty()) load_weights(o, *t.model);
     make_optimizer(o, t);
     t.batches.set_state(o.seed ^ 0x5851f42d4c957f2dULL);
   }
@@ -378,7 +500,8 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   const std::vector<remat::Parameter<float>*> parameters = model.parameters();
   std::size_t parameter_count = 0;
   for (const remat::Parameter<float>* p : parameters) parameter_count += static_cast<std::size_t>(p->value().size());
-  const remat::nn::WarmupCosineSchedule schedule(o.lr, o.warmup, o.steps, min_lr_fraction * o.lr);
+  std::optional<remat::nn::WarmupCosineSchedule> schedule;  // none for --steps 0, which takes no step
+  if (o.steps > 0) schedule.emplace(o.lr, o.warmup, o.steps, min_lr_fraction * o.lr);
   const gpt::Options options{recompute_of(o.checkpoint), attention_of(o)};
   remat::Tape<float> tape, eval_tape;
   // --distributed: every rank starts from rank 0's parameters (ranks given different model flags stop here
@@ -403,17 +526,22 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
               corpus.validation.bytes, corpus.block);
   std::printf("unigram baseline (entropy of the training bytes): %.4f nats/byte (%.4f bits/byte)\n", baseline,
               baseline / std::log(2.0));
-  std::printf(
-      "AdamW lr %g (warm-up %d steps, cosine to %g at step %d), betas %g/%g, weight decay %g on matrices, clip %g; "
-      "batch %d x %d bytes, seed %llu\n",
-      o.lr, o.warmup, min_lr_fraction * o.lr, o.steps, beta1, beta2, weight_decay, clip_norm, o.batch, o.seq_len,
-      static_cast<unsigned long long>(o.seed));
+  if (o.steps > 0)
+    std::printf(
+        "AdamW lr %g (warm-up %d steps, cosine to %g at step %d), betas %g/%g, weight decay %g on matrices, clip %g; "
+        "batch %d x %d bytes, seed %llu\n",
+        o.lr, o.warmup, min_lr_fraction * o.lr, o.steps, beta1, beta2, weight_decay, clip_norm, o.batch, o.seq_len,
+        static_cast<unsigned long long>(o.seed));
+  else
+    std::printf("--steps 0: no training; the parameters are evaluated (batches of %d x %d bytes) and sampled\n",
+                o.batch, o.seq_len);
   if (ranks.distributed)
     std::printf("data parallel: %d ranks, each trains on its shard of every global batch of %d sequences\n", ranks.size,
                 o.batch);
   if (resume)
     std::printf("resumed from %s at step %llu\n", o.state.c_str(),
                 static_cast<unsigned long long>(t.optimizer->step_count()));
+  if (!o.load_weights.empty()) std::printf("weights loaded from %s\n", o.load_weights.c_str());
   std::fflush(stdout);
 
   eval_tape.set_training(false);
@@ -456,7 +584,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
       const std::size_t window = t.batches.below(train_windows.count());
       if (b >= first && b < last) train_windows.fill(corpus, window, b - first, ids, targets);
     }
-    const double lr = schedule.at(step);
+    const double lr = schedule->at(step);
     // Each shard's mean loss weighs by its share of the global batch; dropout masks are drawn per rank.
     data_parallel.set_shard(last - first, B);
     data_parallel.start_step();
@@ -503,6 +631,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   }
   tape.clear();
   save();
+  if (!o.save_weights.empty() && ranks.rank == 0) save_weights(o, t);
   run_timing += data_parallel.take_timing();
   const std::uint32_t crc = examples::parameters_crc32(parameters);
   data_parallel.check_same_parameters_bitwise(crc);  // --distributed: the ranks must not have diverged
@@ -515,10 +644,12 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   const double tokens_per_second =
       train_seconds > 0 ? static_cast<double>(static_cast<std::size_t>(steps_this_run) * tokens) / train_seconds : 0.0;
   const double checksum = parameter_checksum(model);
+  char train_loss[32] = "none";  // no step taken: --steps 0
+  if (!std::isnan(t.last_loss)) std::snprintf(train_loss, sizeof train_loss, "%.4f", t.last_loss);
   std::printf(
-      "done: %llu steps, train loss %.4f, validation %.4f nats/byte (%.4f bits/byte) vs unigram %.4f nats/byte; "
+      "done: %llu steps, train loss %s, validation %.4f nats/byte (%.4f bits/byte) vs unigram %.4f nats/byte; "
       "%.1f s training this run (CPU %.1f s), %.0f tok/s; saved %s after forward, peak %s\n",
-      static_cast<unsigned long long>(steps_done), t.last_loss, validation, validation / std::log(2.0), baseline,
+      static_cast<unsigned long long>(steps_done), train_loss, validation, validation / std::log(2.0), baseline,
       train_seconds, train_cpu_seconds, tokens_per_second, megabytes(saved_bytes).c_str(),
       megabytes(peak_bytes).c_str());
   std::printf("parameter checksum %.17g (CRC-32 %u)\n", checksum, crc);
@@ -528,7 +659,8 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
                 o.prompt.empty() ? "\"%\\n\"" : "the prompt", o.prompt.c_str(), text.c_str());
   if (o.json) {
     std::ostringstream j;
-    j << "{\"steps\":" << steps_done << ",\"train_loss\":" << number(t.last_loss)
+    j << "{\"steps\":" << steps_done
+      << ",\"train_loss\":" << (std::isnan(t.last_loss) ? std::string("null") : number(t.last_loss))
       << ",\"grad_norm\":" << (std::isnan(last_grad_norm) ? std::string("null") : number(last_grad_norm))
       << ",\"val_loss\":" << number(validation) << ",\"val_bits_per_byte\":" << number(validation / std::log(2.0))
       << ",\"unigram_nats_per_byte\":" << number(baseline)
@@ -582,10 +714,12 @@ int main(int argc, char** argv) {
       ->transform(examples::decimal_integer<decltype(o.batch)>())
       ->capture_default_str()
       ->check(CLI::Range(batch_limits.min, batch_limits.max));
-  app.add_option("--steps", o.steps, "Total optimizer steps (a resumed run continues up to this count)")
+  app.add_option("--steps", o.steps,
+                 "Total optimizer steps (a resumed run continues up to this count); 0 only evaluates and samples "
+                 "(e.g. the weights of --load-weights)")
       ->transform(examples::decimal_integer<decltype(o.steps)>())
       ->capture_default_str()
-      ->check(CLI::Range(steps_limits.min, steps_limits.max));
+      ->check(CLI::Range(0, steps_limits.max));
   app.add_option("--lr", o.lr, "Peak AdamW learning rate (betas 0.9/0.95, weight decay 0.1 on the weight matrices)")
       ->capture_default_str()
       ->check(finite_number)
@@ -649,6 +783,13 @@ int main(int argc, char** argv) {
   app.add_option("--state", o.state,
                  "Training state file: resumed from if it exists, written every --save-every steps and at the end "
                  "(atomically)");
+  app.add_option("--save-weights", o.save_weights,
+                 "Write the parameters alone, in the safetensors format, when training ends (atomically), under "
+                 "nanoGPT's names and PyTorch's layouts (transformer.h.I.attn.c_attn.weight [3H,H], ...; docs/gpt.md)");
+  app.add_option("--load-weights", o.load_weights,
+                 "Start from the parameters in this safetensors file (as --save-weights writes them) instead of "
+                 "initialising them from --seed; the optimizer starts afresh; not with a --state file that exists. "
+                 "--steps 0 only evaluates them");
   app.add_option("--save-every", o.save_every, "Write --state every N steps (0 = only at the end)")
       ->transform(examples::decimal_integer<decltype(o.save_every)>())
       ->capture_default_str()
@@ -670,6 +811,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
+  }
+  if (o.steps == 0 && !o.state.empty()) {  // a state file of 0 steps could not be resumed (steps_limits)
+    std::fprintf(stderr,
+                 "gpt: error: --steps 0 trains nothing, so there is no state to resume or save: drop --state\n");
+    return 2;
   }
   if (o.estimate && o.distributed) {
     std::fprintf(stderr, "gpt: error: --estimate counts one process's step: drop --distributed\n");
