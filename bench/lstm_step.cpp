@@ -2,8 +2,7 @@
 // the tape's runtime budget (Tape::set_memory_budget, Dynamic Tensor Rematerialization, Kirisame et al. 2021) at
 // 50 % and 35 % of the plain step's measured peak with each eviction heuristic; one checkpoint per timestep (the
 // cell as a checkpointed function of (x_t, h, c) returning the tuple (h, c), nothing saved); and
-// checkpoint_sequential_auto's plan for the budget, which needs single-Var layers: there the state is
-// concat_cols(h, c) and each layer slices it (two more ops per timestep, so its N differs). After timing, one
+// checkpoint_sequential_auto's plan for the budget, its layers mapping the state (h, c) to (h, c). After timing, one
 // instrumented step reports the measured peak, the ops recomputed and evictions, and checks the gradients
 // bitwise against the plain step's. Every variant records the Parameters where each timestep uses them (the
 // sweep hands a weight's gradient to its Parameter as it passes that timestep, docs/design.md §2.4) and the
@@ -136,20 +135,16 @@ class Lstm {
         x[t] = {};  // the backward's read keeps it
       }
     } else {
-      // The schedules take single-Var layers: the state is [h | c].
-      auto layer = [&](std::size_t t) {
-        return [this, &x, t](V s) {
-          auto [h_next, c_next] = cell(x[t], remat::slice_cols(s, 0, hidden), remat::slice_cols(s, hidden, hidden));
-          return remat::concat_cols({h_next, c_next});
-        };
-      };
+      // The schedules' layers map the state (h, c) to (h, c).
+      auto layer = [&](std::size_t t) { return [this, &x, t](V ht, V ct) { return cell(x[t], ht, ct); }; };
       std::vector<decltype(layer(0))> layers;
       for (std::size_t t = 0; t < x.size(); ++t) layers.push_back(layer(t));
-      V s = remat::concat_cols({h, c});
-      s = run.kind == Runner::schedule ? remat::run_schedule(layers, *run.planned, s)
-                                       : remat::checkpoint_sequential_auto(layers, s, run.budget, run.report);
+      std::tuple<V, V> s{h, c};
+      h = c = {};
+      s = run.kind == Runner::schedule ? remat::run_schedule(layers, *run.planned, std::move(s))
+                                       : remat::checkpoint_sequential_auto(layers, std::move(s), run.budget, run.report);
       x.clear();
-      h = remat::slice_cols(s, 0, hidden);
+      std::tie(h, c) = s;
     }
     c = {};
     return remat::cross_entropy(remat::linear(h, tape_.variable(w_out_), tape_.variable(b_out_)), data_.labels);

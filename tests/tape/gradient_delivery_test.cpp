@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "memory.hpp"
+#include "mlp/training_step.hpp"
 #include "random.hpp"
+#include "remat/estimate.hpp"
 #include "remat/remat.hpp"
 
 namespace gradient_delivery_test {
@@ -185,6 +187,98 @@ TEST(GradientDelivery, PlannersLeastBudgetIsTheSameForBothRecordings) {
   EXPECT_EQ(before.first, each.first);
   EXPECT_EQ(before.second, each.second);
   EXPECT_LE(before.second, before.first);
+}
+
+TEST(GradientDelivery, MlpExamplePeaksAreTheSameForBothRecordings) {
+  // The MLP example's step (its own record(): every Parameter recorded before the forward pass) against the
+  // same network with each layer recording its Parameters where it uses them, in every --checkpoint mode, at
+  // the example's default shape (784 → 512 → 512 → 10, relu, batch 128), estimated from shapes.
+  remat::nn::Generator init(1);
+  std::vector<remat::nn::Linear<float>> layers;
+  layers.emplace_back(784, 512, init, remat::nn::Init::he_uniform);
+  layers.emplace_back(512, 512, init, remat::nn::Init::he_uniform);
+  layers.emplace_back(512, 10, init, remat::nn::Init::he_uniform);
+  const Matrix<float> x = Matrix<float>::Zero(128, 784);
+  std::vector<int> labels(128, 3);
+  for (const char* mode : {"none", "layer", "dots", "sqrt"}) {
+    SCOPED_TRACE(mode);
+    mlp::NetworkOptions o;
+    o.checkpoint = mode;
+    mlp::TrainingStep step;
+    const auto before = remat::estimate_memory([&](Tape<float>& tape) {
+      const auto r = step.record(tape, o, layers, x, labels);
+      return std::make_tuple(r.loss, r.logits);
+    });
+    // Layer i records W_i and b_i when it runs (in a checkpoint region, when the region runs it).
+    const auto each = remat::estimate_memory([&](Tape<float>& tape) {
+      auto layer = [&](std::size_t i, Var<float> h) {
+        std::vector<Var<float>> p(2 * i);  // mlp::layer reads entries 2i and 2i + 1
+        p.push_back(tape.variable(layers[i].weight));
+        p.push_back(tape.variable(layers[i].bias));
+        return mlp::layer(o, p, i, h, true);
+      };
+      Var<float> h = tape.constant(x);
+      const std::string m = mode;
+      if (m == "none") {
+        for (std::size_t i = 0; i < layers.size(); ++i) h = layer(i, h);
+      } else if (m == "layer" || m == "dots") {
+        for (std::size_t i = 0; i + 1 < layers.size(); ++i) {
+          auto f = [&, i](Var<float> v) { return layer(i, v); };
+          h = m == "layer" ? remat::checkpoint(f, remat::policies::nothing_saveable)(h)
+                           : remat::checkpoint(f, remat::policies::dots_saveable)(h);
+        }
+        h = layer(layers.size() - 1, h);
+      } else {  // sqrt: 3 layers in round(√3) = 2 segments of 2 and 1, every segment a region (mlp::forward)
+        h = remat::checkpoint([&](Var<float> v) { return layer(1, layer(0, v)); })(h);
+        h = remat::checkpoint([&](Var<float> v) { return layer(2, v); })(h);
+      }
+      return std::make_tuple(remat::cross_entropy(h, labels), h);
+    });
+    EXPECT_EQ(before.peak_bytes, each.peak_bytes);
+  }
+}
+
+TEST(GradientDelivery, W2PeaksAreTheSameForBothRecordings) {
+  // W2 (bench/workloads.hpp: 256 rows, width 1024, 8 blocks h ← h + linear(gelu(linear(layer_norm(h))))),
+  // plain and under checkpoint_sequential(3), estimated from shapes.
+  constexpr Index rows = 256, d = 1024;
+  constexpr int blocks = 8;
+  std::vector<Parameter<float>> params;  // per block: gain, shift, W1, b1, W2, b2
+  for (int k = 0; k < blocks; ++k) {
+    for (auto [r, c] : {std::pair<Index, Index>{1, d}, {1, d}, {d, 4 * d}, {1, 4 * d}, {4 * d, d}, {1, d}})
+      params.emplace_back(Matrix<float>::Zero(r, c));
+  }
+  std::vector<int> labels(rows, 1);
+  for (int segments : {0, 3}) {
+    SCOPED_TRACE("segments " + std::to_string(segments));
+    auto peak = [&](Recording recording) {
+      return remat::estimate_memory([&](Tape<float>& tape) {
+               std::vector<Var<float>> before;
+               if (recording == Recording::all_before_the_forward_pass)
+                 for (auto& p : params) before.push_back(tape.variable(p));
+               auto param = [&](std::size_t k) {
+                 return recording == Recording::each_where_used ? tape.variable(params[k]) : before[k];
+               };
+               std::vector<std::function<Var<float>(Var<float>)>> layers;
+               for (std::size_t k = 0; k < blocks; ++k)
+                 layers.push_back([&, k](Var<float> h) {
+                   const std::size_t p = 6 * k;
+                   return h + remat::linear(remat::gelu(remat::linear(remat::layer_norm(h, param(p), param(p + 1)),
+                                                                      param(p + 2), param(p + 3))),
+                                            param(p + 4), param(p + 5));
+                 });
+               Var<float> h = tape.constant(Matrix<float>::Zero(rows, d));
+               if (segments > 0) {
+                 h = remat::checkpoint_sequential(layers, segments, h);
+               } else {
+                 for (const auto& layer : layers) h = layer(h);
+               }
+               return remat::cross_entropy(remat::slice_cols(h, 0, 10), labels);
+             })
+          .peak_bytes;
+    };
+    EXPECT_EQ(peak(Recording::all_before_the_forward_pass), peak(Recording::each_where_used));
+  }
 }
 
 }  // namespace gradient_delivery_test

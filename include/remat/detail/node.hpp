@@ -214,18 +214,22 @@ struct Region {
 
 /// A chain of layers recorded as one region whose backward follows a planned schedule's operations
 /// (run_schedule with a non-persistent schedule) instead of one replay: layer i (1…L) is the nodes
-/// [layer_begin[i − 1], layer_begin[i]) and returns node outputs[i]; outputs[0] is the chain's input.
+/// [layer_begin[i − 1], layer_begin[i]) and returns the `width` nodes output(i, 0 … width − 1) (one state of the
+/// chain: a Var, or the Vars of a tuple); output(0, ·) is the chain's input.
 struct ChainPlan {
   struct Operation {
     enum Kind : std::uint8_t { forward, forward_all, backward, free_activation } kind;
     std::int32_t layer;
   };
   std::vector<std::int32_t> layer_begin;  // L + 1 entries
-  std::vector<std::int32_t> outputs;      // L + 1 entries
+  std::vector<std::int32_t> outputs;      // (L + 1) · width entries: state i at [i · width, (i + 1) · width)
   std::vector<Operation> operations;      // from the first backward on
   std::vector<std::uint8_t> held;         // L + 1: x_i kept by the forward pass for the first backward
   std::vector<std::uint8_t> tapes;        // L + 1: layer i's residuals kept by it (its ops saved)
-  int length() const { return static_cast<int>(outputs.size()) - 1; }
+  int width = 1;                          // Vars in one state
+  int length() const { return static_cast<int>(held.size()) - 1; }
+  std::int32_t& output(int i, int k) { return outputs[static_cast<std::size_t>(i * width + k)]; }
+  std::int32_t output(int i, int k) const { return outputs[static_cast<std::size_t>(i * width + k)]; }
 };
 
 /// The recorded graph: nodes, regions and the side stores their attributes index into. Every vector

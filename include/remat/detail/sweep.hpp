@@ -178,7 +178,7 @@ class Sweep {
     uses_.reserve(longest);
     computed_inputs_.reserve(longest);
     std::size_t chain = 0;
-    for (const ChainPlan& plan : graph_.chain_plans) chain = std::max(chain, plan.outputs.size());
+    for (const ChainPlan& plan : graph_.chain_plans) chain = std::max(chain, plan.held.size());
     chain_held_.reserve(chain);
     chain_tape_.reserve(chain);
     snapshot_.resize(count);
@@ -545,7 +545,7 @@ class Sweep {
   void hold_activation(const ChainPlan& plan, int i) noexcept {
     std::uint8_t& held = chain_held_[static_cast<std::size_t>(i)];
     if (held != 0) return;
-    lifetime_.add_schedule_hold(plan.outputs[static_cast<std::size_t>(i)]);
+    for (int k = 0; k < plan.width; ++k) lifetime_.add_schedule_hold(plan.output(i, k));
     held = 2;
   }
   /// The schedule is done with x_i: its hold goes, at level depth − 1, where a value of the chain stays only
@@ -556,22 +556,26 @@ class Sweep {
     const bool physical = held == 2 || !mode.retain_graph;
     held = 0;
     if (!physical) return;
-    const std::int32_t id = plan.outputs[static_cast<std::size_t>(i)];
-    // x_i stays as a residual of its layer's tape if the schedule keeps that (x_i may be an earlier layer's
-    // output: a layer may return its input).
-    bool residual = false;
-    for (int k = i; k >= 1 && !residual; --k)
-      if (plan.layer_begin[static_cast<std::size_t>(k - 1)] <= id && id < plan.layer_begin[static_cast<std::size_t>(k)])
-        residual = chain_tape_[static_cast<std::size_t>(k)] != 0;
-    lifetime_.release_schedule_hold_at(id, residual ? depth : depth - 1);
+    for (int m = 0; m < plan.width; ++m) {
+      const std::int32_t id = plan.output(i, m);
+      // x_i stays as a residual of its layer's tape if the schedule keeps that (x_i may be an earlier layer's
+      // output: a layer may return its input).
+      bool residual = false;
+      for (int k = i; k >= 1 && !residual; --k)
+        if (plan.layer_begin[static_cast<std::size_t>(k - 1)] <= id &&
+            id < plan.layer_begin[static_cast<std::size_t>(k)])
+          residual = chain_tape_[static_cast<std::size_t>(k)] != 0;
+      lifetime_.release_schedule_hold_at(id, residual ? depth : depth - 1);
+    }
   }
   /// A chain no gradient reaches: the forward pass's holds go unless retain_graph keeps them.
   void release_forward_holds(const Region& r, SweepMode mode) noexcept {
     if (mode.retain_graph) return;
     const ChainPlan& plan = graph_.chain_plans[static_cast<std::size_t>(r.plan)];
     lifetime_.set_level(r.depth - 1);
-    for (std::size_t i = 0; i < plan.held.size(); ++i)
-      if (plan.held[i]) lifetime_.release_schedule_hold(plan.outputs[i]);
+    for (int i = 0; i <= plan.length(); ++i)
+      if (plan.held[static_cast<std::size_t>(i)])
+        for (int k = 0; k < plan.width; ++k) lifetime_.release_schedule_hold(plan.output(i, k));
     lifetime_.set_level(r.depth);
   }
 
@@ -580,15 +584,15 @@ class Sweep {
   /// not there, freeing each transient after its last use, as a replay does.
   void recompute_layer(const ChainPlan& plan, int i, bool all, int depth) noexcept {
     const std::int32_t begin = plan.layer_begin[static_cast<std::size_t>(i - 1)],
-                       end = plan.layer_begin[static_cast<std::size_t>(i)],
-                       out = plan.outputs[static_cast<std::size_t>(i)];
+                       end = plan.layer_begin[static_cast<std::size_t>(i)];
     const PresentNow present{depth};
     uses_.assign(static_cast<std::size_t>(end - begin), 0);  // within capacity
     computed_inputs_.assign(static_cast<std::size_t>(end - begin), 0);
     members_.clear();
     auto target = [&](std::int32_t u) {
       const Node<T>& n = graph_[u];
-      if (u == out && !present.value(graph_, u, u)) return true;
+      for (int k = 0; k < plan.width; ++k)
+        if (u == plan.output(i, k) && !present.value(graph_, u, u)) return true;
       return all && ((read_at_or_below(graph_, n, depth) && !present.value(graph_, u, u)) ||
                      (n.level <= depth && n.extra_read && !present.extra(n)));
     };

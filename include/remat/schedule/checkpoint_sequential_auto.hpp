@@ -14,6 +14,7 @@
 
 #include "remat/checkpoint.hpp"
 #include "remat/errors.hpp"
+#include "remat/schedule/chain_state.hpp"
 #include "remat/schedule/planner.hpp"
 
 namespace remat {
@@ -26,10 +27,10 @@ struct SaveWhileFlagged {
   bool operator()(const OpInfo&) const { return *flag; }
 };
 
-template <class Layers, class T>
-Var<T> run_plan_node(const Layers& layers, const Schedule& schedule, int index, Var<T> x, bool* flag) {
+template <class Layers, class S>
+S run_plan_node(const Layers& layers, const Schedule& schedule, int index, S x, bool* flag) {
   const PlanNode& n = schedule.nodes[static_cast<std::size_t>(index)];
-  auto layer = [&](int i, Var<T> v) { return layers[static_cast<std::size_t>(i - 1)](std::move(v)); };
+  auto layer = [&](int i, S v) { return call_layer(layers[static_cast<std::size_t>(i - 1)], std::move(v)); };
   switch (n.kind) {
     case PlanNode::backward: {
       // The layer whose tape the enclosing region keeps: its ops are saved at the enclosing level.
@@ -48,8 +49,8 @@ Var<T> run_plan_node(const Layers& layers, const Schedule& schedule, int index, 
         x = layer(n.kept, std::move(x));  // Fall_kept at this level: its tape is kept here
       } else {
         bool save = false;
-        x = checkpoint([&](Var<T> v) { return run_plan_node(layers, schedule, n.left, std::move(v), &save); },
-                       SaveWhileFlagged{&save})(x);
+        x = checkpoint_state([&](S v) { return run_plan_node(layers, schedule, n.left, std::move(v), &save); },
+                             SaveWhileFlagged{&save}, std::move(x));
       }
       if (n.right < 0) return x;
       return run_plan_node(layers, schedule, n.right, std::move(x), flag);
@@ -57,8 +58,8 @@ Var<T> run_plan_node(const Layers& layers, const Schedule& schedule, int index, 
     case PlanNode::split_activation: {
       if (n.right_first != n.kept + 1) break;
       bool save = false;
-      x = checkpoint([&](Var<T> v) { return run_plan_node(layers, schedule, n.left, std::move(v), &save); },
-                     SaveWhileFlagged{&save})(x);
+      x = checkpoint_state([&](S v) { return run_plan_node(layers, schedule, n.left, std::move(v), &save); },
+                           SaveWhileFlagged{&save}, std::move(x));
       return run_plan_node(layers, schedule, n.right, std::move(x), flag);
     }
     case PlanNode::advance:
@@ -83,10 +84,11 @@ inline bool persistent(const Schedule& schedule) {
 
 /// The chain's plan for the tape (ChainPlan): the operations from the first backward on, what the forward
 /// pass must keep for it (held: activations; tapes: layers whose ops it saves). Throws std::bad_alloc.
-inline ChainPlan chain_plan_of(const Schedule& schedule, int L) {
+inline ChainPlan chain_plan_of(const Schedule& schedule, int L, int width) {
   ChainPlan plan;
+  plan.width = width;
   plan.layer_begin.assign(static_cast<std::size_t>(L + 1), 0);
-  plan.outputs.assign(static_cast<std::size_t>(L + 1), -1);
+  plan.outputs.assign(static_cast<std::size_t>((L + 1) * width), -1);
   plan.held.assign(static_cast<std::size_t>(L + 1), 0);
   plan.tapes.assign(static_cast<std::size_t>(L + 1), 0);
   std::size_t first_backward = 0;
@@ -125,19 +127,20 @@ inline ChainPlan chain_plan_of(const Schedule& schedule, int L) {
 /// run_schedule for a non-persistent schedule: the chain is one region whose backward runs the schedule's
 /// operations (detail/sweep.hpp, run_chain). Only outside checkpoint regions (an enclosing region's replay
 /// would not know the schedule's holds).
-template <class Layers, class T>
-Var<T> run_chain_schedule(const Layers& layers, const Schedule& schedule, Var<T> x) {
-  TapeState<T>* state = x.state();
-  x.node("run_schedule");
+template <class Layers, class S>
+S run_chain_schedule(const Layers& layers, const Schedule& schedule, S x) {
+  using T = typename chain_state<S>::scalar;
+  constexpr int width = static_cast<int>(chain_state<S>::width);
+  TapeState<T>* state = chain_tape(x, "run_schedule");
   if (state->open_depth() > 0)
     throw domain_error(
         "run_schedule: a non-persistent schedule (one that frees a checkpoint before its sub-chain is done) runs "
         "only outside checkpoint regions; inside one, plan with plan_schedule(chain, budget, /*persistent=*/true)");
   const int L = static_cast<int>(std::size(layers));
-  const std::int32_t index = state->add_chain_plan(chain_plan_of(schedule, L));
+  const std::int32_t index = state->add_chain_plan(chain_plan_of(schedule, L, width));
   std::vector<std::int32_t> holds;
-  holds.reserve(static_cast<std::size_t>(L));
-  state->output_scratch().reserve(1);
+  holds.reserve(static_cast<std::size_t>(L * width));
+  state->output_scratch().reserve(width);
   bool save = false;
   const SaveWhileFlagged policy{&save};
   const std::uint32_t generation = state->generation();
@@ -148,27 +151,32 @@ Var<T> run_chain_schedule(const Layers& layers, const Schedule& schedule, Var<T>
     ~Release() { s->drop_ref(); }
   } release{state};
   try {
-    state->chain_plan(index).outputs[0] = x.id();
+    for_each_var(
+        x, [&](std::size_t k, const Var<T>& v) { state->chain_plan(index).output(0, static_cast<int>(k)) = v.id(); });
     for (int i = 1; i <= L; ++i) {
       state->chain_plan(index).layer_begin[static_cast<std::size_t>(i - 1)] = state->size();
       save = state->chain_plan(index).tapes[static_cast<std::size_t>(i)] != 0;
-      x = layers[static_cast<std::size_t>(i - 1)](std::move(x));
+      x = call_layer(layers[static_cast<std::size_t>(i - 1)], std::move(x));
       save = false;
       if (!state->region_is_innermost(region, generation))
         throw tape_error("run_schedule: the tape was cleared or destroyed while a layer ran");
-      if (x.state() != state)
-        throw tape_error("run_schedule: layer " + std::to_string(i) + " returned a Var of another tape");
-      x.node("run_schedule");
-      state->chain_plan(index).outputs[static_cast<std::size_t>(i)] = x.id();
-      if (state->chain_plan(index).held[static_cast<std::size_t>(i)]) {
-        state->add_schedule_hold(x.id());
-        holds.push_back(x.id());  // within capacity
-      }
+      for_each_var(x, [&](std::size_t, const Var<T>& v) {
+        if (v.state() != state)
+          throw tape_error("run_schedule: layer " + std::to_string(i) + " returned a Var of another tape");
+        v.node("run_schedule");
+      });
+      const bool held = state->chain_plan(index).held[static_cast<std::size_t>(i)] != 0;
+      for_each_var(x, [&](std::size_t k, const Var<T>& v) {
+        state->chain_plan(index).output(i, static_cast<int>(k)) = v.id();
+        if (!held) return;
+        state->add_schedule_hold(v.id());
+        holds.push_back(v.id());  // within capacity
+      });
     }
     state->chain_plan(index).layer_begin[static_cast<std::size_t>(L)] = state->size();
     std::vector<std::int32_t>& outputs = state->output_scratch();
     outputs.clear();
-    outputs.push_back(x.id());  // within capacity
+    for_each_var(x, [&](std::size_t, const Var<T>& v) { outputs.push_back(v.id()); });  // within capacity
     state->close_region(outputs);
     return x;
   } catch (...) {
@@ -183,18 +191,21 @@ Var<T> run_chain_schedule(const Layers& layers, const Schedule& schedule, Var<T>
 
 }  // namespace detail
 
-/// Runs `layers` (L callables Var<T> → Var<T>) on x following `schedule` (from plan_schedule for a chain of
-/// the same L) and returns x_L. A persistent schedule runs as nested checkpoint regions: each kept
+/// Runs `layers` (L callables S → S) on x following `schedule` (from plan_schedule for a chain of
+/// the same L) and returns x_L. The state S is a Var<T> or a std::tuple of Var<T> (an LSTM's (h, c)); a layer
+/// may take a tuple's Vars unpacked. A persistent schedule runs as nested checkpoint regions: each kept
 /// activation a region boundary, each kept full tape a layer whose ops the region saves. Any other one runs
 /// as one region carrying the schedule, whose backward performs its operations on the recorded ops
 /// (docs/schedules.md, "How a schedule runs on the tape"). Either way layer i's ops are evaluated
 /// schedule.forward_counts(L)[i − 1] times in all (first pass included; the layer functions are called once)
 /// and gradients are bitwise those of the plain tape. Throws domain_error for an infeasible schedule, one
 /// planned for another length, or a non-persistent one inside a checkpoint region (plan with
-/// persistent = true there); a non-persistent run throws tape_error for a layer returning a Var of another
-/// tape.
-template <class Layers, class T>
-Var<T> run_schedule(const Layers& layers, const Schedule& schedule, Var<T> x) {
+/// persistent = true there); tape_error for an empty or stale Var in x, Vars of different tapes, and (a
+/// non-persistent run) a layer returning a Var of another tape.
+template <class Layers, class S>
+S run_schedule(const Layers& layers, const Schedule& schedule, S x) {
+  detail::check_chain_state<S>();
+  detail::chain_tape(x, "run_schedule");
   if (!schedule.feasible || schedule.root < 0) throw domain_error("run_schedule: the schedule is not feasible");
   const auto L = static_cast<int>(std::size(layers));
   if (schedule.nodes[static_cast<std::size_t>(schedule.root)].last != L)
@@ -239,12 +250,32 @@ struct BackwardBytes {
   std::int64_t peak = 0;  ///< the walk's peak: overhead + δ_i + δ_{i−1}
 };
 
+/// A chain's state x_i as node ids (a Var's, or a tuple's Vars'): `width` ids from `ids`.
+struct StateIds {
+  const std::int32_t* ids = nullptr;
+  int width = 0;
+  bool contains(std::int32_t id) const { return std::find(ids, ids + width, id) != ids + width; }
+  bool any_in(std::int32_t begin, std::int32_t end) const {
+    return std::any_of(ids, ids + width, [&](std::int32_t id) { return id >= begin && id < end; });
+  }
+  /// Whether ids[k] is the first of its value in the state (a tuple may hold one Var twice).
+  bool first(int k) const { return std::find(ids, ids + k, ids[k]) == ids + k; }
+  /// Bytes of its distinct values, or of those in [begin, end).
+  template <class T>
+  std::size_t bytes(const TapeState<T>& state, std::int32_t begin = 0, std::int32_t end = INT32_MAX) const {
+    std::size_t b = 0;
+    for (int k = 0; k < width; ++k)
+      if (first(k) && ids[k] >= begin && ids[k] < end) b += Buffers<T>::bytes(state.node(ids[k]).shape);
+    return b;
+  }
+};
+
 template <class T>
-BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std::int32_t end, std::int32_t input,
-                             std::int32_t output, std::vector<std::int32_t>& work,
+BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std::int32_t end, StateIds input,
+                             StateIds output, std::vector<std::int32_t>& work,
                              std::vector<std::int32_t>& outside_with_grad) {
   BackwardBytes r;
-  if (output < begin || output >= end) return r;  // the layer returned its input (or an outside value)
+  if (!output.any_in(begin, end)) return r;  // the layer returned its input (or outside values)
   // (the model's terms then hold what B_i holds, nothing is allocated: o_b = 0 is an upper bound)
   const auto at = [begin](std::int32_t j) { return static_cast<std::size_t>(j - begin); };
   // work[j − begin]: bit 0 has a gradient; the rest: backward readers of its value still to run.
@@ -258,13 +289,15 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
       if ((n.reads & reads_input(k)) && n.inputs[k] >= begin) work[at(n.inputs[k])] += 2;
     if (n.reads & reads_output) work[at(j)] += 2;
   }
-  work[at(output)] |= 1;                    // δ_i
+  for (int k = 0; k < output.width; ++k)  // δ_i: the state's values made in the layer
+    if (output.ids[k] >= begin && output.ids[k] < end) work[at(output.ids[k])] |= 1;
   for (std::int32_t w : outside_with_grad)  // gradients a later B allocated (counted in its g): not again
     if (w >= begin && w < end) work[at(w)] |= 1;
-  const auto output_bytes = static_cast<std::int64_t>(Buffers<T>::bytes(state.node(output).shape));
-  const auto input_bytes = input < 0 ? 0 : static_cast<std::int64_t>(Buffers<T>::bytes(state.node(input).shape));
-  std::int64_t live = output_bytes, peak = live;  // beyond x_{i−1} and x̄_i: δ_i, then what B_i allocates
-  bool input_gradient = false;
+  // The model's δ_i and δ_{i−1} are the whole states' sizes; a value the layer passes through is in both.
+  const auto output_bytes = static_cast<std::int64_t>(output.bytes(state));
+  const auto input_bytes = static_cast<std::int64_t>(input.bytes(state));
+  std::int64_t live = static_cast<std::int64_t>(output.bytes(state, begin, end)), peak = live;  // δ_i, then B_i's
+  std::uint64_t input_gradient = 0;  // bit k: δ_{i−1}'s value input.ids[k] allocated (a state has ≤ 64 Vars)
   // A Parameter's gradient goes to the Parameter after the backward of the earliest op that reads it and
   // receives a gradient (detail/sweep.hpp). Taken here to be its earliest consumer that requires one: no
   // later in the sweep than that op (a probe's op stands for the layer's; an op before the chain may
@@ -290,9 +323,10 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
         const Node<T>& in = state.node(w);
         if (!in.requires_grad) continue;
         const auto b = static_cast<std::int64_t>(Buffers<T>::bytes(in.shape));
-        if (w == input) {  // δ_{i−1}
-          if (!input_gradient) live += b;
-          input_gradient = true;
+        if (input.contains(w)) {  // δ_{i−1}
+          const auto bit = std::uint64_t{1} << (std::find(input.ids, input.ids + input.width, w) - input.ids);
+          if (!(input_gradient & bit)) live += b;
+          input_gradient |= bit;
         } else if (w >= begin) {
           if (work[at(w)] & 1) continue;
           work[at(w)] |= 1;
@@ -321,7 +355,7 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
     if (!n.requires_grad || nested) continue;
     auto release = [&](std::int32_t w) {  // one backward reader of w's value is done
       // A leaf's value is not in x̄_i (a Parameter's is not the tape's; a tape-owned leaf is in the baseline).
-      if (w < begin || w == output || state.node(w).is_leaf()) return;
+      if (w < begin || output.contains(w) || state.node(w).is_leaf()) return;
       if ((work[at(w)] -= 2) < 2) live -= static_cast<std::int64_t>(Buffers<T>::bytes(state.node(w).shape));
     };
     for (int k = 0; k < n.arity; ++k)
@@ -342,10 +376,12 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
 /// time and frees what it regenerated when it leaves it), the largest region's; evicted values all at once.
 /// An upper bound. `held` alone when x_0 gets no gradient.
 template <class T>
-std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begin, std::int32_t input, std::size_t held,
+std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begin, StateIds input, std::size_t held,
                               std::vector<std::int32_t>& work, std::vector<std::int32_t>& outside_with_grad) {
-  if (!state.node(input).requires_grad) return held;
-  const BackwardBytes tail = backward_bytes(state, 0, chain_begin, -1, input, work, outside_with_grad);
+  bool gradient = false;
+  for (int k = 0; k < input.width; ++k) gradient = gradient || state.node(input.ids[k]).requires_grad;
+  if (!gradient) return held;
+  const BackwardBytes tail = backward_bytes(state, 0, chain_begin, StateIds{}, input, work, outside_with_grad);
   // The sweep replays one outermost region at a time and frees what it regenerated when it leaves it: the
   // largest of their dropped bytes (nested regions' included). Evicted values: all at once.
   std::vector<std::size_t> dropped;
@@ -371,9 +407,10 @@ std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begi
 
 }  // namespace detail
 
-/// Measures a chain of layers with a probe pass, plans the schedule with the fewest recomputed FLOPs whose
-/// peak memory stays within `budget_bytes`, and runs it (run_schedule). Returns x_L. Any schedule outside
-/// checkpoint regions for L ≤ 16 (detail::non_persistent_layers); a persistent one otherwise.
+/// Measures a chain of layers (callables S → S, S a Var<T> or a std::tuple of Var<T>: docs/schedules.md, "A state
+/// of several values"; a state's sizes are the sums over its distinct values) with a probe pass, plans the schedule
+/// with the fewest recomputed FLOPs whose peak memory stays within `budget_bytes`, and runs it (run_schedule). Returns
+/// x_L. Any schedule outside checkpoint regions for L ≤ 16 (detail::non_persistent_layers); a persistent one otherwise.
 ///
 /// **The budget is a bound on tape.memory().peak_bytes** from this call until the backward sweep has passed
 /// the chain: every tape buffer counts — the values live on the tape at the call (x_0, tape variables,
@@ -408,18 +445,32 @@ std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begi
 /// Throws memory_budget_error when no schedule fits (the message gives the budget, the bytes the leanest
 /// schedule needs and the least budget that fits; the tape stays usable, the probe's nodes stay on it);
 /// domain_error for no layers or resolution < 1.
-template <class Layers, class T>
-Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t budget_bytes,
-                                  AutoScheduleReport* report = nullptr, int resolution = 500) {
+template <class Layers, class S>
+S checkpoint_sequential_auto(const Layers& layers, S x, std::size_t budget_bytes, AutoScheduleReport* report = nullptr,
+                             int resolution = 500) {
+  detail::check_chain_state<S>();
+  using T = typename detail::chain_state<S>::scalar;
+  constexpr int width = static_cast<int>(detail::chain_state<S>::width);
+  static_assert(width <= 64, "checkpoint_sequential_auto: a state of at most 64 Vars");
   const auto L = static_cast<int>(std::size(layers));
   if (L < 1) throw domain_error("checkpoint_sequential_auto: no layers");
   if (resolution < 1) throw domain_error("checkpoint_sequential_auto: resolution must be ≥ 1");
-  x.node("checkpoint_sequential_auto");
-  auto* state = x.state();
-  const std::size_t input_bytes = detail::Buffers<T>::bytes(x.shape());
+  auto* state = detail::chain_tape(x, "checkpoint_sequential_auto");
+  // The state's node ids, x_0's then x_i's after layer i: (L + 1) · width.
+  std::vector<std::int32_t> state_ids;
+  state_ids.reserve(static_cast<std::size_t>((L + 1) * width));
+  const auto push_ids = [&state_ids](const S& v) {
+    detail::for_each_var(v, [&](std::size_t, const Var<T>& var) { state_ids.push_back(var.id()); });
+  };
+  const auto ids_of = [&state_ids](int i) { return detail::StateIds{state_ids.data() + i * width, width}; };
+  push_ids(x);
+  const std::size_t input_bytes = ids_of(0).bytes(*state);
   const std::size_t live_at_call = state->live_bytes();
-  const bool input_owned = state->node(x.id()).value_owned();
-  std::size_t baseline = live_at_call - std::min(live_at_call, input_owned ? input_bytes : 0);
+  std::size_t owned_input = 0;  // x_0's tape-owned values: x_0 is counted apart from the baseline
+  for (int k = 0; k < width; ++k)
+    if (ids_of(0).first(k) && state->node(state_ids[static_cast<std::size_t>(k)]).value_owned())
+      owned_input += detail::Buffers<T>::bytes(state->node(state_ids[static_cast<std::size_t>(k)]).shape);
+  std::size_t baseline = live_at_call - std::min(live_at_call, owned_input);
   const std::int32_t chain_begin = state->size();  // the ops recorded before the call: [0, chain_begin)
 
   // Measured in bytes, then quantised.
@@ -435,86 +486,97 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   std::vector<std::int32_t> work;
   std::vector<std::uint8_t> read_in_layer;
   std::vector<std::int32_t> outside_with_grad;
-  struct Span {
-    std::int32_t begin, end, input, output;
-  };
-  std::vector<Span> spans;
+  std::vector<std::pair<std::int32_t, std::int32_t>> spans;  // layer i's nodes [begin, end)
   spans.reserve(static_cast<std::size_t>(L));
   std::size_t owned_leaves = 0;  // bytes of tape-owned leaves (tape.variable(matrix), constants) the layers record
-  checkpoint([&](Var<T> v) {
-    const Var<T> chain_input = v;
-    const std::int32_t probe_region = state->innermost_region();
-    for (int i = 0; i < L; ++i) {
-      const std::int32_t begin = state->size();
-      const std::int32_t input = v.id();
-      const std::size_t live_before = state->live_bytes();
-      // The real pass keeps x_{i−1} through layer i (a checkpoint, or a value pending for the regions); in the
-      // probe its only other handle is the layer's parameter, which the layer may drop before its peak.
-      const Var<T> layer_input = v;
-      const auto saved_measure = state->begin_peak_measure();
-      try {
-        v = layers[static_cast<std::size_t>(i)](std::move(v));
-      } catch (...) {
-        state->end_peak_measure(saved_measure);
-        throw;
-      }
-      const auto forward_peak = state->end_peak_measure(saved_measure);
-      const std::int32_t end = state->size();
-      Measured m{};
-      m.output = detail::Buffers<T>::bytes(v.shape());
-      // Kept as a checkpoint, x_i keeps its op's extra buffer if its backward reads it (layer_norm's statistics).
-      m.checkpoint = m.output + (v.id() >= begin ? state->cost(v.id()).extra_read_bytes : 0);
-      m.tape = m.output;
-      // A layer with checkpoint regions of its own: a value of the layer that an op of it reads may be the
-      // source of such a region's replay, held until the sweep leaves that region; not modelled op by op,
-      // so counted in ω_x̄ (an upper bound). Without regions of its own, all of a layer's ops are saved or
-      // dropped together by run_schedule's regions, so no value of a kept layer is a replay source.
-      read_in_layer.assign(static_cast<std::size_t>(end - begin), 0);
-      for (std::int32_t j = begin; j < end; ++j)
-        if (state->node(j).region != probe_region) {  // the probe's own region holds the layer's plain ops
-          for (std::int32_t k = begin; k < end; ++k) {
-            const detail::Node<T>& n = state->node(k);
-            for (int a = 0; a < n.arity; ++a)
-              if (n.inputs[a] >= begin) read_in_layer[static_cast<std::size_t>(n.inputs[a] - begin)] = 1;
+  detail::checkpoint_state(
+      [&](S v) {
+        const S chain_input = v;
+        const std::int32_t probe_region = state->innermost_region();
+        state_ids.resize(static_cast<std::size_t>(width));  // x_0 as the region's argument (the same ids)
+        for (int i = 0; i < L; ++i) {
+          const std::int32_t begin = state->size();
+          const std::size_t live_before = state->live_bytes();
+          // The real pass keeps x_{i−1} through layer i (a checkpoint, or a value pending for the regions); in
+          // the probe its only other handle is the layer's parameter, which the layer may drop before its peak.
+          const S layer_input = v;
+          const auto saved_measure = state->begin_peak_measure();
+          try {
+            v = detail::call_layer(layers[static_cast<std::size_t>(i)], std::move(v));
+          } catch (...) {
+            state->end_peak_measure(saved_measure);
+            throw;
           }
-          break;
+          const auto forward_peak = state->end_peak_measure(saved_measure);
+          const std::int32_t end = state->size();
+          if (detail::chain_tape(v, "checkpoint_sequential_auto") != state)
+            throw tape_error("checkpoint_sequential_auto: layer " + std::to_string(i + 1) +
+                             " returned a Var of another tape");
+          push_ids(v);  // within capacity
+          const detail::StateIds out = ids_of(i + 1);
+          Measured m{};
+          m.output = out.bytes(*state);
+          // Kept as a checkpoint, x_i keeps its ops' extra buffers if their backward reads them (layer_norm's
+          // statistics).
+          m.checkpoint = m.output;
+          for (int k = 0; k < width; ++k)
+            if (out.first(k) && out.ids[k] >= begin) m.checkpoint += state->cost(out.ids[k]).extra_read_bytes;
+          m.tape = m.output;
+          // A layer with checkpoint regions of its own: a value of the layer that an op of it reads may be the
+          // source of such a region's replay, held until the sweep leaves that region; not modelled op by op,
+          // so counted in ω_x̄ (an upper bound). Without regions of its own, all of a layer's ops are saved or
+          // dropped together by run_schedule's regions, so no value of a kept layer is a replay source.
+          read_in_layer.assign(static_cast<std::size_t>(end - begin), 0);
+          for (std::int32_t j = begin; j < end; ++j)
+            if (state->node(j).region != probe_region) {  // the probe's own region holds the layer's plain ops
+              for (std::int32_t k = begin; k < end; ++k) {
+                const detail::Node<T>& n = state->node(k);
+                for (int a = 0; a < n.arity; ++a)
+                  if (n.inputs[a] >= begin) read_in_layer[static_cast<std::size_t>(n.inputs[a] - begin)] = 1;
+              }
+              break;
+            }
+          for (std::int32_t j = begin; j < end; ++j) {
+            const detail::NodeCost c = state->cost(j);
+            const detail::Node<T>& n = state->node(j);
+            if (c.leaf) {
+              if (n.value_owned()) owned_leaves += detail::Buffers<T>::bytes(n.shape);
+              continue;
+            }
+            m.flops += c.flops;
+            // ω_x̄: what the backward reads (and, in a layer with regions of its own, what its ops read: above).
+            // The layer's output is counted above.
+            if ((c.value_read || read_in_layer[static_cast<std::size_t>(j - begin)]) && !out.contains(j))
+              m.tape += c.bytes;
+            m.tape += c.extra_read_bytes;
+          }
+          // F_i: the tape's own peak counter, beyond what was live and the output. Fall_i frees what F_i frees
+          // except the values and extras a backward reads: the same counter with those counted as kept.
+          m.forward = forward_peak.peak - std::min(forward_peak.peak, live_before + m.output);
+          const std::size_t fall = forward_peak.retained_peak - std::min(forward_peak.retained_peak, live_before);
+          m.forward_all = fall - std::min(fall, m.tape);
+          for (int k = 0; k < width; ++k) {
+            const std::int32_t id = out.ids[k];
+            m.output_read = m.output_read || (id >= begin && state->node(id).requires_grad &&
+                                              (state->node(id).reads & reads_output) != 0);
+          }
+          spans.emplace_back(begin, end);
+          measured.push_back(m);
         }
-      for (std::int32_t j = begin; j < end; ++j) {
-        const detail::NodeCost c = state->cost(j);
-        const detail::Node<T>& n = state->node(j);
-        if (c.leaf) {
-          if (n.value_owned()) owned_leaves += detail::Buffers<T>::bytes(n.shape);
-          continue;
+        // B_i's bytes, walked in the sweep's order (B_L first): the gradient of a value recorded before the chain
+        // and read by several layers is allocated by the last of them, and stays.
+        for (int i = L - 1; i >= 0; --i) {
+          const auto [begin, end] = spans[static_cast<std::size_t>(i)];
+          const detail::BackwardBytes back =
+              detail::backward_bytes(*state, begin, end, ids_of(i), ids_of(i + 1), work, outside_with_grad);
+          measured[static_cast<std::size_t>(i)].backward = back.overhead;
+          measured[static_cast<std::size_t>(i)].gradients = back.left;
         }
-        m.flops += c.flops;
-        // ω_x̄: what the backward reads (and, in a layer with regions of its own, what its ops read: above).
-        // The layer's output is counted above.
-        if ((c.value_read || read_in_layer[static_cast<std::size_t>(j - begin)]) && j != v.id()) m.tape += c.bytes;
-        m.tape += c.extra_read_bytes;
-      }
-      // F_i: the tape's own peak counter, beyond what was live and the output. Fall_i frees what F_i frees
-      // except the values and extras a backward reads: the same counter with those counted as kept.
-      m.forward = forward_peak.peak - std::min(forward_peak.peak, live_before + m.output);
-      const std::size_t fall = forward_peak.retained_peak - std::min(forward_peak.retained_peak, live_before);
-      m.forward_all = fall - std::min(fall, m.tape);
-      m.output_read =
-          v.id() >= begin && state->node(v.id()).requires_grad && (state->node(v.id()).reads & reads_output) != 0;
-      spans.push_back({begin, end, input, v.id()});
-      measured.push_back(m);
-    }
-    // B_i's bytes, walked in the sweep's order (B_L first): the gradient of a value recorded before the chain
-    // and read by several layers is allocated by the last of them, and stays.
-    for (int i = L - 1; i >= 0; --i) {
-      const Span& sp = spans[static_cast<std::size_t>(i)];
-      const detail::BackwardBytes back =
-          detail::backward_bytes(*state, sp.begin, sp.end, sp.input, sp.output, work, outside_with_grad);
-      measured[static_cast<std::size_t>(i)].backward = back.overhead;
-      measured[static_cast<std::size_t>(i)].gradients = back.left;
-    }
-    // The probe returns its input, not x_L: a region keeps what it returns, and the probe's x_L (with what its
-    // backward would read) would stay on the tape for the whole step, though no gradient ever reaches it.
-    return chain_input;
-  })(x);
+        // The probe returns its input, not x_L: a region keeps what it returns, and the probe's x_L (with what its
+        // backward would read) would stay on the tape for the whole step, though no gradient ever reaches it.
+        return chain_input;
+      },
+      policies::nothing_saveable, x);
 
   // x_L stays after B_L (the caller holds it; the model would free it with x̄_L): B_L leaves it, like g.
   // Held throughout: twice the tape-owned leaves the layers record — the probe's copies stay until the sweep
@@ -525,7 +587,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
   std::size_t gradients = 0;
   for (const Measured& m : measured) gradients += m.gradients;
   const std::size_t after_chain = detail::after_chain_bytes(
-      *state, chain_begin, x.id(), baseline + input_bytes + gradients, work, outside_with_grad);
+      *state, chain_begin, ids_of(0), baseline + input_bytes + gradients, work, outside_with_grad);
 
   // The chain in units of `unit` bytes, sizes rounded up. The unit comes from the chain, not the budget
   // (1/resolution of the sum of every measured size), so feasibility is monotone in the budget: every
@@ -590,7 +652,7 @@ Var<T> checkpoint_sequential_auto(const Layers& layers, Var<T> x, std::size_t bu
             " bytes: the least budget that works is " + std::to_string(least) + " bytes",
         budget_bytes, least, least);
   }
-  Var<T> result = run_schedule(layers, schedule, std::move(x));
+  S result = run_schedule(layers, schedule, std::move(x));
   if (report) *report = AutoScheduleReport{std::move(chain), unit, baseline, after_chain, std::move(schedule)};
   return result;
 }

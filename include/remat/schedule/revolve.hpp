@@ -9,6 +9,7 @@
 
 #include "remat/checkpoint.hpp"
 #include "remat/errors.hpp"
+#include "remat/schedule/chain_state.hpp"
 
 namespace remat {
 namespace detail {
@@ -80,23 +81,15 @@ inline int revolve_depth(std::int64_t steps, std::int64_t checkpoints, int limit
   return depth;
 }
 
-template <class Step, class T>
-Var<T> call_step(const Step& step, std::int64_t index, Var<T> x) {
-  if constexpr (std::is_invocable_v<const Step&, std::int64_t, Var<T>>)
-    return step(index, std::move(x));
-  else
-    return step(std::move(x));
-}
-
 /// Records steps first … first + steps − 1 from x with the binomial structure: the first m steps in a
 /// checkpoint region (recursively structured), the remaining ones at this level with one state fewer.
-template <class Step, class T>
-Var<T> revolve_record(const Step& step, Var<T> x, std::int64_t first, std::int64_t steps, std::int64_t checkpoints) {
+template <class Step, class S>
+S revolve_record(const Step& step, S x, std::int64_t first, std::int64_t steps, std::int64_t checkpoints) {
   while (steps > 1) {
     const std::int64_t m = revolve_split(steps, checkpoints);
-    x = checkpoint([&step, first, m, checkpoints](Var<T> v) {
-      return revolve_record(step, std::move(v), first, m, checkpoints);
-    })(x);
+    x = checkpoint_state(
+        [&step, first, m, checkpoints](S v) { return revolve_record(step, std::move(v), first, m, checkpoints); },
+        policies::nothing_saveable, std::move(x));
     first += m;
     steps -= m;
     --checkpoints;
@@ -132,9 +125,10 @@ inline std::int64_t revolve_recomputations(std::int64_t steps, std::int64_t chec
 /// revolve_recomputations(steps, checkpoints) steps, the minimum for at most `checkpoints` stored states
 /// (x_0 included), after Griewank & Walther, ACM TOMS 26(1), 2000, Algorithm 799 (Revolve).
 ///
-/// `step` is a callable Var<T> → Var<T>, or (std::int64_t i, Var<T>) → Var<T> to receive the step index
-/// (e.g. to pick the input of time step i). Every state has the shape of x0. Values the step captures from
-/// outside (weights, inputs) are kept and receive gradients as usual.
+/// `step` is a callable S → S, or (std::int64_t i, S) → S to receive the step index (e.g. to pick the input
+/// of time step i). The state S is a Var<T>, or a std::tuple of Var<T> for a multi-value state (an LSTM's
+/// (h, c)), which `step` may also take unpacked: (i, h, c) → std::tuple(h, c). Every state has the shapes of x0. Values
+/// the step captures from outside (weights, inputs) are kept and receive gradients as usual.
 ///
 /// How: the first m steps (m from the binomial formula, detail::revolve_split) go into a checkpoint region
 /// that is itself structured recursively, the remaining steps are treated the same way at this level with
@@ -146,13 +140,13 @@ inline std::int64_t revolve_recomputations(std::int64_t steps, std::int64_t chec
 /// Throws domain_error unless steps ≥ 1 and checkpoints ≥ 1, or when the schedule would nest regions
 /// deeper than the tape allows (62 levels: from 64 steps with 1 checkpoint, 2 017 with 2, 43 681 with 3,
 /// fewer inside open regions; use more checkpoints). Side effects of `step` happen once per step, in the forward pass.
-template <class Step, class T>
-Var<T> revolve(const Step& step, Var<T> x0, std::int64_t steps, std::int64_t checkpoints) {
+template <class Step, class S>
+S revolve(const Step& step, S x0, std::int64_t steps, std::int64_t checkpoints) {
+  detail::check_chain_state<S>();
   if (steps < 1 || checkpoints < 1)
     throw domain_error("revolve: need steps ≥ 1 and checkpoints ≥ 1, got " + std::to_string(steps) + " and " +
                        std::to_string(checkpoints));
-  x0.node("revolve");  // throws tape_error for an empty or stale handle
-  const int open = x0.state()->open_depth();
+  const int open = detail::chain_tape(x0, "revolve")->open_depth();  // tape_error for an empty or stale handle
   const int allowed = detail::max_region_depth - open;
   if (detail::revolve_depth(steps, std::min(checkpoints, steps), allowed) > allowed)
     throw domain_error("revolve: " + std::to_string(steps) + " steps with " + std::to_string(checkpoints) +
