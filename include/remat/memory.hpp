@@ -7,7 +7,10 @@ namespace remat {
 
 /// Exact byte counts of tape-owned tensor buffers (rows * cols * sizeof(T) each; pool rounding and
 /// bookkeeping are not included). Parameters referenced with Tape::variable(Parameter&) are not
-/// tape-owned and are not counted.
+/// tape-owned and are not counted. A Parameter's gradient is the tape's, and counted, from its first
+/// contribution until the backward of the last op that adds to it (its earliest reader that receives a
+/// gradient); then it goes to the Parameter (Parameter::grad(), PyTorch's AccumulateGrad) and is no longer
+/// counted, wherever the Parameter was recorded (docs/design.md §2.4).
 struct MemoryStats {
   std::size_t live_bytes = 0;      ///< buffers allocated now: values, op residual extras, gradients
   std::size_t peak_bytes = 0;      ///< maximum of live_bytes since the tape was created or cleared
