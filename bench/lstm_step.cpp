@@ -12,7 +12,7 @@
 //   build/bench/lstm_step --count <W5|W5-large> <means> <fraction> <steps>
 //     runs `steps` steps after a warm-up and prints the instrumented figures: for instruction counts under
 //     `valgrind --tool=callgrind` (bench/lstm_instructions.sh), which a busy machine does not distort.
-//   bench/run_lstm.sh [build-dir] [repetitions]: the idle-machine run of bench/RESULTS.md §20
+//   bench/run_lstm.sh [build-dir] [repetitions]: the idle-machine run of bench/RESULTS.md §21
 //
 // Do not time it on a busy machine (bench/RESULTS.md, method).
 #include <benchmark/benchmark.h>
