@@ -42,7 +42,8 @@ namespace remat {
 ///
 /// Not capturable (the constructor throws tape_error naming the op): random ops in training mode (dropout
 /// would draw the same mask at every run; capture in evaluation mode, or record such steps on a Tape),
-/// gradient-ready callbacks (Tape::on_gradient_ready), calls of backward, gradient, clear or
+/// gradient-ready callbacks (Tape::on_gradient_ready), anomaly detection (Tape::set_detect_anomaly: replay()
+/// checks nothing, so find a NaN on a Tape and capture the step without it), calls of backward, gradient, clear or
 /// release_cached_memory inside the function, reading a value or gradient there (Var::value(), item(),
 /// grad(), argmax_rows: the recorded step would depend on the first step's numbers), and an op whose forward
 /// throws. The function records; what it computes outside the tape is fixed at the capture: a constant made
@@ -72,6 +73,10 @@ class CapturedStep {
     try {
       loss_ = step(*tape_);
       state.end_capture_function();
+      if (state.detect_anomaly())
+        throw tape_error(
+            "CapturedStep: anomaly detection is on (Tape::set_detect_anomaly), and replay() checks no value; find "
+            "the NaN or inf by recording the step on a Tape, then capture it with anomaly detection off");
       if (!loss_.valid() || loss_.state() != &state)
         throw tape_error("CapturedStep: the step function must return a Var recorded on the tape it was given");
       check_log();  // before the backward: the Parameters are unchanged if it throws

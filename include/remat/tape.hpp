@@ -202,7 +202,9 @@ class Tape {
   /// anomaly_error naming the op, its node and the input whose gradient it wrote, and whether the gradient
   /// that op received was already non-finite (the gradients then hold what was computed). Each check reads
   /// every element it checks once (a forward's value, a backward's input gradients); off, the tape tests one
-  /// flag per op. Replays and regenerations recompute values already checked. Kept across clear().
+  /// flag per op. Replays and regenerations recompute values already checked. Kept across clear(). If a
+  /// gradient-ready callback throws too, backward() rethrows whichever exception came first. A CapturedStep
+  /// refuses to capture with it on (its replay() checks nothing).
   void set_detect_anomaly(bool on) { state_->set_detect_anomaly(on); }
   bool detect_anomaly() const { return state_->detect_anomaly(); }
 

@@ -408,6 +408,19 @@ TEST(SafetensorsFormat, AValidHandWrittenFileLoads) {
   // not overflow.
   write_bytes(path, file_of(R"({"e":{"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]}})", ""));
   EXPECT_EQ(st::read_header(path).find("e")->shape.at(1), ~std::uint64_t{0});
+
+  // A name holding a NUL and a quote is printed escaped, as JSON writes it: the message is not cut at the NUL.
+  write_bytes(path, file_of(R"({"a\u0000\"b":{"dtype":"F32","shape":[1,1],"data_offsets":[0,4]}})",
+                            bytes_of(std::vector<float>{1})));
+  Parameter<float> other(Matrix<float>::Zero(1, 1));
+  try {
+    st::load(path, {{"other", other}});
+    ADD_FAILURE() << "no mismatch_error";
+  } catch (const remat::mismatch_error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\0'), std::string::npos);
+    EXPECT_NE(what.find(R"("a\u0000\"b")"), std::string::npos) << what;
+  }
 }
 
 TEST(SafetensorsFormat, EveryBrokenRuleIsAFormatError) {
@@ -577,7 +590,7 @@ TEST_F(SafetensorsMismatch, DtypeIsRefusedWithBothNamesOrConvertedOnRequest) {
       [&] {
         st::load(path, {{"w", w}, {"b", b}, {"big", big_float}}, convert);
       },
-      {"\"big\"", "beyond float's range", "element 1"}, "big");
+      {"\"big\" holds 1e+300 at element 1", "beyond float's range"}, "big");
   t.expect_unchanged();
   const std::string small = dir.file("small.safetensors");
   Parameter<double> third(Matrix<double>{{1.0 / 3.0}});

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <vector>
 
 #include "expect_error.hpp"
 #include "memory.hpp"
@@ -88,6 +90,46 @@ TEST(AnomalyDetection, ABackwardThatWritesAnInfNamesTheOpWhoseBackwardWroteIt) {
   // The sweep completed: the gradient holds what was computed.
   EXPECT_EQ(x.grad()(0, 0), 0.25);
   EXPECT_TRUE(std::isinf(x.grad()(0, 1)));
+}
+
+TEST(AnomalyDetection, BackwardRethrowsWhicheverOfACallbackAndAnAnomalyCameFirst) {
+  // loss = sum(sqrt(a · q)) + sum(p · b): the sweep runs p · b's backward first (p's gradient is complete there,
+  // its callback runs), then sqrt's, which writes inf (a · q = 0 there), then a · q's (q's callback).
+  // `throwing` says whose callback throws: p's comes before the anomaly, q's after it.
+  for (const bool callback_first : {true, false}) {
+    SCOPED_TRACE(callback_first ? "the callback throws first" : "the anomaly comes first");
+    Tape<double> tape;
+    tape.set_detect_anomaly(true);
+    Parameter<double> p(Matrix<double>::Ones(1, 2)), q(Matrix<double>::Ones(1, 2));
+    const Parameter<double>& throwing = callback_first ? p : q;
+    std::vector<const void*> called;
+    tape.on_gradient_ready([&](Parameter<double>& r) {
+      called.push_back(&r.value());
+      if (&r.value() == &throwing.value()) throw std::runtime_error("the callback's exception");
+    });
+    const Var<double> a = tape.variable(Matrix<double>{{0.0, 1.0}}), b = tape.variable(Matrix<double>::Ones(1, 2));
+    const Var<double> first = remat::sum(remat::sqrt(a * tape.variable(q)));  // recorded first: swept last
+    const Var<double> loss = first + remat::sum(tape.variable(p) * b);
+    if (callback_first) {
+      remat_test::expect_error_naming<std::runtime_error>([&] { tape.backward(loss); }, {"the callback's exception"});
+    } else {
+      remat_test::expect_error_naming<remat::anomaly_error>([&] { tape.backward(loss); }, {"backward of sqrt"});
+    }
+    EXPECT_EQ(called.size(), callback_first ? 1u : 2u);  // none after a callback threw
+  }
+}
+
+TEST(AnomalyDetection, ACapturedStepRefusesIt) {
+  Parameter<float> w(Matrix<float>::Ones(2, 2));
+  remat_test::expect_error_naming<remat::tape_error>(
+      [&] {
+        remat::CapturedStep<float> step([&](Tape<float>& tape) {
+          tape.set_detect_anomaly(true);
+          return remat::sum(remat::matmul(tape.constant(Matrix<float>::Ones(1, 2)), tape.variable(w)));
+        });
+      },
+      {"CapturedStep", "set_detect_anomaly", "replay() checks no value"});
+  EXPECT_EQ(w.grad().sum(), 0.0f);  // refused before the backward
 }
 
 }  // namespace anomaly_test

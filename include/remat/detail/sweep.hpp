@@ -122,6 +122,12 @@ class Sweep {
   /// The anomaly_error for the first non-finite gradient the last run found (anomaly detection), or null;
   /// clears it.
   std::exception_ptr take_anomaly() noexcept { return std::exchange(anomaly_, nullptr); }
+  /// Of the anomaly and the callback's exception (a stale_value_error included), the one raised first in the
+  /// last run, or null; clears both.
+  std::exception_ptr take_first_error() noexcept {
+    std::exception_ptr anomaly = take_anomaly(), callback = take_callback_error();
+    return anomaly && (anomaly_first_ || !callback) ? anomaly : callback;
+  }
   /// True while the real pass runs (a gradient-ready callback is being called from inside it).
   bool running() const { return running_; }
 
@@ -753,6 +759,7 @@ class Sweep {
                             i);
       } catch (...) {
         anomaly_ = std::current_exception();
+        anomaly_first_ = !callback_error_;
       }
       return;
     }
@@ -935,6 +942,7 @@ class Sweep {
   std::vector<std::pair<const ParameterStorage<T>*, std::int32_t>> by_storage_;  // scratch
   std::exception_ptr callback_error_;
   std::exception_ptr anomaly_;  // the first non-finite gradient of the last run (anomaly detection)
+  bool anomaly_first_ = false;  // anomaly_ came before callback_error_
   bool running_ = false;
   std::uint64_t simulation_ = 0;  // serial of the running dry run, 0 outside one
   std::size_t replayed_bytes_ = 0, replayed_ops_ = 0;

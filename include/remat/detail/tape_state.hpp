@@ -370,9 +370,7 @@ class TapeState {
     if (!retain_graph) mark_residuals_freed("backward");
     // Anomaly detection found a non-finite gradient, or a gradient-ready callback threw: the sweep completed
     // (every gradient is written), and the backward reports it.
-    const std::exception_ptr anomaly = sweep_.take_anomaly(), callback = sweep_.take_callback_error();
-    if (anomaly) std::rethrow_exception(anomaly);
-    if (callback) std::rethrow_exception(callback);
+    if (const std::exception_ptr first = sweep_.take_first_error()) std::rethrow_exception(first);
   }
 
   /// gradient(): d loss / d target for each of `targets`, copied into `out` (matrices of their shapes,

@@ -49,6 +49,7 @@
 #include <utility>
 #include <vector>
 
+#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/nn/linear.hpp"
@@ -182,8 +183,10 @@ inline const char* type_name<double>() {
   return "double";
 }
 
+/// A tensor name in a message, quoted, with control characters and quotes escaped as JSON writes them (a NUL
+/// in a name would cut the message short).
 inline std::string quote_name(const std::string& name) {
-  return "\"" + name + "\"";
+  return nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 inline std::string shape_text(const std::vector<std::uint64_t>& shape) {
@@ -484,8 +487,9 @@ Matrix<T> read_matrix(const std::string& path, const InputFile& file, const Head
     // Converting a finite double beyond float's range is undefined behaviour in C++, and an infinity where
     // the file has a number would be a silent change: refused.
     if (std::isfinite(v) && std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
-      throw mismatch_error(path + ": tensor " + quote_name(t.name) + " holds " + std::to_string(v) + " at element " +
-                               std::to_string(i) + ", beyond float's range: load it into a Parameter<double>",
+      throw mismatch_error(path + ": tensor " + quote_name(t.name) + " holds " + remat::detail::number_text(v) +
+                               " at element " + std::to_string(i) +
+                               ", beyond float's range: load it into a Parameter<double>",
                            path, t.name);
   }
   out = transposed ? Matrix<T>(m.transpose().template cast<T>()) : Matrix<T>(m.template cast<T>());
