@@ -40,8 +40,8 @@ enum class EvictionHeuristic {
   /// (what t's regeneration needs, and what needs t), each once. Exact: the connected components are kept as
   /// classes that merge on eviction and are rebuilt after a value leaves them. The rebuild walks the class:
   /// on a long chain under a budget of a few values, where every read regenerates a long run of evicted
-  /// values, it grows about cubically with the chain (a 2 000-op tanh chain under a budget of six values took
-  /// 22 s against h_DTR^eq's 2.7 s); prefer dtr_eq there.
+  /// values, its time grows about as the cube of the chain's length, an order of magnitude beyond dtr_eq's at
+  /// a few thousand ops; prefer dtr_eq there.
   dtr,
   /// h_DTR^eq (the default): the same, with the components approximated by union-find classes of adjacent
   /// evicted values that merge on eviction and never split (a regenerated member takes its cost out).
