@@ -239,9 +239,9 @@ TEST(GradientDelivery, MlpExamplePeaksAreTheSameForBothRecordings) {
 }
 
 TEST(GradientDelivery, W2PeaksAreTheSameForBothRecordings) {
-  // W2 (bench/workloads.hpp: 256 rows, width 1024, 8 blocks h ← h + linear(gelu(linear(layer_norm(h))))),
-  // plain and under checkpoint_sequential(3), estimated from shapes.
-  constexpr Index rows = 256, d = 1024;
+  // W2 (bench/workloads.hpp: 2048 rows of width 256, 8 blocks h ← h + linear(gelu(linear(layer_norm(h)))) with
+  // inner width 1024), plain and under checkpoint_sequential(3), estimated from shapes.
+  constexpr Index rows = 2048, d = 256;
   constexpr int blocks = 8;
   std::vector<Parameter<float>> params;  // per block: gain, shift, W1, b1, W2, b2
   for (int k = 0; k < blocks; ++k) {
