@@ -1,4 +1,4 @@
-// One training step of W1, W2 and W3 (shared/DESIGN.md; W3 is examples/gpt's model) under a memory budget of 50 % and
+// One training step of W1, W2 and W3 (bench/README.md; W3 is examples/gpt's model) under a memory budget of 50 % and
 // 25 % of the plain step's measured peak, by three means: the tape's runtime budget (Tape::set_memory_budget, Dynamic
 // Tensor Rematerialization, Kirisame et al. 2021) with each eviction heuristic; checkpoint_sequential with the segment
 // count whose peak is the largest at or below the budget (found with the shapes-only tape, whose figures are the real

@@ -1,5 +1,5 @@
 # Shared by bench/run.sh and bench/run_distributed.sh (source it): waiting for an idle machine, and the
-# environment every timed command runs in (shared/DESIGN.md §6, benchmark hygiene).
+# environment every timed command runs in (bench/README.md, Environment).
 
 # Waits until the 1-minute load average is below 0.5 (a compile on one of two cores doubles wall-clock
 # medians).
@@ -13,7 +13,7 @@ wait_for_idle() {
 # The C++ runs' environment: OpenBLAS's full-speed kernels (an earlier sandbox's OPENBLAS_CORETYPE halved its
 # GEMM, so the user's setting is dropped; on a CPU OpenBLAS does not recognise, the kernels
 # scripts/openblas-coretype.sh chooses; bench/RESULTS.md names them),
-# glibc's malloc tuned for LibTorch (shared/DESIGN.md §6), libgomp's default wait policy. All implementations
+# glibc's malloc tuned for LibTorch (bench/README.md), libgomp's default wait policy. All implementations
 # share one OpenBLAS there, its OpenMP build (CMake's choice with REMAT_USE_OPENMP), whose products run on the
 # same libgomp team as remat's and ATen's kernels: with it OMP_WAIT_POLICY=PASSIVE, the tuning for the pthreads
 # build, slows every implementation (bench/run.sh's `passive` run shows it).

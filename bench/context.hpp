@@ -1,6 +1,6 @@
 // What a benchmark's output says about the machine it ran on (Google Benchmark's custom context): which
-// BLAS really computes the products, and the environment variables that change its speed (shared/DESIGN.md
-// §6: OPENBLAS_CORETYPE halves OpenBLAS's GEMM here). Shared by step_benchmark and distributed_step.
+// BLAS really computes the products, and the environment variables that change its speed (bench/README.md,
+// Environment: a machine-specific OPENBLAS_CORETYPE can halve OpenBLAS's GEMM). Shared by step_benchmark and distributed_step.
 #pragma once
 
 #include <benchmark/benchmark.h>

@@ -1,4 +1,4 @@
-// W1's training step (shared/DESIGN.md §6: 784 → 16 × 1024 tanh → 10, float32) data-parallel over MPI ranks:
+// W1's training step (bench/README.md: 784 → 16 × 1024 tanh → 10, float32) data-parallel over MPI ranks:
 // a global batch of 512 rows split into contiguous shards, each rank's step = forward + backward on its
 // shard + the all-reduce of the gradients (remat::distributed::GradientReducer, buckets overlapped with the
 // backward sweep), and nothing else (no optimizer). Run it under mpirun with 1 or more ranks

@@ -1,4 +1,4 @@
-// One training step (forward + loss + all weight gradients) of W0, W1, W1-small, W2 and W3 (shared/DESIGN.md),
+// One training step (forward + loss + all weight gradients) of W0, W1, W1-small, W2 and W3 (bench/README.md),
 // crossed with the implementations: remat under each checkpoint variant, hand-written Eigen backprop
 // (plain and with manual segment recomputation) and, when built with it, LibTorch. Each benchmark runs
 // at 1 and 2 threads, then runs one instrumented step for the memory counters and checks its gradients

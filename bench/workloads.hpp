@@ -1,4 +1,4 @@
-// The reference workloads of shared/DESIGN.md (W0, W1, W1-small, W2, W3, W5): shapes, data and FLOP counts,
+// The reference workloads of bench/README.md (W0, W1, W1-small, W2, W3, W5): shapes, data and FLOP counts,
 // shared by every implementation in the benchmark so that all of them run exactly the same step.
 #pragma once
 
@@ -72,7 +72,7 @@ struct W5 {
   static constexpr const char* name = "W5";
   static constexpr LstmShape shape{16, 48, 128, 128, 10};
 };
-/// shared/DESIGN.md's W5 shape (batch 32, 64 steps, hidden 256, input 64 like its embedding width), the larger
+/// W5-large (bench/README.md: batch 32, 64 steps, hidden 256, input 64), the larger
 /// LSTM of issue 44, with W5's classifier head instead of its byte vocabulary.
 struct W5Large {
   static constexpr const char* name = "W5-large";

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch peer of bench/step_benchmark: W0, W1, W1-small and W2 (shared/DESIGN.md §6; shapes in bench/workloads.hpp) in PyTorch (Debian's
+"""PyTorch peer of bench/step_benchmark: W0, W1, W1-small and W2 (bench/README.md; shapes in bench/workloads.hpp) in PyTorch (Debian's
 python3-torch 1.13), plain, with torch.utils.checkpoint per layer (W2: per block), with
 checkpoint_sequential over round(sqrt(L)) segments and, for chains of 8 or more, over 4 segments.
 Reports the median step time, the ratio to plain and the bytes saved for backward after the forward pass.
