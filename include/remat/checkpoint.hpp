@@ -57,8 +57,12 @@ void collect_outputs(const TapeState<T>* state, std::vector<std::int32_t>& ids, 
 template <class F, class Policy>
 class Checkpointed {
  public:
+  /// Wraps f with its policy (checkpoint() makes one).
   Checkpointed(F f, Policy policy) : f_(std::move(f)), policy_(std::move(policy)) {}
 
+  /// Calls f(args...) recorded as a checkpoint region on the tape of its Var arguments and returns what f
+  /// returns (see checkpoint()). Throws what f throws, with the region removed; tape_error if f clears or
+  /// destroys the tape.
   template <class... Args>
   auto operator()(Args&&... args) const {
     auto* state = detail::region_tape(args...);

@@ -12,6 +12,7 @@ namespace remat {
 /// jax.checkpoint and torch.utils.checkpoint report as surprises (jax#19822: checkpointing the last
 /// layer before the loss; PyTorch forum: checkpointing a block whose inputs need no gradient).
 struct CheckpointDiagnostic {
+  /// Why the region saves (almost) nothing.
   enum class Kind {
     /// No op in the region requires a gradient (its inputs and captured values are constants or detached):
     /// its backward never runs, so it has nothing to drop and nothing to replay.
@@ -26,10 +27,10 @@ struct CheckpointDiagnostic {
     /// Leave the last segment unchecked, as checkpoint_sequential does.
     replays_at_once,
   };
-  Kind kind = Kind::drops_nothing;
-  int region = 0;               ///< index of the region, in the order the regions were opened
-  std::int32_t first_node = 0;  ///< its nodes are [first_node, end_node)
-  std::int32_t end_node = 0;
+  Kind kind = Kind::drops_nothing;      ///< which of the cases above
+  int region = 0;                       ///< index of the region, in the order the regions were opened
+  std::int32_t first_node = 0;          ///< its nodes are [first_node, end_node)
+  std::int32_t end_node = 0;            ///< one past its last node
   int depth = 1;                        ///< 1 for a top-level region, 2 for a region inside it, …
   std::size_t replay_bytes = 0;         ///< bytes of values (and extras) its replay regenerates
   std::size_t kept_bytes = 0;           ///< drops_nothing: bytes of its values saved for the backward

@@ -37,6 +37,7 @@ class domain_error : public std::domain_error {
 /// budget is a scalar argument outside what the operation can do.
 class memory_budget_error : public domain_error {
  public:
+  /// `what` is the message; the three figures are in bytes (see the class comment).
   memory_budget_error(const std::string& what, std::size_t budget_bytes, std::size_t needed_bytes,
                       std::size_t least_budget_bytes)
       : domain_error(what), budget_(budget_bytes), needed_(needed_bytes), least_(least_budget_bytes) {}
@@ -55,7 +56,9 @@ class memory_budget_error : public domain_error {
 /// wrote the gradient).
 class anomaly_error : public std::runtime_error {
  public:
+  /// `what` is the message, `node` the id of the node it names.
   anomaly_error(const std::string& what, std::int32_t node) : std::runtime_error(what), node_(node) {}
+  /// The node whose forward made the value, or whose backward wrote the gradient (its id on the tape).
   std::int32_t node() const noexcept { return node_; }
 
  private:
@@ -97,11 +100,12 @@ class shapes_only_error : public tape_error {
 /// the same call succeeds with another file or once the file system lets it.
 class io_error : public std::runtime_error {
  public:
+  /// `what` is the message; `path` the file, `tensor` the tensor concerned (empty: the whole file).
   io_error(const std::string& what, std::string path, std::string tensor = {})
       : std::runtime_error(what),
         names_(std::make_shared<const std::pair<std::string, std::string>>(std::move(path), std::move(tensor))) {}
-  const std::string& path() const noexcept { return names_->first; }
-  const std::string& tensor() const noexcept { return names_->second; }
+  const std::string& path() const noexcept { return names_->first; }     ///< the file
+  const std::string& tensor() const noexcept { return names_->second; }  ///< the tensor, or empty
 
  private:
   // Shared, so that copying the exception (as throwing does) cannot throw.

@@ -33,6 +33,7 @@
 
 namespace remat {
 
+/// How gradcheck() differentiates numerically.
 struct GradcheckOptions {
   double step = 1e-6;                ///< relative finite-difference step (h = step · max(1, |x|))
   std::uint64_t tape_seed = 0x5eed;  ///< seed of every tape the check creates
@@ -48,6 +49,7 @@ struct GradcheckResult {
   double numeric = 0;       ///< central-difference derivative there
   std::size_t checked = 0;  ///< number of elements compared
 
+  /// One line for a failure message: the error, where, and both derivatives (17 significant digits).
   std::string describe() const {
     std::ostringstream s;
     s.precision(17);

@@ -18,10 +18,12 @@ using MatrixView = Eigen::Map<const Matrix<T>>;
 
 /// The shape of a 2-D tensor: [rows, cols].
 struct Shape {
-  Index rows = 0;
-  Index cols = 0;
-  Index size() const { return rows * cols; }
+  Index rows = 0;                             ///< the first dimension
+  Index cols = 0;                             ///< the second dimension
+  Index size() const { return rows * cols; }  ///< the number of elements
+  /// Equal dimensions.
   friend bool operator==(const Shape& a, const Shape& b) { return a.rows == b.rows && a.cols == b.cols; }
+  /// Some dimension differs.
   friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
 };
 

@@ -52,13 +52,13 @@ inline const char* to_string(OpKind kind) {
 /// Description of one recorded operation, passed to a checkpoint policy when the op is recorded
 /// inside a checkpoint region. A policy returns true when the op's output may be saved as a residual.
 struct OpInfo {
-  std::string_view name;  ///< op name, e.g. "matmul"
-  OpKind kind = OpKind::elementwise;
-  std::string_view tag;     ///< name given by checkpoint_name(), empty otherwise
-  bool batch_dims = false;  ///< a dot with batch dimensions (a batched product, e.g. attention scores)
-  Shape shape;              ///< output shape
-  std::size_t bytes = 0;    ///< output bytes (rows * cols * sizeof(T))
-  double flops = 0;         ///< FLOP estimate of the forward computation
+  std::string_view name;              ///< op name, e.g. "matmul"
+  OpKind kind = OpKind::elementwise;  ///< what the op computes: a product (dots_saveable keeps it), elementwise, …
+  std::string_view tag;               ///< name given by checkpoint_name(), empty otherwise
+  bool batch_dims = false;            ///< a dot with batch dimensions (a batched product, e.g. attention scores)
+  Shape shape;                        ///< output shape
+  std::size_t bytes = 0;              ///< output bytes (rows * cols * sizeof(T))
+  double flops = 0;                   ///< FLOP estimate of the forward computation
 };
 
 }  // namespace remat

@@ -122,8 +122,11 @@ struct AlignedFree {
 template <class T>
 class Parameter {
  public:
+  /// An empty [0,0] parameter.
   Parameter() : storage_(std::make_shared<detail::ParameterStorage<T>>()) {}
+  /// A parameter holding `value`, version 0, gradient zero.
   explicit Parameter(Matrix<T> value) : Parameter() { storage_->value = std::move(value); }
+  /// An independent copy: value, version and gradient copied into new storage.
   Parameter(const Parameter& other) : Parameter() {
     storage_->value = other.value();
     storage_->version = other.version();
@@ -195,6 +198,7 @@ class Parameter {
     return *this;
   }
 
+  /// The value (read only; write through mutable_value()).
   const Matrix<T>& value() const { return storage_ ? storage_->value : empty(); }
   /// Write access; marks the parameter modified (any tape that recorded it becomes stale). Throws tape_error,
   /// changing nothing, inside a gradient-ready callback for a Parameter whose gradient is not ready yet (the
@@ -205,9 +209,10 @@ class Parameter {
     ++s.version;
     return s.value;
   }
+  /// How many times the value was modified (mutable_value(), assignment): the version counter.
   std::uint64_t version() const { return storage_ ? storage_->version : 0; }
-  Index rows() const { return value().rows(); }
-  Index cols() const { return value().cols(); }
+  Index rows() const { return value().rows(); }  ///< rows of the value
+  Index cols() const { return value().cols(); }  ///< columns of the value
 
   /// d loss / d parameter summed over the backward passes since the last zero_grad(), of the value's
   /// shape (zeros if none). Throws std::bad_alloc, and shape_error if the value was resized after the

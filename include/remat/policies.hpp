@@ -21,13 +21,13 @@ namespace remat::policies {
 /// Saves nothing: only the region's inputs are kept; every residual is recomputed (the default, as in
 /// jax.checkpoint). Memory: the region's inputs. Time: one extra forward of the region.
 struct NothingSaveable {
-  bool operator()(const OpInfo&) const { return false; }
+  bool operator()(const OpInfo&) const { return false; }  ///< false: save nothing
 };
 inline constexpr NothingSaveable nothing_saveable{};
 
 /// Saves everything: the same residuals as no checkpoint at all, and nothing is replayed.
 struct EverythingSaveable {
-  bool operator()(const OpInfo&) const { return true; }
+  bool operator()(const OpInfo&) const { return true; }  ///< true: save everything
 };
 inline constexpr EverythingSaveable everything_saveable{};
 
@@ -35,7 +35,7 @@ inline constexpr EverythingSaveable everything_saveable{};
 /// them (jax.checkpoint_policies.dots_saveable). Memory: one [m,n] output per GEMM that a backward or
 /// the replay reads. Time: only the non-dot ops are recomputed (a few % for MLPs).
 struct DotsSaveable {
-  bool operator()(const OpInfo& op) const { return op.kind == OpKind::dot; }
+  bool operator()(const OpInfo& op) const { return op.kind == OpKind::dot; }  ///< whether op is a dot
 };
 inline constexpr DotsSaveable dots_saveable{};
 
@@ -43,6 +43,7 @@ inline constexpr DotsSaveable dots_saveable{};
 /// such as attention scores (jax.checkpoint_policies.dots_with_no_batch_dims_saveable): for transformers,
 /// the S×S attention terms are recomputed while the projections are kept.
 struct DotsWithNoBatchDimsSaveable {
+  /// Whether op is a dot without batch dimensions.
   bool operator()(const OpInfo& op) const { return op.kind == OpKind::dot && !op.batch_dims; }
 };
 inline constexpr DotsWithNoBatchDimsSaveable dots_with_no_batch_dims_saveable{};
@@ -52,13 +53,16 @@ inline constexpr DotsWithNoBatchDimsSaveable dots_with_no_batch_dims_saveable{};
 /// that checkpoints with a name policy built once allocates nothing).
 class NamePolicy {
  public:
+  /// Which of the values the names decide about are saved.
   enum class Mode {
     only_listed,            ///< named values with a listed name
     named_except_listed,    ///< named values whose name is not listed
     anything_except_listed  ///< every value except named values with a listed name
   };
+  /// A policy on these names (save_only_these_names() and the others make one).
   NamePolicy(std::vector<std::string> names, Mode mode)
       : names_(std::make_shared<const std::vector<std::string>>(std::move(names))), mode_(mode) {}
+  /// Whether op's output is saved, by its checkpoint_name() tag and the mode.
   bool operator()(const OpInfo& op) const {
     const bool named = !op.tag.empty();
     bool listed = false;
@@ -109,9 +113,9 @@ inline NamePolicy save_anything_except_these_names(std::initializer_list<std::st
 /// Saves what either policy saves.
 template <class A, class B>
 struct BothPolicies {
-  A a;
-  B b;
-  bool operator()(const OpInfo& op) const { return a(op) || b(op); }
+  A a;                                                                ///< the first policy
+  B b;                                                                ///< the second policy
+  bool operator()(const OpInfo& op) const { return a(op) || b(op); }  ///< a(op) or b(op)
 };
 template <class A, class B>
 BothPolicies<A, B> save_from_both_policies(A a, B b) {

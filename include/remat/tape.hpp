@@ -145,6 +145,7 @@ class Tape {
   std::vector<Matrix<T>> gradient(const Var<T>& loss, std::initializer_list<Var<T>> wrt, bool retain_graph = false) {
     return gradient(loss, std::vector<Var<T>>(wrt), retain_graph);
   }
+  /// The same, for a vector of targets.
   std::vector<Matrix<T>> gradient(const Var<T>& loss, const std::vector<Var<T>>& wrt, bool retain_graph = false) {
     const std::int32_t id = check_loss("gradient", loss, /*to_parameters=*/false);
     if (shapes_only())
@@ -184,7 +185,7 @@ class Tape {
   /// Training mode (true, the default) or evaluation mode (false), like torch.nn.Module.train()/eval():
   /// in evaluation mode dropout records nothing and returns its input. Kept across clear().
   void set_training(bool training) { state_->set_training(training); }
-  bool training() const { return state_->training(); }
+  bool training() const { return state_->training(); }  ///< the mode set_training() set (true by default)
 
   /// Gradient recording on (true, the default) or off, like torch.set_grad_enabled: while off, every op
   /// recorded computes its value and records nothing to differentiate — its output requires no gradient,
@@ -193,7 +194,7 @@ class Tape {
   /// (a variable still receives gradients from ops recorded with gradients on). A backward from a loss
   /// recorded with it off computes no gradient. Kept across clear().
   void set_grad_enabled(bool enabled) { state_->set_grad_enabled(enabled); }
-  bool grad_enabled() const { return state_->grad_enabled(); }
+  bool grad_enabled() const { return state_->grad_enabled(); }  ///< the mode set_grad_enabled() set
 
   /// Anomaly detection (off by default, like torch.autograd.set_detect_anomaly): while on, a leaf whose data
   /// holds a NaN or ±inf (constant(), variable(), a Parameter) is refused, an op whose forward gives one is
@@ -206,7 +207,7 @@ class Tape {
   /// gradient-ready callback throws too, backward() rethrows whichever exception came first. A CapturedStep
   /// refuses to capture with it on (its replay() checks nothing).
   void set_detect_anomaly(bool on) { state_->set_detect_anomaly(on); }
-  bool detect_anomaly() const { return state_->detect_anomaly(); }
+  bool detect_anomaly() const { return state_->detect_anomaly(); }  ///< whether anomaly detection is on
 
   /// Checkpoint regions that save no memory (CheckpointDiagnostic, docs/checkpointing.md §Diagnostics):
   /// regions in which nothing requires a gradient, regions whose policy drops nothing their backward
@@ -215,6 +216,7 @@ class Tape {
   /// start from; without it, the last value recorded. Changes nothing. Throws tape_error for a `loss` of
   /// another tape or an empty Var.
   std::vector<CheckpointDiagnostic> diagnostics() const { return state_->diagnostics(state_->size() - 1); }
+  /// The same, for a backward from `loss`.
   std::vector<CheckpointDiagnostic> diagnostics(const Var<T>& loss) const {
     loss.node("diagnostics");
     if (loss.state() != state_) throw tape_error("diagnostics: the loss belongs to another tape");
@@ -270,6 +272,7 @@ class Tape {
   }
   /// The budget in bytes, 0 for none.
   std::size_t memory_budget() const { return state_->memory_budget(); }
+  /// The heuristic choosing what a budget evicts (set_memory_budget()).
   EvictionHeuristic eviction_heuristic() const { return state_->eviction_heuristic(); }
 
   /// Exact byte counts of tape-owned buffers; see MemoryStats.
@@ -365,6 +368,7 @@ class Tape {
 template <class T>
 class NoGradGuard {
  public:
+  /// Turns gradient recording off on `tape` until the guard is destroyed, which restores the previous mode.
   explicit NoGradGuard(Tape<T>& tape) : tape_(tape), before_(tape.grad_enabled()) { tape_.set_grad_enabled(false); }
   ~NoGradGuard() { tape_.set_grad_enabled(before_); }
   NoGradGuard(const NoGradGuard&) = delete;

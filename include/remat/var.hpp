@@ -19,17 +19,22 @@ class Tape;
 template <class T>
 class Var {
  public:
+  /// An empty handle (valid() is false).
   Var() = default;
+  /// Another handle to the same value: the tape keeps the value while any handle refers to it.
   Var(const Var& other) : state_(other.state_), id_(other.id_), generation_(other.generation_) { acquire(); }
+  /// Takes over other's reference; other becomes empty.
   Var(Var&& other) noexcept : state_(other.state_), id_(other.id_), generation_(other.generation_) {
     other.state_ = nullptr;
   }
+  /// Refers to what other refers to (the old value's reference is released).
   Var& operator=(Var other) noexcept {
     swap(other);
     return *this;
   }
   ~Var() { release(); }
 
+  /// Exchanges the two handles' references.
   void swap(Var& other) noexcept {
     std::swap(state_, other.state_);
     std::swap(id_, other.id_);
@@ -89,16 +94,18 @@ class Var {
     state_->zero_variable_grad(id_);
   }
 
+  /// The value's shape. Throws tape_error for an empty or stale handle, as rows() and cols() do.
   Shape shape() const { return node("shape").shape; }
-  Index rows() const { return shape().rows; }
-  Index cols() const { return shape().cols; }
+  Index rows() const { return shape().rows; }  ///< shape().rows
+  Index cols() const { return shape().cols; }  ///< shape().cols
   /// True for a variable (a leaf that receives a gradient).
   bool is_variable() const { return node("is_variable").is_variable; }
   /// True when the value depends on a variable.
   bool requires_grad() const { return node("requires_grad").requires_grad; }
 
-  // Internal access for ops and the tape.
+  /// Internal: the tape's state this handle refers into (null when empty), for ops and the tape.
   detail::TapeState<T>* state() const { return state_; }
+  /// Internal: the node's id on its tape (recording order), for ops and the tape.
   std::int32_t id() const { return id_; }
 
   /// The node this handle refers to. Throws tape_error for an empty Var or one whose tape was cleared or

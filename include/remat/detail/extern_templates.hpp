@@ -2,8 +2,8 @@
 // (remat/detail/op_kernels.hpp): under REMAT_EXTERN_OP_KERNELS a translation unit leaves them to the one
 // that includes remat/instantiate_op_kernels.hpp. They were a fifth of each test program's code (the
 // sweep, the recorder, the tape state, the buffers); compiling them once took 22-25 % off the compile
-// time of those programs (docs/design.md §5). Included at the end of remat/remat.hpp, after every definition it names; a
-// translation unit that includes only some headers instantiates what it uses, as before.
+// time of those programs (docs/design.md §5). Included at the end of remat/remat.hpp, after every definition it names;
+// a translation unit that includes only some headers instantiates what it uses, as before.
 #pragma once
 
 #define REMAT_DETAIL_CLASS_TEMPLATES(declaration, T)       \

@@ -58,6 +58,7 @@ inline int size(MPI_Comm comm) {
 /// called MPI_Init), like boost::mpi::environment. One per process, in main(). Throws mpi_error.
 class Environment {
  public:
+  /// Calls MPI_Init with main()'s arguments unless MPI is already initialised. Throws mpi_error.
   Environment(int& argc, char**& argv) {
     int initialised = 0;
     MPI_Initialized(&initialised);

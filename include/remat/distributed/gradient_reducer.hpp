@@ -150,7 +150,7 @@ class GradientReducer {
       for (std::size_t b = 0; b < buckets_.size(); ++b) t->buckets[b].bytes = buckets_[b].data.size() * sizeof(T);
     }
   }
-  bool timing_enabled() const { return timing_; }
+  bool timing_enabled() const { return timing_; }  ///< whether steps are timed (enable_timing())
 
   /// The timestamps of the step the last finish() completed with timing on. Throws std::logic_error if
   /// timing is off or no step has finished since enable_timing().
@@ -184,7 +184,9 @@ class GradientReducer {
   /// DistributedDataParallel.no_sync(); the backward after it reduces the accumulated gradients.
   class NoSync {
    public:
+    /// Stops reducing r's gradients until destroyed.
     explicit NoSync(GradientReducer& r) : reducer_(&r), previous_(r.sync_) { r.sync_ = false; }
+    /// Takes over other's guard.
     NoSync(NoSync&& other) noexcept : reducer_(std::exchange(other.reducer_, nullptr)), previous_(other.previous_) {}
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
@@ -197,6 +199,7 @@ class GradientReducer {
     GradientReducer* reducer_;
     bool previous_;
   };
+  /// A guard under which backward passes accumulate gradients locally without reducing them.
   NoSync no_sync() { return NoSync(*this); }
 
   /// This rank's gradients are multiplied by `w` before the sum over ranks (default 1/size(): the average).
@@ -219,7 +222,7 @@ class GradientReducer {
                        "; set the weight before the step's backward, or after finish()");
     weight_ = w;
   }
-  double local_weight() const { return weight_; }
+  double local_weight() const { return weight_; }  ///< the weight set_local_weight() set
 
   /// Collective: starts the buckets not started yet, waits for every bucket and writes the reduced gradients
   /// into the parameters (see the class comment); then the next step begins. Call it on every rank before
@@ -262,8 +265,8 @@ class GradientReducer {
 
   /// The number of ranks, and this one's.
   int ranks() const { return size(comm_); }
-  int this_rank() const { return rank(comm_); }
-  std::size_t bucket_count() const { return buckets_.size(); }
+  int this_rank() const { return rank(comm_); }                 ///< this rank, 0 … ranks() − 1
+  std::size_t bucket_count() const { return buckets_.size(); }  ///< the buckets the gradients are packed in
   /// The bucket parameter k belongs to (buckets are started in increasing order).
   std::size_t bucket_of(std::size_t k) const { return slots_.at(k).bucket; }
   /// Buckets whose all-reduce has started in this step (before finish(): the overlap with backward).

@@ -24,7 +24,7 @@ namespace remat::distributed {
 /// the all-reduce along (it has no progress thread here), so "busy" means "started and not yet seen
 /// complete", which includes the time the operation waited for the next MPI call.
 struct StepTiming {
-  using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;  ///< the clock of every time point here
 
   /// One bucket's all-reduce.
   struct Bucket {

@@ -87,13 +87,15 @@ using Metadata = std::map<std::string, std::string>;
 /// The Entry refers to the Parameter: it must outlive the save or load call it is given to.
 class Entry {
  public:
+  /// Tensor `name` is `parameter`'s value (F32), laid out as `layout` says.
   Entry(std::string name, Parameter<float>& parameter, Layout layout = Layout::matrix)
       : name_(std::move(name)), float_(&parameter), layout_(layout) {}
+  /// The same for a Parameter<double> (F64).
   Entry(std::string name, Parameter<double>& parameter, Layout layout = Layout::matrix)
       : name_(std::move(name)), double_(&parameter), layout_(layout) {}
 
-  const std::string& name() const noexcept { return name_; }
-  Layout layout() const noexcept { return layout_; }
+  const std::string& name() const noexcept { return name_; }                ///< the tensor's name in the file
+  Layout layout() const noexcept { return layout_; }                        ///< how the value maps to the tensor
   Parameter<float>* float_parameter() const noexcept { return float_; }     ///< null unless a float Parameter
   Parameter<double>* double_parameter() const noexcept { return double_; }  ///< null unless a double Parameter
 
@@ -127,7 +129,7 @@ struct LoadOptions {
 
 /// One tensor as a file's header describes it.
 struct TensorInfo {
-  std::string name;
+  std::string name;                  ///< its key in the header
   std::string dtype;                 ///< as the file spells it: "F32", "F64", "F16", "BF16", "I64", ...
   std::vector<std::uint64_t> shape;  ///< empty for a scalar
   std::uint64_t begin = 0;           ///< offset of its first byte in the byte buffer (after the header)

@@ -111,6 +111,7 @@ namespace remat::nn {
 template <class T>
 class Adam : public detail::AdamBase<T, Adam<T>> {
  public:
+  /// torch.optim.Adam's hyperparameters, with its defaults.
   struct Options {
     double learning_rate = 1e-3;  ///< α
     double beta1 = 0.9;           ///< β₁, decay of the first moment
@@ -139,7 +140,7 @@ class Adam : public detail::AdamBase<T, Adam<T>> {
   // step(), step(gradients), zero_grad(), size(), step_count(), value(k): detail::Optimizer;
   // first_moment(k), second_moment(k): detail::AdamBase.
 
-  const Options& options() const { return options_; }
+  const Options& options() const { return options_; }  ///< the hyperparameters (learning rate as last set)
   /// Sets α for the following steps (a learning-rate schedule). Throws domain_error, changing nothing,
   /// unless 0 < α < ∞ and the first step's size α/(1 − β₁) is finite in T.
   void set_learning_rate(double learning_rate) {

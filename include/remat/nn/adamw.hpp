@@ -39,6 +39,7 @@ namespace remat::nn {
 template <class T>
 class AdamW : public detail::AdamBase<T, AdamW<T>> {
  public:
+  /// torch.optim.AdamW's hyperparameters, with its defaults.
   struct Options {
     double learning_rate = 1e-3;  ///< α
     double beta1 = 0.9;           ///< β₁, decay of the first moment
@@ -90,7 +91,7 @@ class AdamW : public detail::AdamBase<T, AdamW<T>> {
   // step(), step(gradients), zero_grad(), size(), step_count(), value(k): detail::Optimizer;
   // first_moment(k), second_moment(k): detail::AdamBase.
 
-  const Options& options() const { return options_; }
+  const Options& options() const { return options_; }  ///< the hyperparameters (learning rate as last set)
   /// λ of parameter k. Throws std::out_of_range unless k < size().
   double weight_decay(std::size_t k) const { return weight_decay_.at(k); }
   /// Sets α for the following steps (a learning-rate schedule; the decay θ·(1 − α·λ) follows it too).

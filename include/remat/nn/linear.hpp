@@ -16,6 +16,7 @@ namespace remat::nn {
 /// output is the same on every platform (unlike std::normal_distribution).
 class Generator {
  public:
+  /// A generator whose state is `seed`.
   explicit Generator(std::uint64_t seed = 0) : state_(seed) {}
   /// The next 64 random bits.
   std::uint64_t next() {
@@ -36,8 +37,8 @@ class Generator {
     while (r >= limit);
     return r % n;
   }
-  std::uint64_t state() const { return state_; }
-  void set_state(std::uint64_t state) { state_ = state; }
+  std::uint64_t state() const { return state_; }           ///< the whole state, to save
+  void set_state(std::uint64_t state) { state_ = state; }  ///< restores a saved state()
 
  private:
   std::uint64_t state_;
@@ -72,8 +73,8 @@ class Linear {
     bias = Parameter<T>(Matrix<T>::Zero(1, outputs));
   }
 
-  Index inputs() const { return weight.rows(); }
-  Index outputs() const { return weight.cols(); }
+  Index inputs() const { return weight.rows(); }   ///< in, the input features
+  Index outputs() const { return weight.cols(); }  ///< out, the output features
 
   Parameter<T> weight;  ///< W [in, out]
   Parameter<T> bias;    ///< b [1, out]

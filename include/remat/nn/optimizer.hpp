@@ -25,7 +25,7 @@ namespace remat::nn {
 ///   nn::AdamW<float> optimizer({{matrices}, {biases_and_gains, 0.0}}, options);
 template <class T>
 struct ParameterGroup {
-  std::vector<Parameter<T>*> parameters;
+  std::vector<Parameter<T>*> parameters;              ///< the group's Parameters (they must outlive the optimizer)
   std::optional<double> weight_decay = std::nullopt;  ///< λ for these parameters; unset: Options::weight_decay
 };
 

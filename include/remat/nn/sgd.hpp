@@ -37,6 +37,7 @@ namespace remat::nn {
 template <class T>
 class SGD : public detail::Optimizer<T, SGD<T>> {
  public:
+  /// torch.optim.SGD's hyperparameters (its default learning rate is required; 1e-3 here).
   struct Options {
     double learning_rate = 1e-3;  ///< α
     double momentum = 0;          ///< μ (0: plain SGD, no buffers)
@@ -89,13 +90,14 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
 
   // step(), step(gradients), zero_grad(), size(), step_count(), value(k): detail::Optimizer.
 
-  const Options& options() const { return options_; }
+  const Options& options() const { return options_; }  ///< the hyperparameters (learning rate as last set)
   /// λ of parameter k. Throws std::out_of_range unless k < size().
   double weight_decay(std::size_t k) const { return weight_decay_.at(k); }
   /// b of parameter k, of its shape (empty, 0×0, when μ = 0: plain SGD keeps no state): part of the
   /// state, for saving and restoring. Throws std::out_of_range unless k < size(). A buffer of another shape
   /// makes step() throw shape_error.
   Matrix<T>& momentum_buffer(std::size_t k) { return buffers_.at(k); }
+  /// The same, read only.
   const Matrix<T>& momentum_buffer(std::size_t k) const { return buffers_.at(k); }
   /// Sets α for the following steps (a learning-rate schedule). Throws domain_error, changing nothing,
   /// unless 0 ≤ α < ∞, also in T.

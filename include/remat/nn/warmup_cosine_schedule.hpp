@@ -55,10 +55,10 @@ class WarmupCosineSchedule {
     return std::min(peak_, std::max(min_, rate));
   }
 
-  double peak_lr() const { return peak_; }
-  double min_lr() const { return min_; }
-  std::uint64_t warmup_steps() const { return warmup_; }
-  std::uint64_t total_steps() const { return total_; }
+  double peak_lr() const { return peak_; }                ///< the rate at the end of the warm-up
+  double min_lr() const { return min_; }                  ///< the rate the cosine decays to
+  std::uint64_t warmup_steps() const { return warmup_; }  ///< steps of the linear warm-up
+  std::uint64_t total_steps() const { return total_; }    ///< the step at which the decay ends
 
  private:
   static constexpr double pi = 3.14159265358979323846;

@@ -56,13 +56,18 @@ struct Chain {
   std::vector<std::uint8_t> output_read;           ///< L entries or empty (zeros): B_i reads x_i, see above
   std::vector<std::int64_t> checkpoint_size;       ///< ω_c, L + 1 entries or empty (= ω_x), see above
 
+  /// L, the number of layers.
   int length() const { return static_cast<int>(forward_time.size()); }
 
-  /// o_f, o_b and g of layer i (1…L), zero when the vector is empty.
+  /// o_f of layer i (1…L), zero when the vector is empty; the same for the four below.
   std::int64_t forward_overhead_of(int i) const { return term(forward_overhead, i); }
+  /// o_f̄ of layer i.
   std::int64_t forward_all_overhead_of(int i) const { return term(forward_all_overhead, i); }
+  /// o_b of layer i.
   std::int64_t backward_overhead_of(int i) const { return term(backward_overhead, i); }
+  /// g of layer i.
   std::int64_t gradient_size_of(int i) const { return term(gradient_size, i); }
+  /// Whether B_i reads x_i (false when the vector is empty).
   bool output_read_of(int i) const { return !output_read.empty() && output_read[static_cast<std::size_t>(i - 1)]; }
   /// ω_c of activation i (0…L): activation_size[i] when checkpoint_size is empty.
   std::int64_t checkpoint_size_of(int i) const {
@@ -130,13 +135,14 @@ struct Chain {
 
 /// One operation of a schedule in the Chain cost model.
 struct ScheduleOperation {
+  /// What the operation does to layer `layer`.
   enum Kind {
     forward,          ///< F_layer: compute x_layer, keep only it
     forward_all,      ///< Fall_layer: compute the full tape x̄_layer
     backward,         ///< B_layer: δ_{layer−1} from x̄_layer, δ_layer, x_{layer−1}; frees x̄_layer and δ_layer
     free_activation,  ///< free x_layer
   };
-  Kind kind;
+  Kind kind;  ///< see Kind
   int layer;  ///< 1…L for forward, forward_all, backward; 0…L for free_activation
 };
 
@@ -172,12 +178,12 @@ struct PlanNode {
 /// A schedule for a Chain: the operation sequence, its total time and peak memory in the model, and the
 /// decision tree run_schedule() executes on a tape.
 struct Schedule {
-  bool feasible = false;
+  bool feasible = false;    ///< whether a schedule within the budget exists (else the rest is empty)
   double time = 0;          ///< Σ forward and backward times of all operations (the minimised objective)
   std::int64_t budget = 0;  ///< the memory budget it was planned for
-  std::vector<ScheduleOperation> operations;
-  std::vector<detail::PlanNode> nodes;  ///< decision tree; nodes[root] is the whole chain
-  int root = -1;
+  std::vector<ScheduleOperation> operations;  ///< the operations in the order they run
+  std::vector<detail::PlanNode> nodes;        ///< decision tree; nodes[root] is the whole chain
+  int root = -1;                              ///< index of the whole chain's node, -1 when not feasible
 
   /// Number of forward evaluations (F or Fall) of each layer, 1-based in the model: entry i − 1 for layer i.
   std::vector<int> forward_counts(int length) const {
