@@ -1,5 +1,5 @@
 // Exact byte counts from Tape::memory() on small graphs, derived by hand in each test from the memory
-// rules (DESIGN.md §5): a value lives while a handle or a pending backward needs it; each op declares
+// rules (docs/design.md §2): a value lives while a handle or a pending backward needs it; each op declares
 // which of its inputs/output its backward reads, plus an op-specific extra buffer. float and double.
 #include <gtest/gtest.h>
 
