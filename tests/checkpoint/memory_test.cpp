@@ -1,6 +1,7 @@
-// Exact memory of W2 (bench/workloads.hpp) at reduced size (the rules of docs/design.md §2) with one checkpoint region per block: saved bytes
-// after the forward pass, peak bytes, replayed bytes and ops, each against a formula written here from the
-// shapes and the residuals each op documents, for nothing_saveable, dots_saveable and everything_saveable.
+// Exact memory of W2 (bench/workloads.hpp) at reduced size (the rules of docs/design.md §2) with one checkpoint region
+// per block: saved bytes after the forward pass, peak bytes, replayed bytes and ops, each against a formula written
+// here from the shapes and the residuals each op documents, for nothing_saveable, dots_saveable and
+// everything_saveable.
 #include <gtest/gtest.h>
 
 #include <functional>

@@ -1,9 +1,9 @@
 // Checkpointed random programs against the same programs recorded plainly: random programs (random ops,
 // random broadcasting operands, random nested checkpoint regions with random policies, regions returning
-// captured values / inputs / duplicates) recorded with and without checkpoint(). The loss and every variable's gradient must be bitwise equal; a
-// retained second backward must give the same bits again; print_saved_residuals' total must equal
-// memory().saved_bytes; clear() must return live_bytes to 0. In double, gradients also match central
-// finite differences.
+// captured values / inputs / duplicates) recorded with and without checkpoint(). The loss and every variable's gradient
+// must be bitwise equal; a retained second backward must give the same bits again; print_saved_residuals' total must
+// equal memory().saved_bytes; clear() must return live_bytes to 0. In double, gradients also match central finite
+// differences.
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -83,6 +83,8 @@ std::vector<std::pair<std::string, AnyPolicy>> every_policy() {
           {"save_only_these_names(gathered, attn)", p::save_only_these_names({"gathered", "attn"})},
           {"save_any_names_but_these(attn)", p::save_any_names_but_these({"attn"})},
           {"save_anything_except_these_names(gathered)", p::save_anything_except_these_names({"gathered"})}};
+}
+
 // ================================================================ nested regions, every policy, every new op
 
 struct NetInputs {

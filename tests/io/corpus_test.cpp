@@ -30,11 +30,11 @@
 
 #include "common/state_file.hpp"
 #include "expect_error.hpp"
+#include "file_helpers.hpp"
 #include "gpt/corpus.hpp"
 #include "mlp/idx.hpp"
 #include "mlp/state_file.hpp"
 #include "remat/remat.hpp"
-#include "file_helpers.hpp"
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace corpus_test {
@@ -126,8 +126,8 @@ TEST(Corpus, CorpusSplitIsEveryTwentiethBlockAndRefusesACorpusWithoutAWindowInEa
   EXPECT_EQ(gpt::Windows(small.validation, 64).count(), 1u);
 }
 
-// Regression: examples/gpt/corpus.hpp:106/123 (split) and :136 (Windows) compute seq_len + 1 in std::size_t, which wraps
-// to 0 for seq_len = SIZE_MAX (what examples/gpt/main.cpp:335 passes for a state file's seq_len 0xFFFFFFFF read
+// Regression: examples/gpt/corpus.hpp:106/123 (split) and :136 (Windows) compute seq_len + 1 in std::size_t, which
+// wraps to 0 for seq_len = SIZE_MAX (what examples/gpt/main.cpp:335 passes for a state file's seq_len 0xFFFFFFFF read
 // into an int as -1): split accepts any corpus ("longest < 0" is never true) and Windows counts
 // r.length − SIZE_MAX = r.length + 1 windows per run, each reaching 2^64 bytes past the corpus (fill would read
 // out of bounds). Expected (doc: "Throws data_error unless each split holds at least one window of S + 1 bytes"):

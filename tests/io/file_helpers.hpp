@@ -96,7 +96,7 @@ inline std::uint64_t bits_of(double x) {
 
 /// An IDX image file: big-endian magic, count, rows, cols, then `pixels` (the header's dimensions as given).
 inline Bytes idx_images(std::uint32_t count, std::uint32_t rows, std::uint32_t cols, const Bytes& pixels,
-                 std::uint32_t magic = 2051) {
+                        std::uint32_t magic = 2051) {
   Bytes b;
   put_be32(b, magic);
   put_be32(b, count);

@@ -31,11 +31,11 @@
 
 #include "common/state_file.hpp"
 #include "expect_error.hpp"
+#include "file_helpers.hpp"
 #include "gpt/corpus.hpp"
 #include "mlp/idx.hpp"
 #include "mlp/state_file.hpp"
 #include "remat/remat.hpp"
-#include "file_helpers.hpp"
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace idx_reader_test {

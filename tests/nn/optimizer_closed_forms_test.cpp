@@ -37,9 +37,9 @@ using MD = Matrix<double>;
 
 // ================================================================ include/remat/nn/
 
-// Regression: include/remat/nn/adam.hpp:119-125 — nn::Adam's constructor never calls reject_duplicates(), unlike nn::AdamW
-// and nn::SGD (optimizer.hpp:103: "Throws domain_error if a parameter was given twice (it would be updated twice
-// per step)"; clip_grad_norm.hpp: "the optimizers refuse it too"). Adam({&p, &p}) is accepted and each step()
+// Regression: include/remat/nn/adam.hpp:119-125 — nn::Adam's constructor never calls reject_duplicates(), unlike
+// nn::AdamW and nn::SGD (optimizer.hpp:103: "Throws domain_error if a parameter was given twice (it would be updated
+// twice per step)"; clip_grad_norm.hpp: "the optimizers refuse it too"). Adam({&p, &p}) is accepted and each step()
 // updates p twice with two different moment pairs: a silently wrong result (the step is about 2α, not α).
 // Expected: domain_error naming nn::Adam, both indices and "same parameter", as AdamW. torch.optim rejects a
 // parameter in two groups (ValueError) and warns for one repeated within a group.

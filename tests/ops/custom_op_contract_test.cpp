@@ -90,6 +90,8 @@ std::vector<std::pair<std::string, AnyPolicy>> every_policy() {
           {"save_only_these_names(gathered, attn)", p::save_only_these_names({"gathered", "attn"})},
           {"save_any_names_but_these(attn)", p::save_any_names_but_these({"attn"})},
           {"save_anything_except_these_names(gathered)", p::save_anything_except_these_names({"gathered"})}};
+}
+
 // ================================================================ user-defined ops (public recipe only)
 
 /// Writes its output, extra and temporary, then throws: the op must not be recorded.

@@ -25,7 +25,6 @@
 #include "remat/estimate.hpp"
 #include "remat/remat.hpp"
 
-
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace user_ops_test {
 

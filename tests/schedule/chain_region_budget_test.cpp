@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "chain_layers.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
-#include "chain_layers.hpp"
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace chain_region_budget_test {
@@ -95,21 +95,20 @@ TEST(ChainRegionBudget, RuntimeMemoryBudgetWithAChainRegion) {
   }
 }
 
-// Regression (fixed in Lifetime::settle_at), the minimal case: 4 layers tanh∘linear, layer_norm∘linear, tanh∘linear, sum;
-// rows 16, width 8; the first non-persistent schedule of schedules_for(4): F1 F2 free1 F3 free2 Fall4 B4 free3 F1 Fall2
-// free1 Fall3 B3 F1 B2 …; a runtime budget of 3625…4125 B (Release -O1: SIGSEGV in the backward; 3600 and below are
-// refused, 4150 and up pass; with assertions on, 3400…4125 hit sweep.hpp:605 "a residual was freed before its backward
-// ran"; the plain tape passes every budget). B_2 reads layer_norm's row statistics (its extra), which were freed.
-// Diagnosis (traced with assertions on): under the budget x_3 (tanh) and its linear were evicted, each
-// holding a regeneration read on its input, down to x_2 = layer_norm's output (also evicted, its extra kept
-// for B_2 as part of x̄_2 from Fall2). After B3, run_chain → release_activation(plan, 3)
-// (include/remat/detail/sweep.hpp:470-480) lowers the lifetime level to depth − 1 and releases x_3's
-// schedule hold; settle(x_3) → forget_eviction → release_regen_read(linear) → settle → forget_eviction →
-// release_regen_read(x_2) → settle(x_2) (lifetime.hpp:55-60, 75-79, 144-149) all run at that lowered level,
-// where extra_wanted(x_2) is false (level 1 > 0), so x_2's extra is freed though B_2 still needs it. The
-// level meant for x_3 alone leaks through the eviction cascade into another layer's kept tape (the same
-// pattern is in recompute_layer's done() and the retain_graph settle after B_i). Now the lowered level decides
-// x_3 alone; what its release cascades to settles at the chain's level.
+// Regression (fixed in Lifetime::settle_at), the minimal case: 4 layers tanh∘linear, layer_norm∘linear, tanh∘linear,
+// sum; rows 16, width 8; the first non-persistent schedule of schedules_for(4): F1 F2 free1 F3 free2 Fall4 B4 free3 F1
+// Fall2 free1 Fall3 B3 F1 B2 …; a runtime budget of 3625…4125 B (Release -O1: SIGSEGV in the backward; 3600 and below
+// are refused, 4150 and up pass; with assertions on, 3400…4125 hit sweep.hpp:605 "a residual was freed before its
+// backward ran"; the plain tape passes every budget). B_2 reads layer_norm's row statistics (its extra), which were
+// freed. Diagnosis (traced with assertions on): under the budget x_3 (tanh) and its linear were evicted, each holding a
+// regeneration read on its input, down to x_2 = layer_norm's output (also evicted, its extra kept for B_2 as part of
+// x̄_2 from Fall2). After B3, run_chain → release_activation(plan, 3) (include/remat/detail/sweep.hpp:470-480) lowers
+// the lifetime level to depth − 1 and releases x_3's schedule hold; settle(x_3) → forget_eviction →
+// release_regen_read(linear) → settle → forget_eviction → release_regen_read(x_2) → settle(x_2) (lifetime.hpp:55-60,
+// 75-79, 144-149) all run at that lowered level, where extra_wanted(x_2) is false (level 1 > 0), so x_2's extra is
+// freed though B_2 still needs it. The level meant for x_3 alone leaks through the eviction cascade into another
+// layer's kept tape (the same pattern is in recompute_layer's done() and the retain_graph settle after B_i). Now the
+// lowered level decides x_3 alone; what its release cascades to settles at the chain's level.
 TEST(ChainRegionBudget, RuntimeMemoryBudgetFreesAKeptLayerNormExtra) {
   const Build b = [](Net& n) {
     input(n);

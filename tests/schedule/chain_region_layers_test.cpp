@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "chain_layers.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
-#include "chain_layers.hpp"
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace chain_region_layers_test {

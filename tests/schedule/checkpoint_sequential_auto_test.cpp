@@ -1,5 +1,6 @@
 // run_schedule() follows the planned forward counts on the tape; checkpoint_sequential_auto() on a reduced W2
-// (the workload of bench/workloads.hpp) with half the plain saved bytes: runs, saves less, gradients bitwise equal to the plain run.
+// (the workload of bench/workloads.hpp) with half the plain saved bytes: runs, saves less, gradients bitwise equal to
+// the plain run.
 #include <gtest/gtest.h>
 
 #include <cstdio>

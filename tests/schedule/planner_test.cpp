@@ -114,7 +114,8 @@ TEST(Planner, MatchesExhaustiveSearchOnUniformChains) {
   std::printf("uniform chains: %d (chain, budget) cases, all optimal\n", cases);
 }
 
-/// A random heterogeneous chain of L layers; with `overheads`, also random overhead terms of docs/schedules.md's cost model (o_f, o_f̄, g, o_b).
+/// A random heterogeneous chain of L layers; with `overheads`, also random overhead terms of docs/schedules.md's cost
+/// model (o_f, o_f̄, g, o_b).
 remat::Chain random_chain(std::mt19937& rng, int L, bool overheads, bool checkpoint_sizes = false) {
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   remat::Chain c;

@@ -1,6 +1,6 @@
-// W2 (the benchmark workload of bench/workloads.hpp) run by checkpoint_sequential_auto() with half the plain run's peak as its budget.
-// Shared by tests/schedule (reduced sizes, in the sanitizer build of scripts/test.sh) and tests/full_size (the full size, which
-// only the optimised build runs).
+// W2 (the benchmark workload of bench/workloads.hpp) run by checkpoint_sequential_auto() with half the plain run's peak
+// as its budget. Shared by tests/schedule (reduced sizes, in the sanitizer build of scripts/test.sh) and
+// tests/full_size (the full size, which only the optimised build runs).
 #pragma once
 
 #include <gtest/gtest.h>
