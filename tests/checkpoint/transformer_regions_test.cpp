@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "fma_op.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>

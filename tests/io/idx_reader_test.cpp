@@ -25,6 +25,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>

@@ -14,6 +14,7 @@
 #include <remat/nn/adamw.hpp>
 #include <remat/nn/linear.hpp>
 #include <remat/nn/sgd.hpp>
+#include <remat/nn/warmup_cosine_schedule.hpp>
 #include <remat/remat.hpp>
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
