@@ -134,8 +134,8 @@ TEST(ParameterLifetime, MoveAssignedWeightIsStale) {
 // Assignments of recorded Parameters whose values backward never reads (biases; W when x is a constant), between
 // forward and backward. Assignment keeps the object's storage (so optimizers keep updating the object), so the
 // recorded value's gradient would land in whichever value replaced it, or nowhere. backward must refuse with
-// stale_value_error and leave every gradient untouched. (Found by this file: before the fix the gradients were
-// lost or silently misrouted.)
+// stale_value_error and leave every gradient untouched. (A regression test: the gradients were lost or silently
+// misrouted.)
 TEST(ParameterLifetime, SwappedBiasesMakeBackwardThrow) {
   Parameter<float> W(rnd<float>(16, 16, 1, 0.3)), B(rnd<float>(1, 16, 2)), spare(rnd<float>(1, 16, 5));
   Tape<float> t;
