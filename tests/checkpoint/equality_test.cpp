@@ -12,7 +12,8 @@
 #include "checkpoint_support.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace equality_test {
 
 using checkpoint_test::BitwiseEqual;
 using checkpoint_test::random_matrix;
@@ -264,4 +265,4 @@ TYPED_TEST(Equality, W2EveryPolicyEveryNestingBitwiseEqualToNoCheckpoint) {
   check_every_policy_and_mode<T>([](Mode mode, const auto& policy) { return run_w2<T>(mode, policy); });
 }
 
-}  // namespace
+}  // namespace equality_test

@@ -11,7 +11,8 @@
 #include "checkpoint_support.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace memory_test {
 
 using checkpoint_test::BitwiseEqual;
 using checkpoint_test::random_matrix;
@@ -237,4 +238,4 @@ TYPED_TEST(Memory, NestedRegionsKeepOnlyOuterInputs) {
   EXPECT_EQ(tape.memory().replayed_bytes, (B / 2) * outer + B * inner);
 }
 
-}  // namespace
+}  // namespace memory_test

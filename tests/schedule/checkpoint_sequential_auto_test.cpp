@@ -15,7 +15,8 @@
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
 #include "w2_half_budget.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace checkpoint_sequential_auto_test {
 
 using remat_test::evaluations;
 
@@ -280,4 +281,4 @@ TEST(CheckpointSequentialAuto, TapeStaysUsableAfterABudgetError) {
   EXPECT_TRUE(bitwise_equal(plain[1], after_error[1]));
 }
 
-}  // namespace
+}  // namespace checkpoint_sequential_auto_test

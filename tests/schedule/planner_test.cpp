@@ -9,7 +9,8 @@
 #include "chain_oracle.hpp"
 #include "remat/schedule/planner.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace planner_test {
 
 remat::Chain uniform_chain(int L, double uf, double ub, std::int64_t wx, std::int64_t wa) {
   remat::Chain c;
@@ -249,4 +250,4 @@ TEST(Planner, MatchesExhaustiveSearchWithCheckpointSizes) {
   EXPECT_GT(r.heavier, r.cases / 10) << "the test must draw chains where ω_c changes the optimum";
 }
 
-}  // namespace
+}  // namespace planner_test
