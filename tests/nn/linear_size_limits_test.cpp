@@ -6,17 +6,10 @@
 
 #include <unistd.h>
 
-#include <algorithm>
-#include <climits>
-#include <cmath>
-#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <limits>
 #include <new>
-#include <string>
-#include <vector>
 
 #include "remat/nn/linear.hpp"
 #include "remat/remat.hpp"
@@ -25,25 +18,6 @@
 namespace linear_size_limits_test {
 
 using remat::Index;
-using remat::Matrix;
-using remat::MemoryStats;
-using remat::Parameter;
-using remat::Tape;
-using remat::Var;
-using M = Matrix<float>;
-
-/// The most derived of remat's typed errors `e` is, or null.
-const char* typed(const std::exception& e) {
-  if (dynamic_cast<const remat::memory_budget_error*>(&e)) return "memory_budget_error";
-  if (dynamic_cast<const remat::shape_error*>(&e)) return "shape_error";
-  if (dynamic_cast<const remat::index_error*>(&e)) return "index_error";
-  if (dynamic_cast<const remat::domain_error*>(&e)) return "domain_error";
-  if (dynamic_cast<const remat::stale_value_error*>(&e)) return "stale_value_error";
-  if (dynamic_cast<const remat::freed_value_error*>(&e)) return "freed_value_error";
-  if (dynamic_cast<const remat::shapes_only_error*>(&e)) return "shapes_only_error";
-  if (dynamic_cast<const remat::tape_error*>(&e)) return "tape_error";
-  return nullptr;
-}
 
 // A death-test child: runs `body` with an alarm (a hang fails instead of blocking the suite) and exits 0 when it
 // returns (the documented exception was caught inside, or a correct result came back); UBSan's report

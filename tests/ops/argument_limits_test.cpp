@@ -39,19 +39,6 @@ bool same_memory(const MemoryStats& a, const MemoryStats& b) {
          a.evictions == b.evictions && a.rematerialized_ops == b.rematerialized_ops &&
          a.rematerialized_bytes == b.rematerialized_bytes;
 }
-/// The most derived of remat's typed errors `e` is, or null.
-const char* typed(const std::exception& e) {
-  if (dynamic_cast<const remat::memory_budget_error*>(&e)) return "memory_budget_error";
-  if (dynamic_cast<const remat::shape_error*>(&e)) return "shape_error";
-  if (dynamic_cast<const remat::index_error*>(&e)) return "index_error";
-  if (dynamic_cast<const remat::domain_error*>(&e)) return "domain_error";
-  if (dynamic_cast<const remat::stale_value_error*>(&e)) return "stale_value_error";
-  if (dynamic_cast<const remat::freed_value_error*>(&e)) return "freed_value_error";
-  if (dynamic_cast<const remat::shapes_only_error*>(&e)) return "shapes_only_error";
-  if (dynamic_cast<const remat::tape_error*>(&e)) return "tape_error";
-  return nullptr;
-}
-
 // A death-test child: runs `body` with an alarm (a hang fails instead of blocking the suite) and exits 0 when it
 // returns (the documented exception was caught inside, or a correct result came back); UBSan's report
 // (-fno-sanitize-recover), ASan's stack overflow or an uncaught exception ends it otherwise.
