@@ -22,7 +22,7 @@
 #include "remat/distributed/distributed.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+namespace reducer_edge_cases {
 
 using remat::Index;
 using remat::Matrix;
@@ -403,4 +403,4 @@ TEST(ReducerEdgeCases, MismatchedListsAndBadRootThrowOnEveryRank) {
                                                        {"broadcast_parameters", "root -1"});
 }
 
-}  // namespace
+}  // namespace reducer_edge_cases
