@@ -7,9 +7,8 @@
 // <build>/examples/gpt/gpt); the tests that run them are skipped when they were not built
 // (cmake --build <build> --target mlp gpt).
 //
-// Oracles are closed forms, hand computations and the formats as their doc comments describe them (e.g. a CRC-32
-// computed bit by bit here), never values computed by the code under test. A "Regression:" comment states what
-// the reader did before and the behaviour expected (its doc comment, or PyTorch's documented semantics).
+// State files are built here from the format's documentation, never by the code under test. A "Regression:"
+// comment states what the example did before and the behaviour expected.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>

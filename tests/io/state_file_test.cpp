@@ -5,7 +5,7 @@
 //
 // Oracles are closed forms, hand computations and the formats as their doc comments describe them (e.g. a CRC-32
 // computed bit by bit here), never values computed by the code under test. A "Regression:" comment states what
-// the reader did before and the behaviour expected (its doc comment, or PyTorch's documented semantics).
+// the reader did before and the behaviour expected (its doc comment).
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
