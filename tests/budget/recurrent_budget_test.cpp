@@ -1,4 +1,4 @@
-// A memory budget on a long recurrent model (issue 44): an unrolled LSTM of hundreds of timesteps under 50 % and
+// A memory budget on a long recurrent model: an unrolled LSTM of hundreds of timesteps under 50 % and
 // 35 % of its plain peak, with every eviction heuristic. Each step must finish, within the budget, with gradients
 // bitwise those of the plain step, with a bounded number of regenerated ops, and with a stack depth that does not
 // grow with the number of timesteps (regenerating a value evicted far back in the chain once recursed through

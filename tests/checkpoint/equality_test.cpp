@@ -1,4 +1,4 @@
-// W1- and W2-shaped models (DESIGN.md §6 at reduced size) under every policy, with single-level regions,
+// W1- and W2-shaped models (bench/workloads.hpp, at reduced size) under every policy, with single-level regions,
 // nested regions (two and three levels) and checkpoint_sequential: the loss and every gradient are bitwise
 // equal to the run without checkpoint, in float and double.
 #include <gtest/gtest.h>
@@ -12,7 +12,8 @@
 #include "checkpoint_support.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace equality_test {
 
 using checkpoint_test::BitwiseEqual;
 using checkpoint_test::random_matrix;
@@ -204,7 +205,7 @@ struct LargeNonElementwise {
   }
 };
 
-/// Every policy of issue 3, with a label and whether it may drop something (it then must replay).
+/// Every policy of remat::policies, with a label and whether it may drop something (it then must replay).
 auto all_policies() {
   using namespace remat::policies;
   return std::make_tuple(
@@ -264,4 +265,4 @@ TYPED_TEST(Equality, W2EveryPolicyEveryNestingBitwiseEqualToNoCheckpoint) {
   check_every_policy_and_mode<T>([](Mode mode, const auto& policy) { return run_w2<T>(mode, policy); });
 }
 
-}  // namespace
+}  // namespace equality_test

@@ -1,6 +1,7 @@
-// Exact memory of W2 at reduced size (DESIGN.md §5–§6) with one checkpoint region per block: saved bytes
-// after the forward pass, peak bytes, replayed bytes and ops, each against a formula written here from the
-// shapes and the residuals each op documents, for nothing_saveable, dots_saveable and everything_saveable.
+// Exact memory of W2 (bench/workloads.hpp) at reduced size (the rules of docs/design.md §2) with one checkpoint region
+// per block: saved bytes after the forward pass, peak bytes, replayed bytes and ops, each against a formula written
+// here from the shapes and the residuals each op documents, for nothing_saveable, dots_saveable and
+// everything_saveable.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -10,7 +11,8 @@
 #include "checkpoint_support.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace memory_test {
 
 using checkpoint_test::BitwiseEqual;
 using checkpoint_test::random_matrix;
@@ -236,4 +238,4 @@ TYPED_TEST(Memory, NestedRegionsKeepOnlyOuterInputs) {
   EXPECT_EQ(tape.memory().replayed_bytes, (B / 2) * outer + B * inner);
 }
 
-}  // namespace
+}  // namespace memory_test

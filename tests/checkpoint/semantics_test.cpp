@@ -13,7 +13,8 @@
 #include "checkpoint_support.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace semantics_test {
 
 using checkpoint_test::BitwiseEqual;
 using checkpoint_test::bytes_of;
@@ -383,4 +384,4 @@ TYPED_TEST(Semantics, PrintSavedResidualsOutsideAnyRegion) {
       << os.str();
 }
 
-}  // namespace
+}  // namespace semantics_test

@@ -9,7 +9,7 @@ if(NOT TARGET remat::mpi)
   return()
 endif()
 
-add_executable(tests_distributed ${CMAKE_CURRENT_LIST_DIR}/distributed_main.cpp ${CMAKE_CURRENT_LIST_DIR}/reducer_break.cpp)
+add_executable(tests_distributed ${CMAKE_CURRENT_LIST_DIR}/distributed_main.cpp ${CMAKE_CURRENT_LIST_DIR}/reducer_edge_cases.cpp)
 target_include_directories(tests_distributed PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../support)
 target_link_libraries(tests_distributed PRIVATE remat_test_support remat::mpi)
 

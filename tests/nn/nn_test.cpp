@@ -8,7 +8,8 @@
 #include <remat/nn/linear.hpp>
 #include <remat/remat.hpp>
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace nn_test {
 
 using remat::Matrix;
 
@@ -124,4 +125,4 @@ TEST(Generator, BelowIsInRangeAndCoversIt) {
   for (int s : seen) EXPECT_NEAR(s, 1000, 150);
 }
 
-}  // namespace
+}  // namespace nn_test

@@ -12,7 +12,8 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace errors_test {
 
 using remat::Matrix;
 using remat::Tape;
@@ -320,4 +321,4 @@ TEST(Errors, ExceptionTypesDeriveFromTheStandardOnes) {
   EXPECT_TRUE((std::is_base_of_v<remat::tape_error, remat::stale_value_error>));
 }
 
-}  // namespace
+}  // namespace errors_test

@@ -15,7 +15,8 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace gradcheck_test {
 
 using remat::Index;
 using remat::Matrix;
@@ -601,4 +602,4 @@ TEST(Ops, CompositeGraphPassesGradcheck) {
   EXPECT_TRUE(remat_test::passes(result));
 }
 
-}  // namespace
+}  // namespace gradcheck_test

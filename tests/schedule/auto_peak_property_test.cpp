@@ -1,4 +1,4 @@
-// checkpoint_sequential_auto's budget holds on the tape (issue 13 item 2): random chains of small layers
+// checkpoint_sequential_auto's budget holds on the tape (docs/schedules.md): random chains of small layers
 // (random widths, layer kinds and count, tape variables or Parameters, the loss as the last layer) and
 // random budgets between the least feasible one and the plain tape's peak. Every time: the measured
 // peak_bytes ≤ budget, loss and gradients bitwise those of the plain tape, the run follows the schedule,

@@ -22,7 +22,7 @@ struct Simulation {
   std::int64_t peak = 0;
 };
 
-/// Runs `ops` in the cost model of issue 6 (with issue 13's forward, forward-all and backward overheads and gradient
+/// Runs `ops` in the cost model of docs/schedules.md (with its forward, forward-all and backward overheads and gradient
 /// sizes: F_i peaks o_f above its output, Fall_i o_f̄ above its tape, B_i o_b above δ_{i−1}, and B_i leaves g_i held;
 /// an activation held weighs its checkpoint size ω_c, its gradient ω_x) and reports total time and peak memory
 /// (or the first violation).

@@ -1,5 +1,6 @@
 // run_schedule() follows the planned forward counts on the tape; checkpoint_sequential_auto() on a reduced W2
-// (DESIGN.md §6) with half the plain saved bytes: runs, saves less, gradients bitwise equal to the plain run.
+// (the workload of bench/workloads.hpp) with half the plain saved bytes: runs, saves less, gradients bitwise equal to
+// the plain run.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -14,7 +15,8 @@
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
 #include "w2_half_budget.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace checkpoint_sequential_auto_test {
 
 using remat_test::evaluations;
 
@@ -279,4 +281,4 @@ TEST(CheckpointSequentialAuto, TapeStaysUsableAfterABudgetError) {
   EXPECT_TRUE(bitwise_equal(plain[1], after_error[1]));
 }
 
-}  // namespace
+}  // namespace checkpoint_sequential_auto_test

@@ -10,7 +10,8 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace checkpoint_sequential_test {
 
 constexpr remat::Index rows = 8, width = 16;
 using Layer = std::function<remat::Var<float>(remat::Var<float>)>;
@@ -86,4 +87,4 @@ TEST(CheckpointSequential, RejectsBadSegmentCounts) {
   EXPECT_THROW(remat::checkpoint_sequential(layers, 4, x), remat::domain_error);
 }
 
-}  // namespace
+}  // namespace checkpoint_sequential_test

@@ -1,5 +1,5 @@
-// plan_schedule(): oracle values of issue 6, and a comparison with an exhaustive search over all
-// schedules (chain_oracle.hpp) on a few hundred random chains.
+// plan_schedule(): reference values for uniform chains (which the exhaustive search reproduces too), and a
+// comparison with an exhaustive search over all schedules (chain_oracle.hpp) on a few hundred random chains.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +9,8 @@
 #include "chain_oracle.hpp"
 #include "remat/schedule/planner.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace planner_test {
 
 remat::Chain uniform_chain(int L, double uf, double ub, std::int64_t wx, std::int64_t wa) {
   remat::Chain c;
@@ -31,7 +32,7 @@ double planned_time(const remat::Chain& c, std::int64_t budget, bool persistent 
   return s.time;
 }
 
-// Issue 6: L = 6, uf = 1, ub = 2, wx = 1, wa = 2: 33, 25, 23, 21, 21, 20, 20, 19, 19, 18 for M = 6…15.
+// A uniform chain, L = 6, uf = 1, ub = 2, wx = 1, wa = 2: 33, 25, 23, 21, 21, 20, 20, 19, 19, 18 for M = 6…15.
 TEST(Planner, UniformChainOracleTapeTwiceActivation) {
   const auto c = uniform_chain(6, 1, 2, 1, 2);
   const double expected[] = {33, 25, 23, 21, 21, 20, 20, 19, 19, 18};
@@ -46,7 +47,7 @@ TEST(Planner, UniformChainOracleTapeTwiceActivation) {
   }
 }
 
-// Issue 6: the same chain with wa = 1: 28, 21, 20, 19, 18 for M = 5…9.
+// The same chain with wa = 1: 28, 21, 20, 19, 18 for M = 5…9.
 TEST(Planner, UniformChainOracleTapeEqualsActivation) {
   const auto c = uniform_chain(6, 1, 2, 1, 1);
   const double expected[] = {28, 21, 20, 19, 18};
@@ -114,7 +115,8 @@ TEST(Planner, MatchesExhaustiveSearchOnUniformChains) {
   std::printf("uniform chains: %d (chain, budget) cases, all optimal\n", cases);
 }
 
-/// A random heterogeneous chain of L layers; with `overheads`, also random issue-13 terms (o_f, o_f̄, g, o_b).
+/// A random heterogeneous chain of L layers; with `overheads`, also random overhead terms of docs/schedules.md's cost
+/// model (o_f, o_f̄, g, o_b).
 remat::Chain random_chain(std::mt19937& rng, int L, bool overheads, bool checkpoint_sizes = false) {
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   remat::Chain c;
@@ -223,7 +225,7 @@ Comparison compare_with_exhaustive_search(std::uint32_t seed, bool checkpoint_si
   return r;
 }
 
-// Issue 13: with per-layer forward / forward-all / backward overheads and weight-gradient sizes (what a tape
+// With per-layer forward / forward-all / backward overheads and weight-gradient sizes (what a tape
 // really allocates), the planner matches the exhaustive search.
 TEST(Planner, MatchesExhaustiveSearchWithOverheadsAndGradients) {
   const Comparison r = compare_with_exhaustive_search(20261201, false);
@@ -248,4 +250,4 @@ TEST(Planner, MatchesExhaustiveSearchWithCheckpointSizes) {
   EXPECT_GT(r.heavier, r.cases / 10) << "the test must draw chains where ω_c changes the optimum";
 }
 
-}  // namespace
+}  // namespace planner_test

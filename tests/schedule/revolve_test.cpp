@@ -35,7 +35,8 @@ struct CountingTanhOp : remat::detail::UnaryElementwise<CountingTanhOp> {
   }
 };
 
-// Issue 6's oracle: (n, s) → t(n, s).
+// Reference values of t(n, s), the least number of forward recomputations of n steps with s checkpoints
+// (binomial checkpointing, Griewank & Walther's revolve): (n, s) → t(n, s).
 struct Oracle {
   std::int64_t steps, checkpoints, recomputations;
 };

@@ -1,7 +1,7 @@
-// THE op list (DESIGN.md §4): one entry per public op and per operator or scalar-constant form, with
-// the input shapes to test (broadcasting forms are shape sets of the entry), the input domains, and an
-// independent reference forward in double. Gradchecks, value checks, checkpoint-equality tests and
-// benchmarks iterate over it; a new op needs one entry here.
+// THE op list (docs/design.md §5, "Adding an op"): one entry per public op and per operator or scalar-constant form,
+// with the input shapes to test (broadcasting forms are shape sets of the entry), the input domains, and an independent
+// reference forward in double. Gradchecks, value checks, checkpoint-equality tests and benchmarks iterate over it; a
+// new op needs one entry here.
 //
 //   for (const remat_test::OpCase& op : remat_test::op_list())
 //     for (const remat_test::ShapeSet& shapes : op.shape_sets) {

@@ -1,6 +1,6 @@
-// W2 (DESIGN.md §6) run by checkpoint_sequential_auto() with half the plain run's peak as its budget.
-// Shared by tests/schedule (reduced sizes, in the sanitizer build of scripts/test.sh) and tests/full_size (the full size, which
-// only the optimised build runs).
+// W2 (the benchmark workload of bench/workloads.hpp) run by checkpoint_sequential_auto() with half the plain run's peak
+// as its budget. Shared by tests/schedule (reduced sizes, in the sanitizer build of scripts/test.sh) and
+// tests/full_size (the full size, which only the optimised build runs).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -21,7 +21,7 @@ inline bool bitwise_equal(const remat::Matrix<float>& a, const remat::Matrix<flo
   return a.rows() == b.rows() && a.cols() == b.cols() && (a.array() == b.array()).all();
 }
 
-// W2 of DESIGN.md §6, reduced: blocks h ← h + Linear(4d→d)(gelu(Linear(d→4d)(layer_norm(h)))), head
+// W2 of bench/workloads.hpp, reduced: blocks h ← h + Linear(4d→d)(gelu(Linear(d→4d)(layer_norm(h)))), head
 // layer_norm → Linear(d→10) → cross entropy.
 struct W2 {
   static constexpr int blocks = 8;

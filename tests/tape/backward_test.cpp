@@ -11,7 +11,8 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace backward_test {
 
 using remat::Matrix;
 using remat::Tape;
@@ -209,4 +210,4 @@ TEST(Backward, MlpStepPassesGradcheck) {
   EXPECT_TRUE(remat_test::passes(result));
 }
 
-}  // namespace
+}  // namespace backward_test

@@ -1,4 +1,4 @@
-// Adversarial tests of checkpoint_sequential_auto's promise (docs/schedules.md, "checkpoint_sequential_auto
+// checkpoint_sequential_auto's promise (docs/schedules.md, "checkpoint_sequential_auto
 // and the planner"): for every budget it accepts, tape.memory().peak_bytes from the call through
 // tape.backward(loss) stays ≤ the budget (the loss being the chain's last layer), the loss and every gradient
 // are bitwise those of the plain tape; a budget that fits nothing throws memory_budget_error whose
@@ -24,7 +24,7 @@
 #include "remat/remat.hpp"
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
 
-namespace adversarial_planner_test {
+namespace auto_budget_promise_test {
 
 template <class T>
 using Layer = std::function<remat::Var<T>(remat::Var<T>)>;
@@ -371,7 +371,7 @@ Builder<T> chain(std::vector<int> kinds, remat::Index rows, std::vector<remat::I
 
 // ---- tests ----
 
-TEST(AdversarialPlanner, EachLayerKindAloneAndRepeated) {
+TEST(AutoBudgetPromise, EachLayerKindAloneAndRepeated) {
   for (int kind = 0; kind < kind_count; ++kind)
     for (Hold hold : {Hold::variable, Hold::parameter_in_layer})
       for (bool var : {false, true}) {
@@ -382,7 +382,7 @@ TEST(AdversarialPlanner, EachLayerKindAloneAndRepeated) {
       }
 }
 
-TEST(AdversarialPlanner, OutputReadingLastOpsBetweenWideLayers) {
+TEST(AutoBudgetPromise, OutputReadingLastOpsBetweenWideLayers) {
   // A checkpoint x_k whose own layer's backward reads it, between layers whose tapes are large.
   for (int kind : {k_sigmoid_linear, k_exp_linear, k_softmax_linear, k_log_softmax, k_exp_exp, k_two_branches})
     check<float>(std::string("wide/") + kind_name(kind) + "/wide",
@@ -391,7 +391,7 @@ TEST(AdversarialPlanner, OutputReadingLastOpsBetweenWideLayers) {
                  500, 4);
 }
 
-TEST(AdversarialPlanner, LayerReturningAnOutsideValue) {
+TEST(AutoBudgetPromise, LayerReturningAnOutsideValue) {
   // Layer 2 ignores its input and returns a tape variable recorded before the chain (its gradient is the
   // chain's δ_2, kept to the end as that variable's gradient); layer 3 returns a constant recorded before.
   for (bool constant : {false, true}) {
@@ -415,7 +415,7 @@ TEST(AdversarialPlanner, LayerReturningAnOutsideValue) {
   }
 }
 
-TEST(AdversarialPlanner, WeightSharedByEveryLayerRecordedBeforeTheChain) {
+TEST(AutoBudgetPromise, WeightSharedByEveryLayerRecordedBeforeTheChain) {
   // One square weight recorded before the chain and read by every layer: its gradient is allocated by the
   // last layer's backward (the first the sweep reaches) and stays to the end of the sweep.
   for (Hold hold : {Hold::variable, Hold::parameter})
@@ -434,7 +434,7 @@ TEST(AdversarialPlanner, WeightSharedByEveryLayerRecordedBeforeTheChain) {
     }
 }
 
-TEST(AdversarialPlanner, ParameterSharedByEveryLayerRecordedInEachLayer) {
+TEST(AutoBudgetPromise, ParameterSharedByEveryLayerRecordedInEachLayer) {
   for (remat::Index n : {8, 24, 48}) {
     Builder<float> b = [n](Model<float>& m) {
       m.hold = Hold::parameter_in_layer;
@@ -448,7 +448,7 @@ TEST(AdversarialPlanner, ParameterSharedByEveryLayerRecordedInEachLayer) {
   }
 }
 
-TEST(AdversarialPlanner, TapeVariableRecordedInsideALayer) {
+TEST(AutoBudgetPromise, TapeVariableRecordedInsideALayer) {
   // Each layer records its own tape variable (a weight the tape owns) and multiplies by it: the variable's
   // value is read by the backward, its gradient stays to the end.
   for (remat::Index rows : {4, 32}) {
@@ -469,7 +469,7 @@ TEST(AdversarialPlanner, TapeVariableRecordedInsideALayer) {
   }
 }
 
-TEST(AdversarialPlanner, ConstantRecordedInsideALayer) {
+TEST(AutoBudgetPromise, ConstantRecordedInsideALayer) {
   // Each layer multiplies its input by a constant it records (a mask the tape owns, read by the backward).
   for (remat::Index rows : {8, 32}) {
     Builder<float> b = [rows](Model<float>& m) {
@@ -491,7 +491,7 @@ TEST(AdversarialPlanner, ConstantRecordedInsideALayer) {
 
 // The backward of what was recorded before the chain runs after the chain's: before it was bounded
 // (detail::after_chain_bytes), the minimal case peaked at 34,332 B against a budget of 26,594 B.
-TEST(AdversarialPlanner, InputComputedBeforeTheChain) {
+TEST(AutoBudgetPromise, InputComputedBeforeTheChain) {
   // x_0 = tanh(A · W0) recorded before the chain: the sweep goes on through those ops after the chain's
   // backward, allocating A's and W0's gradients.
   for (remat::Index width : {8, 64}) {
@@ -511,7 +511,7 @@ TEST(AdversarialPlanner, InputComputedBeforeTheChain) {
   }
 }
 
-TEST(AdversarialPlanner, InputComputedBeforeTheChainInARegionOrWithAWeightTheChainShares) {
+TEST(AutoBudgetPromise, InputComputedBeforeTheChainInARegionOrWithAWeightTheChainShares) {
   // x_0 from a checkpoint region that saves nothing (its replay, after the chain's backward, regenerates
   // what it dropped); or x_0 = tanh(A · W) with W [8,8] also a weight of the chain's first layer (its
   // gradient is allocated by the chain's B_1 and only added to before the call's ops).
@@ -573,7 +573,7 @@ remat::Var<float> first_chain(remat::Tape<float>& tape, std::size_t budget, std:
   return remat::checkpoint_sequential_auto(layers, a, budget);
 }
 
-TEST(AdversarialPlanner, InputFromAnotherAutoChain) {
+TEST(AutoBudgetPromise, InputFromAnotherAutoChain) {
   // Two checkpoint_sequential_auto calls in a row: the second one's budget bounds the first one's backward
   // (its regions replay after the second chain's backward) by the largest of its regions.
   Builder<float> b = [](Model<float>& m) {
@@ -586,7 +586,7 @@ TEST(AdversarialPlanner, InputFromAnotherAutoChain) {
   check<float>("input from another auto chain", b, 500, 4);
 }
 
-TEST(AdversarialPlanner, WeightsDominateAndActivationsDominate) {
+TEST(AutoBudgetPromise, WeightsDominateAndActivationsDominate) {
   const std::vector<int> kinds{k_tanh_linear, k_layer_norm, k_relu_linear, k_sigmoid_linear, k_two_branches};
   for (Hold hold : {Hold::variable, Hold::parameter, Hold::parameter_in_layer}) {
     check<float>("weights dominate", chain<float>(kinds, 2, {32, 48, 40, 48, 32}, hold, true), 500, 3);
@@ -594,7 +594,7 @@ TEST(AdversarialPlanner, WeightsDominateAndActivationsDominate) {
   }
 }
 
-TEST(AdversarialPlanner, OneLayerChains) {
+TEST(AutoBudgetPromise, OneLayerChains) {
   // The loss layer alone, and a lone layer whose output is the loss.
   check<float>("loss layer only", chain<float>({}, 16, {8}, Hold::variable, true), 500, 3);
   Builder<float> b = [](Model<float>& m) {
@@ -606,7 +606,7 @@ TEST(AdversarialPlanner, OneLayerChains) {
   check<float>("sum(exp(h)) only", b, 500, 3);
 }
 
-TEST(AdversarialPlanner, LongChains) {
+TEST(AutoBudgetPromise, LongChains) {
   std::vector<int> mixed;
   for (int i = 0; i < 14; ++i) mixed.push_back(i % kind_count);
   check<float>("14 mixed layers", chain<float>(mixed, 16, {6, 8, 5, 9, 7}, Hold::variable, true), 500, 3);
@@ -616,7 +616,7 @@ TEST(AdversarialPlanner, LongChains) {
                500, 3);
 }
 
-TEST(AdversarialPlanner, CoarseResolutions) {
+TEST(AutoBudgetPromise, CoarseResolutions) {
   const std::vector<int> kinds{k_tanh_linear, k_exp_linear, k_region_nothing, k_layer_norm, k_sigmoid_linear};
   for (int resolution : {1, 2, 5, 20}) {
     check<float>("resolution " + std::to_string(resolution),
@@ -626,17 +626,17 @@ TEST(AdversarialPlanner, CoarseResolutions) {
   }
 }
 
-TEST(AdversarialPlanner, DoubleTape) {
+TEST(AutoBudgetPromise, DoubleTape) {
   const std::vector<int> kinds{k_sigmoid_linear, k_region_dots, k_exp_exp, k_softmax_linear, k_dropout};
   check<double>("double", chain<double>(kinds, 24, {6, 8, 5, 9, 7}, Hold::variable, true), 500, 3);
   check<double>("double params in layers", chain<double>(kinds, 24, {6, 8, 5, 9, 7}, Hold::parameter_in_layer, true),
                 500, 3);
 }
 
-// Found a layer_norm layer whose kept output held its row statistics (the op's extra buffer, which a tape
+// Regression: a layer_norm layer whose kept output held its row statistics (the op's extra buffer, which a tape
 // keeps with a region output whose backward reads it) beyond the model's ω_x: chain 38 (exp_linear,
 // layer_norm, tanh_linear) exceeded its budget by 105 B until the model counted ω_c (Chain::checkpoint_size).
-TEST(AdversarialPlanner, RandomMixedChains) {
+TEST(AutoBudgetPromise, RandomMixedChains) {
   std::mt19937 rng(20261202);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int c = 0; c < 40; ++c) {
@@ -661,7 +661,7 @@ TEST(AdversarialPlanner, RandomMixedChains) {
   }
 }
 
-// ---- minimal failing cases (found by the tests above), each at its least budget ----
+// ---- regression cases reduced from RandomMixedChains, each at its least budget ----
 
 /// The least budget of `build`, then one run at it: EXPECT peak ≤ budget, printing the memory before and after
 /// the backward.
@@ -682,7 +682,7 @@ void check_least(const std::string& name, const Builder<T>& build, int resolutio
     EXPECT_TRUE(bitwise_equal(o.grads[i], plain.grads[i])) << "gradient " << i;
 }
 
-TEST(AdversarialPlannerMinimal, SharedWeightTwoLayers) {
+TEST(AutoBudgetPromiseMinimal, SharedWeightTwoLayers) {
   // W [48,48] recorded before the chain; layers 1 and 2 are tanh(h·W), then the loss layer.
   Builder<float> b = [](Model<float>& m) {
     m.hold = Hold::variable;
@@ -695,7 +695,7 @@ TEST(AdversarialPlannerMinimal, SharedWeightTwoLayers) {
   check_least<float>("minimal shared weight, 2 layers", b);
 }
 
-TEST(AdversarialPlannerMinimal, TapeVariableInsideOneLayer) {
+TEST(AutoBudgetPromiseMinimal, TapeVariableInsideOneLayer) {
   // One layer tanh(h·V) recording its own tape variable V [16,16], then the loss layer.
   Builder<float> b = [](Model<float>& m) {
     m.hold = Hold::variable;
@@ -710,7 +710,7 @@ TEST(AdversarialPlannerMinimal, TapeVariableInsideOneLayer) {
   check_least<float>("minimal tape variable inside 1 layer", b);
 }
 
-TEST(AdversarialPlannerMinimal, ConstantInsideOneLayer) {
+TEST(AutoBudgetPromiseMinimal, ConstantInsideOneLayer) {
   // One layer h ⊙ C recording its own constant C [32,16] (read by multiply's backward), then the loss layer.
   Builder<float> b = [](Model<float>& m) {
     m.hold = Hold::variable;
@@ -725,7 +725,7 @@ TEST(AdversarialPlannerMinimal, ConstantInsideOneLayer) {
 
 // The backward of what was recorded before the chain runs after the chain's: before it was bounded
 // (detail::after_chain_bytes), the minimal case peaked at 34,332 B against a budget of 26,594 B.
-TEST(AdversarialPlannerMinimal, InputComputedBeforeTheChainOneLayer) {
+TEST(AutoBudgetPromiseMinimal, InputComputedBeforeTheChainOneLayer) {
   // x_0 = A · 2 with A a tape variable [32,64]; the chain is the loss layer alone.
   Builder<float> b = [](Model<float>& m) {
     m.hold = Hold::variable;
@@ -737,9 +737,9 @@ TEST(AdversarialPlannerMinimal, InputComputedBeforeTheChainOneLayer) {
   check_least<float>("minimal input computed before chain", b);
 }
 
-TEST(AdversarialPlannerMinimal, LossValueHeldThroughTheBackward) {
+TEST(AutoBudgetPromiseMinimal, LossValueHeldThroughTheBackward) {
   // tanh(linear(h)) with its Parameters recorded in the layer, x_0 a constant [20,7], then the loss layer
-  // (found by RandomMixedChains: 4 B over for float, 8 B for double: one element, the loss value).
+  // (reduced from RandomMixedChains: 4 B over for float, 8 B for double: one element, the loss value).
   check_least<float>("minimal tanh_linear, params in layer, x0 const",
                      chain<float>({k_tanh_linear}, 20, {7, 4}, Hold::parameter_in_layer, false));
   check_least<double>("minimal tanh_linear, params in layer, x0 const (double)",
@@ -749,11 +749,11 @@ TEST(AdversarialPlannerMinimal, LossValueHeldThroughTheBackward) {
 // The checkpoint x_1 = layer_norm(linear(x_0)) holds its row statistics ([20,2], 160 B) with its value until
 // B_1, which replays only the linear: without ω_c the model counted 560 B for it, and B_2 peaked 28 B over
 // the least budget (4,252 against 4,224 B).
-TEST(AdversarialPlannerMinimal, LayerNormThenTanhLinear) {
+TEST(AutoBudgetPromiseMinimal, LayerNormThenTanhLinear) {
   // layer_norm(linear(h)) [20,7] → tanh(linear(h)) [20,9] → loss, weights tape variables before the chain,
-  // x_0 a constant (found by RandomMixedChains; 28 B over at the least budget).
+  // x_0 a constant (reduced from RandomMixedChains; 28 B over at the least budget).
   check_least<float>("minimal layer_norm, tanh_linear",
                      chain<float>({k_layer_norm, k_tanh_linear}, 20, {7, 4, 9}, Hold::variable, false));
 }
 
-}  // namespace adversarial_planner_test
+}  // namespace auto_budget_promise_test

@@ -1,9 +1,9 @@
-// Random differential testing: random programs (random ops, random broadcasting operands, random nested
-// checkpoint regions with random policies, regions returning captured values / inputs / duplicates)
-// recorded with and without checkpoint(). The loss and every variable's gradient must be bitwise equal; a
-// retained second backward must give the same bits again; print_saved_residuals' total must equal
-// memory().saved_bytes; clear() must return live_bytes to 0. In double, gradients also match central
-// finite differences.
+// Checkpointed random programs against the same programs recorded plainly: random programs (random ops,
+// random broadcasting operands, random nested checkpoint regions with random policies, regions returning
+// captured values / inputs / duplicates) recorded with and without checkpoint(). The loss and every variable's gradient
+// must be bitwise equal; a retained second backward must give the same bits again; print_saved_residuals' total must
+// equal memory().saved_bytes; clear() must return live_bytes to 0. In double, gradients also match central finite
+// differences.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -17,7 +17,8 @@
 
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace random_regions_bitwise_test {
 
 using remat::Matrix;
 using remat::Tape;
@@ -279,14 +280,14 @@ void run_and_compare(std::uint64_t seed) {
                                                          << grads[1][k];
 }
 
-TEST(RandomDifferential, CheckpointedBitwiseEqualsPlainFloat) {
+TEST(RandomRegionsBitwise, CheckpointedBitwiseEqualsPlainFloat) {
   for (std::uint64_t seed = 1; seed <= 150; ++seed) {
     run_and_compare<float>(seed);
     if (HasFatalFailure()) return;
   }
 }
 
-TEST(RandomDifferential, CheckpointedBitwiseEqualsPlainDouble) {
+TEST(RandomRegionsBitwise, CheckpointedBitwiseEqualsPlainDouble) {
   for (std::uint64_t seed = 1000; seed < 1100; ++seed) {
     run_and_compare<double>(seed);
     if (HasFatalFailure()) return;
@@ -294,7 +295,7 @@ TEST(RandomDifferential, CheckpointedBitwiseEqualsPlainDouble) {
 }
 
 // Checkpointed gradients in double against central differences of the plain forward (smooth ops only).
-TEST(RandomDifferential, CheckpointedMatchesFiniteDifferences) {
+TEST(RandomRegionsBitwise, CheckpointedMatchesFiniteDifferences) {
   for (std::uint64_t seed = 5000; seed < 5012; ++seed) {
     std::vector<Matrix<double>> values, grads;
     {
@@ -330,4 +331,4 @@ TEST(RandomDifferential, CheckpointedMatchesFiniteDifferences) {
   }
 }
 
-}  // namespace
+}  // namespace random_regions_bitwise_test

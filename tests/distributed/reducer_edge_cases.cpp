@@ -1,12 +1,12 @@
-// Adversarial tests of remat's data-parallel layer (include/remat/distributed/), a helper's pass: part of
-// tests_distributed (tests/distributed/distributed.cmake: run under mpiexec with 2 and 3 ranks; its main() is
-// distributed_main.cpp's). The suite DistributedBreakDefects holds the defects the pass found; they failed before
-// the fixes of the commit that added this file (set_local_weight in mid-step silently ignored, a parameter
-// resized before finish() overflowed the heap, a parameter repeated on one rank left the others waiting,
-// non-finite weights unnamed, float weights outside float's range turned gradients into inf or 0), and of
-// later commits (a bucket_bytes unlike another rank's, or 0 or a null parameter on one rank only; a broadcast
-// from a gradient-ready callback of a Parameter still read, which hung).
-// DistributedBreak holds what held.
+// Edge cases and misuse of remat's data-parallel layer (include/remat/distributed/): part of tests_distributed
+// (tests/distributed/distributed.cmake: run under mpiexec with 2 and 3 ranks; its main() is distributed_main.cpp's).
+// ReducerMisuse: calls the reducer must refuse or honour on every rank, each a regression test: set_local_weight
+// between backward and finish() (was silently ignored), a parameter resized before finish() (overflowed the
+// heap), a parameter repeated, a bucket_bytes unlike another rank's, 0, or a null parameter on one rank only (left
+// the other ranks waiting), a broadcast from a gradient-ready callback of a Parameter the sweep still reads (hung),
+// non-finite weights (unnamed in the message), float weights outside float's range (turned gradients into inf or 0).
+// ReducerEdgeCases: uneven and zero weights, parameters the backward never writes, finish() without a backward,
+// no_sync on two tapes, parameters destroyed before finish(), mismatched lists and a bad root.
 //
 // Oracle: loss_r = sum(W ⊙ C_r) with a per-rank constant C_r, so d loss_r / dW = C_r exactly, and the reduced
 // gradient must be Σ_r w_r C_r, computed here in double from the closed form (every rank knows every C_r).
@@ -22,7 +22,7 @@
 #include "remat/distributed/distributed.hpp"
 #include "remat/remat.hpp"
 
-namespace {
+namespace reducer_edge_cases {
 
 using remat::Index;
 using remat::Matrix;
@@ -72,12 +72,12 @@ bool all_ranks(bool mine) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Defects
+// ReducerMisuse (regression tests)
 // ---------------------------------------------------------------------------------------------------------
 
 // set_local_weight between the backward (which already packed every reported gradient × the old weight) and
 // finish(): the new weight is silently ignored for every parameter reported during backward.
-TEST(DistributedBreakDefects, LocalWeightSetAfterBackwardBeforeFinishIsHonouredOrRefused) {
+TEST(ReducerMisuse, LocalWeightSetAfterBackwardBeforeFinishIsHonouredOrRefused) {
   const int r = dist::rank(), n = dist::size();
   Parameter<double> A(Matrix<double>::Zero(2, 3)), B(Matrix<double>::Zero(4, 1));
   std::vector<Parameter<double>*> ps{&A, &B};
@@ -106,7 +106,7 @@ TEST(DistributedBreakDefects, LocalWeightSetAfterBackwardBeforeFinishIsHonouredO
 // reduced gradient of the old size into a gradient buffer of the new size (reserve_grad()). Larger: a
 // gradient of the new shape, part of it uninitialised, marked defined; smaller: heap-buffer-overflow (ASan;
 // see ...ResizedSmaller...). Documented: finish() throws shape_error for a parameter resized since construction.
-TEST(DistributedBreakDefects, ParameterResizedLargerBetweenBackwardAndFinishThrowsShapeError) {
+TEST(ReducerMisuse, ParameterResizedLargerBetweenBackwardAndFinishThrowsShapeError) {
   const int r = dist::rank();
   Parameter<float> A(Matrix<float>::Zero(2, 3));
   std::vector<Parameter<float>*> ps{&A};
@@ -118,7 +118,7 @@ TEST(DistributedBreakDefects, ParameterResizedLargerBetweenBackwardAndFinishThro
   remat_test::expect_error_naming<remat::shape_error>([&] { reducer.finish(); }, {"GradientReducer", "[4,4]", "[2,3]"});
 }
 
-TEST(DistributedBreakDefects, ParameterResizedSmallerBetweenBackwardAndFinishThrowsShapeError) {
+TEST(ReducerMisuse, ParameterResizedSmallerBetweenBackwardAndFinishThrowsShapeError) {
   const int r = dist::rank();
   Parameter<float> A(Matrix<float>::Zero(8, 8));
   std::vector<Parameter<float>*> ps{&A};
@@ -132,7 +132,7 @@ TEST(DistributedBreakDefects, ParameterResizedSmallerBetweenBackwardAndFinishThr
 
 // A repeated parameter on one rank only: only that rank throws (the check runs after the collective), the
 // others get a reducer whose next finish() waits forever for the rank that has none.
-TEST(DistributedBreakDefects, RepeatedParameterOnOneRankThrowsOnEveryRank) {
+TEST(ReducerMisuse, RepeatedParameterOnOneRankThrowsOnEveryRank) {
   const int r = dist::rank();
   Parameter<float> A(Matrix<float>::Ones(2, 2)), B(Matrix<float>::Ones(2, 2));
   std::vector<Parameter<float>*> ps{&A, r == 1 ? &A : &B};
@@ -151,7 +151,7 @@ TEST(DistributedBreakDefects, RepeatedParameterOnOneRankThrowsOnEveryRank) {
 // bucket_bytes decides which all-reduces a rank posts: ranks that bucketed differently exchanged mismatched
 // messages (rank 0 finished with wrong gradients, rank 1 died of MPI_ERR_TRUNCATE), and a 0 on one rank threw
 // there alone and left the others waiting in the constructor's MPI_Allgather.
-TEST(DistributedBreakDefects, BucketBytesThatDifferBetweenRanksOrAreZeroThrowOnEveryRank) {
+TEST(ReducerMisuse, BucketBytesThatDifferBetweenRanksOrAreZeroThrowOnEveryRank) {
   const int r = dist::rank();
   Parameter<double> A(Matrix<double>::Zero(2, 3)), B(Matrix<double>::Zero(4, 1)), C(Matrix<double>::Zero(1, 5));
   std::vector<Parameter<double>*> ps{&A, &B, &C};
@@ -171,7 +171,7 @@ TEST(DistributedBreakDefects, BucketBytesThatDifferBetweenRanksOrAreZeroThrowOnE
 }
 
 // A null pointer in one rank's list threw on that rank only, before the collective checks: the others waited.
-TEST(DistributedBreakDefects, NullParameterOnOneRankThrowsOnEveryRank) {
+TEST(ReducerMisuse, NullParameterOnOneRankThrowsOnEveryRank) {
   const int r = dist::rank();
   Parameter<float> A(Matrix<float>::Ones(2, 2)), B(Matrix<float>::Ones(2, 2));
   std::vector<Parameter<float>*> ps{&A, r == 1 ? nullptr : &B};
@@ -196,10 +196,10 @@ TEST(DistributedBreakDefects, NullParameterOnOneRankThrowsOnEveryRank) {
 
 // broadcast_parameters called from a gradient-ready callback on a Parameter the sweep still reads (b, recorded
 // before a, read by b ⊙ d's backward after a's callback): the non-root ranks' mutable_value() threw before their
-// MPI_Bcast while the root, which only reads, entered it, and the job hung (a review helper's reproducer with
-// 300×300 parameters). Now every rank throws tape_error before any broadcast, b is unchanged everywhere, and
+// MPI_Bcast while the root, which only reads, entered it, and the job hung (first seen with 300×300
+// parameters). Now every rank throws tape_error before any broadcast, b is unchanged everywhere, and
 // the gradients are the recorded values' (d loss / d b = a ⊙ d, from the closed form).
-TEST(DistributedBreakDefects, BroadcastOfAParameterTheSweepStillReadsThrowsOnEveryRank) {
+TEST(ReducerMisuse, BroadcastOfAParameterTheSweepStillReadsThrowsOnEveryRank) {
   const int r = dist::rank();
   const Matrix<double> b0 = coefficient<double>(r, 0, 3, 3), d0 = coefficient<double>(r, 1, 3, 3),
                        a0 = coefficient<double>(r, 2, 3, 3);
@@ -226,7 +226,7 @@ TEST(DistributedBreakDefects, BroadcastOfAParameterTheSweepStillReadsThrowsOnEve
 }
 
 // The error standard: the message names the op and the offending value.
-TEST(DistributedBreakDefects, NonFiniteLocalWeightMessageNamesTheValue) {
+TEST(ReducerMisuse, NonFiniteLocalWeightMessageNamesTheValue) {
   Parameter<float> A(Matrix<float>::Ones(2, 2));
   dist::GradientReducer<float> reducer({&A});
   const double weight = reducer.local_weight();
@@ -240,7 +240,7 @@ TEST(DistributedBreakDefects, NonFiniteLocalWeightMessageNamesTheValue) {
 // pack() casts the double weight to T before multiplying: a weight finite as a double but not as a float
 // (1e39) makes every gradient ±inf, and one below float's range (1e-46) makes it 0, although the weighted
 // gradients (1e29, 1e-36) are ordinary floats.
-TEST(DistributedBreakDefects, FloatReducerWeightOutsideFloatRangeGivesRepresentableWeightedGradient) {
+TEST(ReducerMisuse, FloatReducerWeightOutsideFloatRangeGivesRepresentableWeightedGradient) {
   const int r = dist::rank(), n = dist::size();
   // The proper form: weight set before the backward.
   for (const auto& [weight, scale] : {std::pair<double, double>{1e39, 1e-10}, std::pair<double, double>{1e-46, 1e10}}) {
@@ -268,11 +268,11 @@ TEST(DistributedBreakDefects, FloatReducerWeightOutsideFloatRangeGivesRepresenta
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Passing checks
+// ReducerEdgeCases
 // ---------------------------------------------------------------------------------------------------------
 
 /// Uneven weights, double, a parameter larger than the bucket, default/1-byte/huge buckets: Σ w_r C_r.
-TEST(DistributedBreak, UnevenWeightsEveryBucketSizeDouble) {
+TEST(ReducerEdgeCases, UnevenWeightsEveryBucketSizeDouble) {
   const int r = dist::rank(), n = dist::size();
   std::vector<double> w;
   for (int q = 0; q < n; ++q) w.push_back(q == 0 ? -0.5 : 0.3 * q + 0.01);
@@ -301,7 +301,7 @@ TEST(DistributedBreak, UnevenWeightsEveryBucketSizeDouble) {
 }
 
 /// Weight 0 on every rank: gradients defined and zero (flags are not weighted).
-TEST(DistributedBreak, ZeroWeightGivesDefinedZeroGradient) {
+TEST(ReducerEdgeCases, ZeroWeightGivesDefinedZeroGradient) {
   const int r = dist::rank();
   Parameter<float> A(Matrix<float>::Zero(2, 2));
   std::vector<Parameter<float>*> ps{&A};
@@ -317,7 +317,7 @@ TEST(DistributedBreak, ZeroWeightGivesDefinedZeroGradient) {
 
 /// A parameter recorded but reached by no gradient, with a gradient from before (not zeroed) on rank 0
 /// only, and one with none anywhere: the first is reduced from its current gradient, the second keeps none.
-TEST(DistributedBreak, ParametersTheBackwardNeverWritesUseTheirCurrentGradient) {
+TEST(ReducerEdgeCases, ParametersTheBackwardNeverWritesUseTheirCurrentGradient) {
   const int r = dist::rank(), n = dist::size();
   Parameter<double> used(Matrix<double>::Zero(2, 2)), stale(Matrix<double>::Zero(1, 3)),
       none(Matrix<double>::Zero(3, 1));
@@ -341,7 +341,7 @@ TEST(DistributedBreak, ParametersTheBackwardNeverWritesUseTheirCurrentGradient) 
 }
 
 /// finish() with no backward at all reduces the gradients set by hand.
-TEST(DistributedBreak, FinishWithoutBackwardReducesHandSetGradients) {
+TEST(ReducerEdgeCases, FinishWithoutBackwardReducesHandSetGradients) {
   const int r = dist::rank(), n = dist::size();
   Parameter<double> A(Matrix<double>::Zero(2, 3));
   A.mutable_grad() = coefficient<double>(r, 0, 2, 3);
@@ -353,7 +353,7 @@ TEST(DistributedBreak, FinishWithoutBackwardReducesHandSetGradients) {
 
 /// One parameter on two tapes: the first backward under nested no_sync guards, the second synchronised:
 /// the reduced gradient is the average of both contributions; after the guards the reducer syncs again.
-TEST(DistributedBreak, TwoTapesWithNestedNoSyncAccumulate) {
+TEST(ReducerEdgeCases, TwoTapesWithNestedNoSyncAccumulate) {
   const int r = dist::rank(), n = dist::size();
   Parameter<double> A(Matrix<double>::Zero(2, 2));
   std::vector<Parameter<double>*> ps{&A};
@@ -376,7 +376,7 @@ TEST(DistributedBreak, TwoTapesWithNestedNoSyncAccumulate) {
 
 /// The Parameter objects destroyed between backward and finish (the reducer shares their storage): no
 /// use-after-free (ASan), and a second step works.
-TEST(DistributedBreak, ParametersDestroyedBeforeFinish) {
+TEST(ReducerEdgeCases, ParametersDestroyedBeforeFinish) {
   const int r = dist::rank();
   auto A = std::make_unique<Parameter<float>>(Matrix<float>::Zero(3, 2));
   std::vector<Parameter<float>*> ps{A.get()};
@@ -391,7 +391,7 @@ TEST(DistributedBreak, ParametersDestroyedBeforeFinish) {
 }
 
 /// Different lists (count, shapes) throw shape_error on every rank for a double reducer too; root out of range.
-TEST(DistributedBreak, MismatchedListsAndBadRootThrowOnEveryRank) {
+TEST(ReducerEdgeCases, MismatchedListsAndBadRootThrowOnEveryRank) {
   const int r = dist::rank(), n = dist::size();
   Parameter<double> A(Matrix<double>::Ones(2, 2)), B(Matrix<double>::Ones(2, r == 1 ? 3 : 2));
   std::vector<Parameter<double>*> ps{&A, &B};
@@ -403,4 +403,4 @@ TEST(DistributedBreak, MismatchedListsAndBadRootThrowOnEveryRank) {
                                                        {"broadcast_parameters", "root -1"});
 }
 
-}  // namespace
+}  // namespace reducer_edge_cases

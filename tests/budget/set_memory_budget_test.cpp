@@ -1,4 +1,6 @@
-// Adversarial tests of Tape::set_memory_budget through the public API only. Oracles: the run without a
+// Tape::set_memory_budget through the public API only, on the situations a budget must survive: every region
+// kind at every boundary, errors caught mid-recording, budgets changed while recording, retained and partial
+// backwards, evicted dropout values, shapes-only tapes and throwing user ops. Oracles: the run without a
 // budget (values, gradients), the budget itself (peak ≤ budget).
 #include <gtest/gtest.h>
 
@@ -11,7 +13,8 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 
-namespace adversarial_budget_test {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace set_memory_budget_test {
 
 using remat::EvictionHeuristic;
 using remat::Matrix;
@@ -165,7 +168,7 @@ std::function<Step<T>()> block_step(int regions) {
   };
 }
 
-TEST(AdversarialBudget, BlockDoubleEveryRegionKindAndBoundary) {
+TEST(SetMemoryBudget, BlockDoubleEveryRegionKindAndBoundary) {
   for (int regions = 0; regions < 4; ++regions) {
     auto [evicting, threw] = scan<double>(block_step<double>(regions), "block double", 25);
     EXPECT_GT(evicting, 0) << regions;
@@ -173,7 +176,7 @@ TEST(AdversarialBudget, BlockDoubleEveryRegionKindAndBoundary) {
   }
 }
 
-TEST(AdversarialBudget, BlockFloatEveryRegionKindAndBoundary) {
+TEST(SetMemoryBudget, BlockFloatEveryRegionKindAndBoundary) {
   for (int regions = 0; regions < 4; ++regions) {
     auto [evicting, threw] = scan<float>(block_step<float>(regions), "block float", 25);
     EXPECT_GT(evicting, 0) << regions;
@@ -183,7 +186,7 @@ TEST(AdversarialBudget, BlockFloatEveryRegionKindAndBoundary) {
 
 // ---- error mid-recording, then budget 0 and go on with the same recording ----
 
-TEST(AdversarialBudget, CaughtErrorThenBudgetZeroContinuesTheSameRecording) {
+TEST(SetMemoryBudget, CaughtErrorThenBudgetZeroContinuesTheSameRecording) {
   auto rec = [](Tape<double>& tape, Var<double>& x, bool catch_it, std::size_t budget) {
     x = tape.variable(remat_test::random_matrix<double>(6, 6, 40));
     Var<double> y = x;
@@ -222,7 +225,7 @@ TEST(AdversarialBudget, CaughtErrorThenBudgetZeroContinuesTheSameRecording) {
 
 // ---- budget changes mid recording and between forward and backward ----
 
-TEST(AdversarialBudget, BudgetLoweredBelowLiveBytesRaisedAndZeroedMidRecording) {
+TEST(SetMemoryBudget, BudgetLoweredBelowLiveBytesRaisedAndZeroedMidRecording) {
   auto rec = [](Tape<double>& tape, Var<double>& x, const std::vector<std::size_t>& budgets) {
     x = tape.variable(remat_test::random_matrix<double>(4, 8, 41));
     Var<double> y = x;
@@ -271,7 +274,7 @@ TEST(AdversarialBudget, BudgetLoweredBelowLiveBytesRaisedAndZeroedMidRecording) 
 
 // ---- gradient() and retain_graph twice under a budget ----
 
-TEST(AdversarialBudget, GradientAndRetainGraphTwiceUnderABudget) {
+TEST(SetMemoryBudget, GradientAndRetainGraphTwiceUnderABudget) {
   auto rec = [](Tape<double>& tape, Var<double>& x, Var<double>& mid) {
     x = tape.variable(remat_test::random_matrix<double>(4, 8, 42));
     Var<double> y = x;
@@ -315,7 +318,7 @@ TEST(AdversarialBudget, GradientAndRetainGraphTwiceUnderABudget) {
 
 // ---- value() of evicted values with several handles, dropout ----
 
-TEST(AdversarialBudget, ValueOfEvictedDropoutValuesWithSeveralHandles) {
+TEST(SetMemoryBudget, ValueOfEvictedDropoutValuesWithSeveralHandles) {
   auto rec = [](Tape<float>& tape, std::vector<Var<float>>& kept) {
     auto x = tape.constant(remat_test::random_matrix<float>(8, 8, 43));
     Var<float> y = x;
@@ -347,7 +350,7 @@ TEST(AdversarialBudget, ValueOfEvictedDropoutValuesWithSeveralHandles) {
 
 // ---- shapes-only under a budget gives the real run's figures ----
 
-TEST(AdversarialBudget, ShapesOnlyMatchesRealRunOnTheBlock) {
+TEST(SetMemoryBudget, ShapesOnlyMatchesRealRunOnTheBlock) {
   for (int regions = 0; regions < 4; ++regions) {
     remat::MemoryStats pm;
     plain_grads<float>(block_step<float>(regions), &pm);
@@ -397,7 +400,7 @@ struct ThrowingOp : remat::OpBase {
   static double flops(const remat::Shape*, int, const remat::Shape& out) { return double(out.size()); }
 };
 
-TEST(AdversarialBudget, CustomOpThrowingUnderABudgetLeavesTheTapeAsItWas) {
+TEST(SetMemoryBudget, CustomOpThrowingUnderABudgetLeavesTheTapeAsItWas) {
   auto rec = [](Tape<double>& tape, Var<double>& x, bool throw_once) {
     x = tape.variable(remat_test::random_matrix<double>(4, 8, 44));
     Var<double> y = x;
@@ -442,11 +445,9 @@ TEST(AdversarialBudget, CustomOpThrowingUnderABudgetLeavesTheTapeAsItWas) {
   }
 }
 
-}  // namespace adversarial_budget_test
-
-// An op reading a value evicted under a budget, after the budget was set to 0: the op regenerates it (it read a
-// null buffer before the fix, a SIGSEGV), and the result is bitwise the unbudgeted one.
-TEST(AdversarialBudget, OpReadingEvictedValueAfterBudgetZero) {
+// An op reading a value evicted under a budget, after the budget was set to 0: the op regenerates it (a regression
+// test: it read a null buffer, a SIGSEGV), and the result is bitwise the unbudgeted one.
+TEST(SetMemoryBudget, OpReadingEvictedValueAfterBudgetZero) {
   const std::size_t v = 4 * 8 * sizeof(double);
   auto run = [&](bool budget) {
     remat::Tape<double> tape;
@@ -466,3 +467,5 @@ TEST(AdversarialBudget, OpReadingEvictedValueAfterBudgetZero) {
   ASSERT_EQ(plain.size(), budgeted.size());
   EXPECT_EQ(std::memcmp(plain.data(), budgeted.data(), sizeof(double) * static_cast<std::size_t>(plain.size())), 0);
 }
+
+}  // namespace set_memory_budget_test

@@ -1,4 +1,4 @@
-// Adversarial tests of checkpoint(): exceptions thrown inside a checkpointed function or by a policy,
+// Edge cases of checkpoint(): exceptions thrown inside a checkpointed function or by a policy,
 // odd return values (no new value, a captured outer Var, an input, duplicates), escaped values, nesting to
 // and past the documented depth, empty regions, the loss as a region output, ops with an op-specific
 // residual (layer_norm, cross_entropy) followed by ops that read nothing, and a value used by many
@@ -15,7 +15,8 @@
 
 #include "remat/remat.hpp"
 
-namespace {
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace region_edge_cases_test {
 
 using remat::Matrix;
 using remat::Tape;
@@ -63,10 +64,10 @@ void expect_bitwise(Body body, remat::Index rows = 3, remat::Index cols = 4) {
   }
 }
 
-// Fixed bug: an op's own residual (layer_norm's statistics, cross_entropy's softmax) was freed when the
+// Regression: an op's own residual (layer_norm's statistics, cross_entropy's softmax) was freed when the
 // region closed and never regenerated when no later op held the op's output (e.g. a residual add),
 // so backward threw freed_value_error.
-TEST(OpResidualsInRegions, LayerNormFollowedByOpsThatReadNothing) {
+TEST(RegionOpResiduals, LayerNormFollowedByOpsThatReadNothing) {
   expect_bitwise<float>([](Var<float> x, Var<float> g, Var<float> b) { return remat::layer_norm(x, g, b) + 1.0; });
   expect_bitwise<double>([](Var<double> x, Var<double> g, Var<double> b) {
     return remat::layer_norm(remat::tanh(x), g, b) + x;  // transformer-style residual connection
@@ -79,7 +80,7 @@ TEST(OpResidualsInRegions, LayerNormFollowedByOpsThatReadNothing) {
   });
 }
 
-TEST(OpResidualsInRegions, CrossEntropyInsideARegion) {
+TEST(RegionOpResiduals, CrossEntropyInsideARegion) {
   expect_bitwise<float>([](Var<float> x, Var<float> g, Var<float>) {
     return remat::cross_entropy(x * g, {0, 3, 1}) * 2.0;
   });
@@ -88,14 +89,14 @@ TEST(OpResidualsInRegions, CrossEntropyInsideARegion) {
   });
 }
 
-TEST(OpResidualsInRegions, NestedRegionsWithLayerNorm) {
+TEST(RegionOpResiduals, NestedRegionsWithLayerNorm) {
   expect_bitwise<double>([](Var<double> x, Var<double> g, Var<double> b) {
     auto inner = remat::checkpoint([&](Var<double> v) { return remat::layer_norm(remat::gelu(v), g, b) + v; });
     return remat::checkpoint([&](Var<double> v) { return inner(inner(v) * 0.5) - 1.0; })(x);
   });
 }
 
-TEST(Exceptions, ThrownInsideCheckpointedFunctionLeavesTapeUsable) {
+TEST(RegionExceptions, ThrownInsideCheckpointedFunctionLeavesTapeUsable) {
   for (const Policy& policy : all_policies()) {
     Tape<float> tape;
     auto x = tape.variable(rnd<float>(3, 3, 4));
@@ -124,7 +125,7 @@ TEST(Exceptions, ThrownInsideCheckpointedFunctionLeavesTapeUsable) {
   }
 }
 
-TEST(Exceptions, ThrownByAPolicyInNestedRegions) {
+TEST(RegionExceptions, ThrownByAPolicyInNestedRegions) {
   Tape<double> tape;
   auto x = tape.variable(rnd<double>(2, 2, 6));
   int calls = 0;
@@ -147,7 +148,7 @@ TEST(Exceptions, ThrownByAPolicyInNestedRegions) {
   EXPECT_NO_THROW(tape.clear());
 }
 
-TEST(ReturnValues, NoNewValueCapturedInputDuplicatesAndEmptyRegions) {
+TEST(RegionReturnValues, NoNewValueCapturedInputDuplicatesAndEmptyRegions) {
   Tape<double> tape;
   auto x = tape.variable(rnd<double>(2, 3, 7));
   auto w = tape.variable(rnd<double>(2, 3, 8));
@@ -170,7 +171,7 @@ TEST(ReturnValues, NoNewValueCapturedInputDuplicatesAndEmptyRegions) {
   EXPECT_TRUE(same_bits(Matrix<double>(w.grad()), Matrix<double>(rw.grad())));
 }
 
-TEST(ReturnValues, ValueUsedOutsideWithoutBeingReturnedThrows) {
+TEST(RegionReturnValues, ValueUsedOutsideWithoutBeingReturnedThrows) {
   Tape<float> tape;
   auto x = tape.variable(rnd<float>(2, 2, 9));
   Var<float> inside;
@@ -189,7 +190,7 @@ TEST(ReturnValues, ValueUsedOutsideWithoutBeingReturnedThrows) {
   EXPECT_TRUE(x.grad().allFinite());
 }
 
-TEST(ReturnValues, RegionWhoseOutputIsTheLoss) {
+TEST(RegionReturnValues, RegionWhoseOutputIsTheLoss) {
   for (const Policy& policy : all_policies()) {
     Tape<double> tape;
     auto x = tape.variable(rnd<double>(4, 3, 10));
@@ -208,7 +209,7 @@ TEST(ReturnValues, RegionWhoseOutputIsTheLoss) {
   }
 }
 
-TEST(ReturnValues, TwoVarArgumentsThatAreTheSameVar) {
+TEST(RegionReturnValues, TwoVarArgumentsThatAreTheSameVar) {
   Tape<float> tape;
   auto x = tape.variable(rnd<float>(3, 3, 12));
   auto y = remat::checkpoint([](Var<float> a, Var<float> b) { return remat::tanh(a * b) + a; })(x, x);
@@ -231,7 +232,7 @@ Matrix<double> nested(int levels, const Matrix<double>& X, Tape<double>& tape) {
   return x.grad();
 }
 
-TEST(Nesting, UpToTheLimitBitwiseAndPastItThrowsCleanly) {
+TEST(RegionNesting, UpToTheLimitBitwiseAndPastItThrowsCleanly) {
   const Matrix<double> X = rnd<double>(2, 2, 13);
   Matrix<double> plain;
   {
@@ -255,7 +256,7 @@ TEST(Nesting, UpToTheLimitBitwiseAndPastItThrowsCleanly) {
   EXPECT_TRUE(same_bits(plain, nested(62, X, tape)));
 }
 
-TEST(Regions, ZeroOpRegionsAndLeafOnlyRegions) {
+TEST(RegionEdgeCases, ZeroOpRegionsAndLeafOnlyRegions) {
   Tape<float> tape;
   auto x = tape.variable(rnd<float>(2, 2, 14));
   auto e1 = remat::checkpoint([](Var<float> v) { return v; })(x);
@@ -265,7 +266,7 @@ TEST(Regions, ZeroOpRegionsAndLeafOnlyRegions) {
   EXPECT_TRUE(x.grad().isApprox(Matrix<float>::Ones(2, 2)));
 }
 
-TEST(Regions, ValueUsedByManyConsumersAcrossRegionBoundaries) {
+TEST(RegionEdgeCases, ValueUsedByManyConsumersAcrossRegionBoundaries) {
   const Matrix<double> X = rnd<double>(3, 3, 15), W = rnd<double>(3, 3, 16);
   auto program = [&](bool ck, const Policy& policy, Matrix<double>& gx, Matrix<double>& gw) {
     Tape<double> tape;
@@ -296,7 +297,7 @@ TEST(Regions, ValueUsedByManyConsumersAcrossRegionBoundaries) {
   }
 }
 
-TEST(Regions, RetainGraphReplaysAgainWithTheSameBitsAndDropoutMask) {
+TEST(RegionEdgeCases, RetainGraphReplaysAgainWithTheSameBitsAndDropoutMask) {
   Tape<float> tape(99);
   auto x = tape.variable(rnd<float>(6, 6, 17));
   auto y = remat::checkpoint([](Var<float> v) { return remat::sin(remat::dropout(remat::tanh(v), 0.5)); })(x);
@@ -313,7 +314,7 @@ TEST(Regions, RetainGraphReplaysAgainWithTheSameBitsAndDropoutMask) {
   EXPECT_EQ(tape.memory().saved_bytes, 0u);
 }
 
-TEST(Regions, CheckpointSequentialRejectsBadSegmentCounts) {
+TEST(RegionEdgeCases, CheckpointSequentialRejectsBadSegmentCounts) {
   Tape<float> tape;
   auto x = tape.variable(rnd<float>(2, 2, 18));
   std::vector<std::function<Var<float>(Var<float>)>> layers(3, [](Var<float> v) { return remat::tanh(v); });
@@ -325,9 +326,9 @@ TEST(Regions, CheckpointSequentialRejectsBadSegmentCounts) {
   ASSERT_NO_THROW(tape.backward(remat::sum(y)));
 }
 
-// Was a bug (assert / UB): destroying the Tape inside a checkpointed function leaves close_region() to pop an
+// Regression (assert / UB): destroying the Tape inside a checkpointed function leaves close_region() to pop an
 // empty stack (assertion failure in debug builds, UB otherwise) when the function returns.
-TEST(Regions, TapeDestroyedInsideCheckpointedFunction) {
+TEST(RegionEdgeCases, TapeDestroyedInsideCheckpointedFunction) {
   auto tape = std::make_unique<Tape<float>>();
   auto x = tape->variable(Matrix<float>::Ones(2, 2));
   EXPECT_THROW(remat::checkpoint([&](Var<float> v) {
@@ -337,4 +338,4 @@ TEST(Regions, TapeDestroyedInsideCheckpointedFunction) {
                remat::tape_error);
 }
 
-}  // namespace
+}  // namespace region_edge_cases_test
