@@ -17,7 +17,7 @@
 //
 // Nothing here recurses: every walk (a regeneration, what is regenerable, what an eviction makes evicted, a
 // neighbourhood, a bound) runs on a work list reserved beforehand (reserve()), so that the stack depth does not
-// grow with the tape (issue 44: an LSTM's chain of evicted values recursed once per value).
+// grow with the tape (a recursive regeneration of an LSTM's chain of evicted values would recurse once per value).
 #pragma once
 
 #include <algorithm>
@@ -591,10 +591,9 @@ class Evictor {
   /// its absent inputs, which its eviction makes evicted, and theirs, up to resident values and Parameters
   /// (t's "freed closure", walked) — and of the evicted values connected to t or to that closure through
   /// evicted values, each counted once: their classes (rebuild_classes), exact for h_DTR, for h_DTR^eq merged on
-  /// eviction and never split. (Until issue 44, h_DTR^eq counted an absent input's own cost alone and not the
-  /// inputs behind it: a sigmoid's output whose regeneration re-runs two GEMMs through a slice and an add looked
-  /// as cheap as the slice; and h_DTR walked every evicted value connected to t for each candidate t of each
-  /// scan.) Never throws.
+  /// eviction and never split. (Counting an absent input's own cost alone, without the inputs behind it, would
+  /// make a sigmoid's output whose regeneration re-runs two GEMMs through a slice and an add look as cheap as the
+  /// slice.) Never throws.
   double neighbourhood(std::int32_t id) noexcept {
     // Two stamps: a freed node may be the root of a class that still has evicted members (h_DTR^eq's classes
     // never split).

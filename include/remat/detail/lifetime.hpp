@@ -27,8 +27,8 @@
 //
 // Every change this class (and the budget's Evictor) makes to a node goes through note(id) first: during a
 // trial of an allocation under a memory budget (Evictor::trial) that saves the node's mutable fields once, so
-// that the trial is undone in time proportional to the nodes it touched, not to the tape (issue 44: a trial per
-// recorded op made recording under a budget quadratic in the tape's length).
+// that the trial is undone in time proportional to the nodes it touched, not to the tape (restoring every node
+// after a trial per recorded op would make recording under a budget quadratic in the tape's length).
 #pragma once
 
 #include <algorithm>
