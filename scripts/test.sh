@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
 cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
-  -DREMAT_BUILD_BENCHMARKS=OFF -DREMAT_TEST_PROGRAMS="full_size;alloc" -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
+  -DREMAT_BUILD_BENCHMARKS=OFF -DREMAT_TEST_PROGRAMS="full_size;alloc;io" -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-Og" \
   -DREMAT_SANITIZE=ON -DREMAT_BUILD_BENCHMARKS=OFF -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
 make --no-print-directory -j"$jobs" -f - both <<'EOF'
