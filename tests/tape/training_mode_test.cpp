@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "api_checks.hpp"
 #include "expect_error.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
@@ -29,37 +30,14 @@ using MD = Matrix<double>;
 using VF = Var<float>;
 using VD = Var<double>;
 
-MF rnd(Index rows, Index cols, std::uint64_t seed, double low = -1, double high = 1) {
-  return remat_test::random_matrix<float>(rows, cols, seed, remat_test::Domain{low, high, 0});
-}
-MD rndd(Index rows, Index cols, std::uint64_t seed, double low = -1, double high = 1) {
-  return remat_test::random_matrix<double>(rows, cols, seed, remat_test::Domain{low, high, 0});
-}
-
-template <class A, class B>
-bool same_bits(const A& a, const B& b) {
-  if (a.rows() != b.rows() || a.cols() != b.cols()) return false;
-  const MF x = a, y = b;
-  return std::memcmp(x.data(), y.data(), sizeof(float) * static_cast<std::size_t>(x.size())) == 0;
-}
-
-bool same_memory(const remat::MemoryStats& a, const remat::MemoryStats& b) {
-  return a.live_bytes == b.live_bytes && a.peak_bytes == b.peak_bytes && a.saved_bytes == b.saved_bytes &&
-         a.replayed_bytes == b.replayed_bytes && a.replayed_ops == b.replayed_ops && a.cached_bytes == b.cached_bytes;
-}
-std::string describe(const remat::MemoryStats& m) {
-  std::ostringstream s;
-  s << "live " << m.live_bytes << " peak " << m.peak_bytes << " saved " << m.saved_bytes << " replayed "
-    << m.replayed_bytes << " (" << m.replayed_ops << " ops) cached " << m.cached_bytes;
-  return s.str();
-}
-
+using remat_test::describe;
 using remat_test::expect_error_naming;
+using remat_test::passes;
+using remat_test::rnd;
+using remat_test::rndd;
+using remat_test::same_bits;
+using remat_test::same_memory;
 
-::testing::AssertionResult passes(const remat::GradcheckResult& r, double tolerance = 1e-6) {
-  if (r.checked > 0 && r.max_error <= tolerance) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "gradcheck (tolerance " << tolerance << "): " << r.describe();
-}
 // ================================================================ training mode and replay
 
 TEST(TrainingMode, DropoutRecordedInTrainingModeReplaysItsMaskAfterSetTrainingFalse) {
