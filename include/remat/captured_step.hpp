@@ -201,8 +201,8 @@ class CapturedStep {
   void check_parameters() const {
     for (const RecordedParameter& p : parameters_) {
       const detail::ParameterStorage<T>& s = *p.storage;
-      if (s.assignments != p.assignments || s.value.data() != p.data || s.value.rows() != p.shape.rows ||
-          s.value.cols() != p.shape.cols)
+      if (s.assignments != p.assignments || s.value.data() != p.data || s.value.rows() != p.shape.rows() ||
+          s.value.cols() != p.shape.cols())
         throw stale_value_error("CapturedStep::replay: a Parameter recorded as " + to_string(p.shape) +
                                 " was assigned to, moved from, resized or given new storage since the capture "
                                 "(it is " +

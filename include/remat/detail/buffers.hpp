@@ -188,13 +188,17 @@ class Buffers {
  public:
   explicit Buffers(bool shapes_only = false) : shapes_only_(shapes_only) {}
 
-  static std::size_t bytes(const Shape& s) { return static_cast<std::size_t>(s.size()) * sizeof(T); }
+  template <class S>
+  static std::size_t bytes(const S& s) {
+    return static_cast<std::size_t>(s.numel()) * sizeof(T);
+  }
   /// Placeholders only: nothing may read or write the buffers (the tape runs no kernel).
   bool shapes_only() const { return shapes_only_; }
 
   /// A buffer for `s` (uninitialised). Throws std::bad_alloc (never in a simulation).
-  T* allocate(const Shape& s) {
-    const auto count = static_cast<std::size_t>(s.size());
+  template <class S>
+  T* allocate(const S& s) {
+    const auto count = static_cast<std::size_t>(s.numel());
     if (simulating_) {
       Simulated& c = simulated(count);
       if (c.available > 0)
@@ -216,15 +220,16 @@ class Buffers {
   }
 
   /// Frees `p` (a buffer for `s`, or null) and nulls it. Never throws.
-  void free(T*& p, const Shape& s) noexcept {
+  template <class S>
+  void free(T*& p, const S& s) noexcept {
     if (!p) return;
     if (simulating_) {
-      Simulated& c = simulated(static_cast<std::size_t>(s.size()));
+      Simulated& c = simulated(static_cast<std::size_t>(s.numel()));
       ++c.available;
       --c.net;
       simulated_live_ -= bytes(s);
     } else {
-      if (!shapes_only_) pool_.release(p, static_cast<std::size_t>(s.size()));
+      if (!shapes_only_) pool_.release(p, static_cast<std::size_t>(s.numel()));
       live_bytes_ -= bytes(s);
     }
     p = nullptr;
@@ -238,8 +243,9 @@ class Buffers {
   /// next step, which hands the tape's buffer over again and only then gets the Parameter's previous one
   /// back, finds it there. Otherwise the second step of a training loop would allocate one buffer per
   /// Parameter.
-  void hand_over(T*& p, const Shape& s, T* replacement) noexcept {
-    const auto count = static_cast<std::size_t>(s.size());
+  template <class S>
+  void hand_over(T*& p, const S& s, T* replacement) noexcept {
+    const auto count = static_cast<std::size_t>(s.numel());
     if (simulating_) {
       Simulated& c = simulated(count);
       if (replacement) {
@@ -269,9 +275,9 @@ class Buffers {
   /// as it was. Not during a simulation. Nothing to do when shapes-only.
   Room make_room(const Shape& a, const Shape& b, const Shape& c = Shape{}) {
     if (shapes_only_) return Room{};
-    if (b.size() == 0 && c.size() == 0) return make_room(static_cast<std::size_t>(a.size()));
-    const std::size_t sizes[3] = {static_cast<std::size_t>(a.size()), static_cast<std::size_t>(b.size()),
-                                  static_cast<std::size_t>(c.size())};
+    if (b.numel() == 0 && c.numel() == 0) return make_room(static_cast<std::size_t>(a.numel()));
+    const std::size_t sizes[3] = {static_cast<std::size_t>(a.numel()), static_cast<std::size_t>(b.numel()),
+                                  static_cast<std::size_t>(c.numel())};
     Room r;
     int used = 0;
     try {
@@ -314,7 +320,7 @@ class Buffers {
     if (shapes_only_) return;
     std::vector<std::pair<std::size_t, std::size_t>> wanted;  // (elements, buffers)
     for (std::size_t i = 0; i < n; ++i) {
-      const auto count = static_cast<std::size_t>(outputs[i].size());
+      const auto count = static_cast<std::size_t>(outputs[i].numel());
       auto it = std::find_if(wanted.begin(), wanted.end(), [count](const auto& w) { return w.first == count; });
       if (it == wanted.end())
         wanted.emplace_back(count, 1);

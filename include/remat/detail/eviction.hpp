@@ -278,13 +278,13 @@ class Evictor {
     invalidate_bounds();  // u becomes resident: a bound through it no longer holds
     std::size_t need = Buffers<T>::bytes(n.scratch_shape);
     if (!n.value) need += Buffers<T>::bytes(n.shape);
-    if (n.extra_shape.size() > 0 && !n.extra) need += Buffers<T>::bytes(n.extra_shape);
+    if (n.extra_shape.numel() > 0 && !n.extra) need += Buffers<T>::bytes(n.extra_shape);
     make_room(need);
     const std::size_t written = (n.value ? 0 : Buffers<T>::bytes(n.shape)) +
-                                (n.extra_shape.size() > 0 && !n.extra ? Buffers<T>::bytes(n.extra_shape) : 0);
+                                (n.extra_shape.numel() > 0 && !n.extra ? Buffers<T>::bytes(n.extra_shape) : 0);
     if (!n.value) n.value = buffers_.allocate(n.shape);
-    if (n.extra_shape.size() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
-    if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
+    if (n.extra_shape.numel() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
+    if (n.scratch_shape.numel() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
     for (int k = 0; k < n.arity; ++k) touch(n.inputs[k]);
     if (!buffers_.simulating() && !buffers_.shapes_only()) {
       if (graph_.trace) graph_.trace->log_forward(graph_, u);

@@ -2,6 +2,7 @@
 // the static OpTable through which the tape runs an op without knowing its name.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -58,13 +59,15 @@ constexpr int max_region_depth = 62;
 /// shapes-only tape accepts shapes no machine could allocate). Larger shapes throw shape_error when recorded.
 constexpr std::size_t max_value_bytes = std::size_t{1} << 48;
 
-/// Whether `shape` has at least one row and one column (or is [0,0] when `may_be_none`) and at most
-/// max_value_bytes (2^48) bytes of `element_bytes` each.
+/// Whether every dimension of `shape` is at least 1 (or, when `may_be_none`, every one is 0: Shape{} or [0,0],
+/// "none") and it holds at most max_value_bytes (2^48) bytes of `element_bytes` each.
 inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t element_bytes) {
-  if (may_be_none && shape.rows == 0 && shape.cols == 0) return true;
-  Index elements;
-  return shape.rows >= 1 && shape.cols >= 1 && !__builtin_mul_overflow(shape.rows, shape.cols, &elements) &&
-         static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
+  if (may_be_none && shape.rank() > 0 && std::all_of(shape.begin(), shape.end(), [](Index d) { return d == 0; }))
+    return true;
+  Index elements = 1;
+  for (Index d : shape)
+    if (d < 1 || __builtin_mul_overflow(elements, d, &elements)) return false;
+  return static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
 }
 
 /// What regenerating an op costs besides its FLOPs, in FLOPs: calling its kernel and the tape's bookkeeping
@@ -119,6 +122,22 @@ struct OpTable {
   void (*check_indices)(const Shape* inputs, const int* indices, std::size_t count);
 };
 
+/// An op's extra residual or temporary as the tape keeps it: the [rows, cols] matrix view of the Shape its
+/// extra_shape or scratch_shape returned ([0,0] for none). The op reads those buffers as matrices, and a node
+/// carries two of them: the full Shape would triple what they cost every node.
+class MatrixShape {
+ public:
+  MatrixShape() = default;
+  MatrixShape(const Shape& s) : rows_(s.numel() == 0 ? 0 : s.rows()), cols_(s.numel() == 0 ? 0 : s.cols()) {}
+  Index rows() const { return rows_; }
+  Index cols() const { return cols_; }
+  Index numel() const { return rows_ * cols_; }
+  operator Shape() const { return Shape{rows_, cols_}; }
+
+ private:
+  Index rows_ = 0, cols_ = 0;
+};
+
 /// The shapes apply_op infers for an op: its output, its extra residual, its temporary (empty: none).
 struct OpShapes {
   Shape output, extra, scratch;
@@ -135,8 +154,8 @@ struct Node {
   std::uint8_t reads = 0;      // Reads bits of its backward (0 unless requires_grad)
   std::int8_t level = 0;       // residence level: deepest enclosing region that drops it (0: none)
   Shape shape;
-  Shape extra_shape;    // op-specific residual (layer_norm statistics, cross_entropy softmax), or empty
-  Shape scratch_shape;  // op temporary, from the pool only while its forward or backward runs, or empty
+  MatrixShape extra_shape;    // op-specific residual (layer_norm statistics, cross_entropy softmax), or empty
+  MatrixShape scratch_shape;  // op temporary, from the pool only while its forward or backward runs, or empty
   T* value = nullptr;
   T* extra = nullptr;
   T* scratch = nullptr;  // set only while a kernel runs

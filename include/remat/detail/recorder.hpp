@@ -33,7 +33,7 @@ class Recorder {
     check_leaf_shape(shape, variable ? "variable" : "constant", "matrix");
     if (!graph_.open.empty()) reserve_for_close();
     reserve_at_least(graph_.nodes, graph_.nodes.size() + 1);
-    buffers_.prepare_simulation(static_cast<std::size_t>(shape.size()));
+    buffers_.prepare_simulation(static_cast<std::size_t>(shape.numel()));
     const bool evicts = evictor_.needs_work(nullptr, 0, Buffers<T>::bytes(shape));
     if (evicts) room_by_trial(variable ? "variable" : "constant", nullptr, 0, OpShapes{shape, {}, {}});
     Node<T>& n = new_leaf(shape, variable);
@@ -63,9 +63,9 @@ class Recorder {
 
   /// A variable referencing a Parameter's storage (no copy). Throws shape_error for an empty parameter.
   std::int32_t add_parameter(std::shared_ptr<ParameterStorage<T>> storage) {
-    check_leaf_shape(Shape{storage->value.rows(), storage->value.cols()}, "variable", "parameter");
+    check_leaf_shape(storage->shape(), "variable", "parameter");
     if (!graph_.open.empty()) reserve_for_close();
-    Node<T>& n = new_leaf(Shape{storage->value.rows(), storage->value.cols()}, true);
+    Node<T>& n = new_leaf(storage->shape(), true);
     n.value = storage->value.data();
     n.parameter_version = storage->version;
     n.parameter_assignments = storage->assignments;
@@ -90,7 +90,7 @@ class Recorder {
     reserve_at_least(graph_.indices, graph_.indices.size() + index_count);
     reserve_at_least(graph_.nodes, graph_.nodes.size() + 1);
     for (const Shape* s : {&shape, &shapes.extra, &shapes.scratch})
-      if (s->size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(s->size()));
+      if (s->numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(s->numel()));
     const std::size_t need =
         Buffers<T>::bytes(shape) + Buffers<T>::bytes(shapes.extra) + Buffers<T>::bytes(shapes.scratch);
     // Under a memory budget, evictions and regenerations of inputs first run as a trial (throws
@@ -131,8 +131,8 @@ class Recorder {
     n.drop_mask = drop_mask;
     n.cost = cost;
     n.value = buffers_.allocate(shape);
-    if (n.extra_shape.size() > 0) n.extra = buffers_.allocate(n.extra_shape);
-    if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
+    if (n.extra_shape.numel() > 0) n.extra = buffers_.allocate(n.extra_shape);
+    if (n.scratch_shape.numel() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
     try {
       if (!buffers_.shapes_only()) {  // placeholders: no kernel
         if (graph_.trace) graph_.trace->log_forward(graph_, id);
@@ -169,7 +169,7 @@ class Recorder {
     reserve_at_least(graph_.nodes, graph_.nodes.size() + n);
     // Covers every reservation the n records make in turn (each reserve_for_close(1) and its pending holds).
     if (!graph_.open.empty()) reserve_for_close(n);
-    for (std::size_t i = 0; i < n; ++i) buffers_.prepare_simulation(static_cast<std::size_t>(outputs[i].size()));
+    for (std::size_t i = 0; i < n; ++i) buffers_.prepare_simulation(static_cast<std::size_t>(outputs[i].numel()));
     if (evictor_.active()) evictor_.reserve(static_cast<std::size_t>(graph_.size()) + n);
     buffers_.make_room(outputs, n);
   }
@@ -226,21 +226,21 @@ class Recorder {
   void check_finite_forward(std::int32_t id) const {
     const Node<T>& n = graph_[id];
     std::string where;
-    std::int64_t bad = first_non_finite(n.value, n.shape.rows, n.shape.cols);
+    std::int64_t bad = first_non_finite(n.value, n.shape.rows(), n.shape.cols());
     if (bad >= 0) {
-      where = "its value holds " + non_finite_text(n.value, n.shape.cols, bad);
-    } else if (n.extra && (bad = first_non_finite(n.extra, n.extra_shape.rows, n.extra_shape.cols)) >= 0) {
-      where = "its extra " + to_string(n.extra_shape) + " holds " + non_finite_text(n.extra, n.extra_shape.cols, bad);
+      where = "its value holds " + non_finite_text(n.value, n.shape.cols(), bad);
+    } else if (n.extra && (bad = first_non_finite(n.extra, n.extra_shape.rows(), n.extra_shape.cols())) >= 0) {
+      where = "its extra " + to_string(n.extra_shape) + " holds " + non_finite_text(n.extra, n.extra_shape.cols(), bad);
     } else {
       return;
     }
     std::string cause = "from finite inputs";
     for (int k = 0; k < n.arity; ++k) {
       const Node<T>& in = graph_[n.inputs[k]];
-      const std::int64_t e = in.value ? first_non_finite(in.value, in.shape.rows, in.shape.cols) : -1;
+      const std::int64_t e = in.value ? first_non_finite(in.value, in.shape.rows(), in.shape.cols()) : -1;
       if (e < 0) continue;
       cause = "propagated: its input " + std::to_string(k) + " (node #" + std::to_string(n.inputs[k]) + ", " +
-              graph_.node_name(n.inputs[k]) + ") holds " + non_finite_text(in.value, in.shape.cols, e);
+              graph_.node_name(n.inputs[k]) + ") holds " + non_finite_text(in.value, in.shape.cols(), e);
       break;
     }
     throw anomaly_error(std::string(n.op->name) + " (node #" + std::to_string(id) + ", " + to_string(n.shape) +
@@ -360,7 +360,7 @@ class Recorder {
       evictor_.make_room(Buffers<T>::bytes(shapes.output) + Buffers<T>::bytes(shapes.extra) +
                          Buffers<T>::bytes(shapes.scratch));
       for (const Shape* s : {&shapes.output, &shapes.extra, &shapes.scratch}) {
-        T* p = s->size() > 0 ? buffers_.allocate(*s) : nullptr;
+        T* p = s->numel() > 0 ? buffers_.allocate(*s) : nullptr;
         (void)p;  // counted only; the trial's end forgets it
       }
     });
@@ -383,9 +383,9 @@ class Recorder {
   }
 
   static void check_leaf_shape(const Shape& shape, const char* op, const char* what) {
-    if (shape.rows <= 0 || shape.cols <= 0)
+    if (std::any_of(shape.begin(), shape.end(), [](Index d) { return d <= 0; }))
       throw shape_error(std::string(op) + ": empty " + what + " " + to_string(shape) +
-                        "; every tensor needs at least one row and one column");
+                        "; every dimension of a tensor must be at least 1");
     if (!valid_op_shape(shape, false, sizeof(T)))
       throw shape_error(std::string(op) + ": " + what + " " + to_string(shape) +
                         " needs more than the 2^48 bytes a tensor may have");

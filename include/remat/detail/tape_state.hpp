@@ -75,10 +75,10 @@ class TapeState {
   void check_leaf_finite(std::int32_t id, const char* op) const {
     const Node<T>& n = graph_[id];
     if (!graph_.detect_anomaly || buffers_.shapes_only()) return;
-    const std::int64_t bad = first_non_finite(n.value, n.shape.rows, n.shape.cols);
+    const std::int64_t bad = first_non_finite(n.value, n.shape.rows(), n.shape.cols());
     if (bad >= 0)
       throw anomaly_error(std::string(op) + ": the data of " + to_string(n.shape) + " holds " +
-                              non_finite_text(n.value, n.shape.cols, bad) +
+                              non_finite_text(n.value, n.shape.cols(), bad) +
                               " (anomaly detection is on: Tape::set_detect_anomaly); the leaf was not recorded",
                           id);
   }
@@ -246,10 +246,10 @@ class TapeState {
       return MatrixView<T>(g.data(), g.rows(), g.cols());
     }
     // A CapturedStep's: its gradients may be read; one no run reaches is zero.
-    if (frozen_ && !n.grad) return MatrixView<T>(frozen_zeros_.data(), n.shape.rows, n.shape.cols);
+    if (frozen_ && !n.grad) return MatrixView<T>(frozen_zeros_.data(), n.shape.rows(), n.shape.cols());
     if (!frozen_) check_not_in_callback("Var::grad");
     if (!n.grad) {
-      buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
+      buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.numel()));
       const std::size_t bytes = Buffers<T>::bytes(n.shape);
       const bool evicts = evictor_.needs_work(nullptr, 0, bytes);
       if (evicts) {
@@ -263,10 +263,10 @@ class TapeState {
         evictor_.make_room(bytes);
       }
       n.grad = buffers_.allocate(n.shape);
-      std::fill(n.grad, n.grad + n.shape.size(), T(0));
+      std::fill(n.grad, n.grad + n.shape.numel(), T(0));
       n.grad_assigned = false;  // zeros: the next backward may assign
     }
-    return MatrixView<T>(n.grad, n.shape.rows, n.shape.cols);
+    return MatrixView<T>(n.grad, n.shape.rows(), n.shape.cols());
   }
   /// Clears a variable's accumulated gradient (a Parameter's too; not on a shapes-only tape, which leaves
   /// every Parameter as it is: its backward counts the same bytes whether the gradient was cleared or not).
@@ -394,7 +394,7 @@ class TapeState {
     for (std::size_t k = 0; k < targets.size(); ++k) {
       const Node<T>& n = graph_[targets[k]];
       if (n.grad)
-        out[k] = MatrixView<T>(n.grad, n.shape.rows, n.shape.cols);
+        out[k] = MatrixView<T>(n.grad, n.shape.rows(), n.shape.cols());
       else
         out[k].setZero();
     }
@@ -421,7 +421,7 @@ class TapeState {
   void freeze() {
     Index most = 0;  // the zeros that a tape variable no run gives a gradient reads (variable_grad)
     for (const Node<T>& n : graph_.nodes)
-      if (n.is_variable && !n.parameter && !n.grad) most = std::max(most, n.shape.size());
+      if (n.is_variable && !n.parameter && !n.grad) most = std::max(most, n.shape.numel());
     frozen_zeros_.assign(static_cast<std::size_t>(most), T(0));
     frozen_ = true;
   }

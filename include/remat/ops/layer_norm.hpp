@@ -24,12 +24,12 @@ struct LayerNormOp : OpBase {
   }
   static Shape output_shape(const Shape* in, const Params&) {
     for (int k = 1; k <= 2; ++k)
-      if (in[k].rows != 1 || in[k].cols != in[0].cols)
+      if (in[k].rows() != 1 || in[k].cols() != in[0].cols())
         throw shape_error(std::string("layer_norm: x is ") + to_string(in[0]) + " but " + (k == 1 ? "gain" : "bias") +
-                          " is " + to_string(in[k]) + "; it must be [1," + std::to_string(in[0].cols) + "]");
+                          " is " + to_string(in[k]) + "; it must be [1," + std::to_string(in[0].cols()) + "]");
     return in[0];
   }
-  static Shape extra_shape(const Shape* in, const Params&) { return {in[0].rows, 2}; }
+  static Shape extra_shape(const Shape* in, const Params&) { return {in[0].rows(), 2}; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto x = c.in(0);
@@ -79,7 +79,7 @@ struct LayerNormOp : OpBase {
     }
     add_grad_column_sums(c, 2, g);
   }
-  static double flops(const Shape* in, int, const Shape&) { return 8.0 * static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return 8.0 * static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

@@ -36,7 +36,7 @@ struct LogSoftmaxOp : OpBase {
       }
     });
   }
-  static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

@@ -21,10 +21,10 @@ struct MeanOp : OpBase {
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     const Shape s = c.in_shape(0);
-    const T g = c.grad_out()(0, 0) / static_cast<T>(s.size());
-    add_grad_rows(c, 0, 1, [&](Index, Index n) { return Matrix<T>::Constant(n, s.cols, g); });
+    const T g = c.grad_out()(0, 0) / static_cast<T>(s.numel());
+    add_grad_rows(c, 0, 1, [&](Index, Index n) { return Matrix<T>::Constant(n, s.cols(), g); });
   }
-  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

@@ -17,14 +17,14 @@ struct ReshapeOp : OpBase {
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) {
     // By division: rows · cols may overflow (and wrap to m·n).
-    if (p.rows <= 0 || p.cols <= 0 || in[0].size() % p.rows != 0 || in[0].size() / p.rows != p.cols)
-      throw shape_error("reshape: x " + to_string(in[0]) + " has " + std::to_string(in[0].size()) +
+    if (p.rows <= 0 || p.cols <= 0 || in[0].numel() % p.rows != 0 || in[0].numel() / p.rows != p.cols)
+      throw shape_error("reshape: x " + to_string(in[0]) + " has " + std::to_string(in[0].numel()) +
                         " elements; it cannot be read as " + to_string(Shape{p.rows, p.cols}));
     return {p.rows, p.cols};
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    std::copy_n(c.in(0).data(), c.out_shape().size(), c.out().data());
+    std::copy_n(c.in(0).data(), c.out_shape().numel(), c.out().data());
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
@@ -33,7 +33,7 @@ struct ReshapeOp : OpBase {
     const ConstAlignedMap<T> g(c.grad_out().data(), d.map.rows(), d.map.cols());  // dy read as x's shape
     assign_or_add(d.map, g, d.accumulate);
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

@@ -19,11 +19,11 @@ struct SumOp : OpBase {
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    const Index cols = c.in_shape(0).cols;
+    const Index cols = c.in_shape(0).cols();
     const T g = c.grad_out()(0, 0);
     add_grad_rows(c, 0, 1, [&](Index, Index n) { return Matrix<T>::Constant(n, cols, g); });
   }
-  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

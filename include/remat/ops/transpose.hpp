@@ -10,7 +10,10 @@ struct TransposeOp : OpBase {
   static constexpr const char* name = "transpose";
   static constexpr OpKind kind = OpKind::data_movement;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Params&) { return {in[0].cols, in[0].rows}; }
+  static Shape output_shape(const Shape* in, const Params&) {
+    require_rank(name, "x", in[0], 2);
+    return {in[0].cols(), in[0].rows()};
+  }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     c.out() = c.in(0).transpose();
@@ -19,7 +22,7 @@ struct TransposeOp : OpBase {
   static void backward(const BackwardContext<T>& c) {
     c.add_grad(0, c.grad_out().transpose());
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

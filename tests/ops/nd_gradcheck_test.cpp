@@ -1,0 +1,88 @@
+// Every op that takes N-D values, gradchecked in double on rank-1, rank-3 and rank-4 inputs, with broadcasting in
+// each direction and size-1 dimensions (the values against PyTorch are in nd_reference_test.cpp).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gradcheck.hpp"
+#include "random.hpp"
+#include "remat/remat.hpp"
+
+namespace nd_gradcheck_test {
+
+using remat::Shape;
+using remat::Tape;
+using V = remat::Var<double>;
+using Inputs = std::vector<V>;
+
+/// Random values of `shape` as the matrix gradcheck perturbs (one row), in [low, high].
+remat::Matrix<double> values(const Shape& s, std::uint64_t seed, double low = -1, double high = 1) {
+  return remat_test::random_matrix<double>(1, s.numel(), seed, remat_test::Domain{low, high, 0});
+}
+
+::testing::AssertionResult check(const remat::LossFunction& f, const std::vector<Shape>& shapes, double low = -1,
+                                 double high = 1) {
+  std::vector<remat::Matrix<double>> inputs;
+  for (std::size_t k = 0; k < shapes.size(); ++k) inputs.push_back(values(shapes[k], 17 + k, low, high));
+  return remat_test::passes(remat::gradcheck(f, inputs, shapes));
+}
+
+/// sum(y ⊙ w) for a fixed w of y's shape, so that every output element has its own weight.
+V weighted_sum(Tape<double>& tape, const V& y) {
+  const Shape s = y.shape();
+  const remat::Matrix<double> w = values(s, 99);
+  return remat::sum(y * tape.constant(s, w.data()));
+}
+
+const std::vector<Shape> ranks{Shape{5}, Shape{2, 3, 4}, Shape{2, 1, 3, 2}};
+
+TEST(NdGradcheck, UnaryOpsOnRanks1To4) {
+  struct Unary {
+    const char* name;
+    V (*f)(const V&);
+    double low, high;
+  };
+  const Unary ops[] = {{"neg", remat::neg<double>, -1, 1},          {"exp", remat::exp<double>, -1, 1},
+                       {"log", remat::log<double>, 0.5, 2},         {"sqrt", remat::sqrt<double>, 0.5, 2},
+                       {"square", remat::square<double>, -1, 1},    {"sin", remat::sin<double>, -1, 1},
+                       {"cos", remat::cos<double>, -1, 1},          {"tanh", remat::tanh<double>, -1, 1},
+                       {"sigmoid", remat::sigmoid<double>, -1, 1},  {"gelu", remat::gelu<double>, -1, 1},
+                       {"softplus", remat::softplus<double>, -1, 1}};
+  for (const Unary& op : ops)
+    for (const Shape& s : ranks) {
+      SCOPED_TRACE(std::string(op.name) + " " + remat::to_string(s));
+      EXPECT_TRUE(
+          check([&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, op.f(x[0])); }, {s}, op.low, op.high));
+    }
+}
+
+TEST(NdGradcheck, BinaryOpsBroadcastInEachDirection) {
+  const std::vector<std::pair<Shape, Shape>> pairs{{Shape{2, 3, 4}, Shape{2, 3, 4}},
+                                                   {Shape{2, 3, 4}, Shape{4}},
+                                                   {Shape{4}, Shape{2, 3, 4}},
+                                                   {Shape{2, 1, 4}, Shape{3, 1}},
+                                                   {Shape{1, 3, 1, 2}, Shape{2, 1, 4, 1}},
+                                                   {Shape{2, 3}, Shape::scalar()},
+                                                   {Shape{3, 1}, Shape{1, 4}},
+                                                   {Shape{2, 3, 1}, Shape{2, 1, 4}}};
+  for (const auto& [a, b] : pairs) {
+    SCOPED_TRACE(remat::to_string(a) + " with " + remat::to_string(b));
+    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] + x[1]); }, {a, b}));
+    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] - x[1]); }, {a, b}));
+    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] * x[1]); }, {a, b}));
+    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] / x[1]); }, {a, b}, 0.5, 2));
+  }
+}
+
+TEST(NdGradcheck, LinearTakesLeadingBatchDimensions) {
+  for (const Shape& x : {Shape{4}, Shape{2, 3, 4}, Shape{2, 1, 3, 4}})
+    for (const Shape& b : {Shape{5}, Shape{1, 5}}) {
+      SCOPED_TRACE(remat::to_string(x) + " bias " + remat::to_string(b));
+      EXPECT_TRUE(
+          check([](Tape<double>& t, const Inputs& v) { return weighted_sum(t, remat::linear(v[0], v[1], v[2])); },
+                {x, Shape{4, 5}, b}));
+    }
+}
+
+}  // namespace nd_gradcheck_test

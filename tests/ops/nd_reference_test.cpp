@@ -1,0 +1,159 @@
+// The N-D ops against PyTorch 1.13 float64 values (tests/ops/nd_reference.txt, written by
+// tests/ops/make_nd_reference.py): for each case, the output's shape and values, and the gradients of
+// sum(output ⊙ weight) with respect to every differentiable input, plain and under every checkpoint policy
+// (bitwise equal to plain).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "api_checks.hpp"
+#include "nd_reference.hpp"
+#include "remat/remat.hpp"
+
+namespace nd_reference_test {
+
+using remat::Shape;
+using remat::Tape;
+using remat::Var;
+using remat_test::ReferenceCase;
+using V = Var<double>;
+
+using Builder = std::function<V(const std::vector<V>&, const ReferenceCase&)>;
+
+/// The ops this build implements in N-D, by the file's case name.
+const std::map<std::string, Builder>& builders() {
+  static const std::map<std::string, Builder> b = [] {
+    std::map<std::string, Builder> m;
+    auto unary = [&](const char* name, V (*f)(const V&)) {
+      m[name] = [f](const std::vector<V>& x, const ReferenceCase&) { return f(x[0]); };
+    };
+    unary("neg", remat::neg<double>);
+    unary("abs", remat::abs<double>);
+    unary("exp", remat::exp<double>);
+    unary("log", remat::log<double>);
+    unary("sqrt", remat::sqrt<double>);
+    unary("square", remat::square<double>);
+    unary("sin", remat::sin<double>);
+    unary("cos", remat::cos<double>);
+    unary("tanh", remat::tanh<double>);
+    unary("sigmoid", remat::sigmoid<double>);
+    unary("relu", remat::relu<double>);
+    unary("gelu", remat::gelu<double>);
+    m["softplus"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::softplus(x[0]); };
+    m["pow"] = [](const std::vector<V>& x, const ReferenceCase& c) { return remat::pow(x[0], c.number("exponent")); };
+    m["add"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] + x[1]; };
+    m["subtract"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] - x[1]; };
+    m["multiply"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] * x[1]; };
+    m["divide"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] / x[1]; };
+    m["linear"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::linear(x[0], x[1], x[2]); };
+    return m;
+  }();
+  return b;
+}
+
+/// Integer inputs (labels, indices) and where's condition are not differentiable: recorded as constants.
+bool differentiable(const ReferenceCase& c, std::size_t k) {
+  return c.grads.count(static_cast<int>(k)) > 0;
+}
+
+struct Result {
+  Shape shape;
+  std::vector<double> output;
+  std::vector<std::vector<double>> grads;  // per input, empty when not differentiable
+};
+
+/// build(x), or build recorded as a checkpoint region under `policy`.
+V apply(const ReferenceCase& c, const Builder& build, const std::vector<V>& x, const remat_test::AnyPolicy* policy) {
+  if (!policy) return build(x, c);
+  switch (x.size()) {
+    case 1:
+      return remat::checkpoint([&](const V& a) { return build({a}, c); }, *policy)(x[0]);
+    case 2:
+      return remat::checkpoint([&](const V& a, const V& b) { return build({a, b}, c); }, *policy)(x[0], x[1]);
+    default:
+      return remat::checkpoint(
+          [&](const V& a, const V& b, const V& d) {
+            return build({a, b, d}, c);
+          },
+          *policy)(x[0], x[1], x[2]);
+  }
+}
+
+Result run(const ReferenceCase& c, const Builder& build, const remat_test::AnyPolicy* policy) {
+  Tape<double> tape;
+  std::vector<V> x;
+  for (std::size_t k = 0; k < c.inputs.size(); ++k) {
+    const auto& in = c.inputs[k];
+    x.push_back(differentiable(c, k) ? tape.variable(in.shape, in.values.data())
+                                     : tape.constant(in.shape, in.values.data()));
+  }
+  V y = apply(c, build, x, policy);
+  Result r;
+  r.shape = y.shape();
+  const auto value = y.value();
+  r.output.assign(value.data(), value.data() + value.size());
+  const V w = tape.constant(c.output.shape, c.weight.data());
+  tape.backward(remat::sum(y * w));
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    if (!differentiable(c, k)) {
+      r.grads.emplace_back();
+      continue;
+    }
+    const auto g = x[k].grad();
+    r.grads.emplace_back(g.data(), g.data() + g.size());
+  }
+  return r;
+}
+
+::testing::AssertionResult close(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " values, expected " << want.size();
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= 1e-12 * std::max(1.0, std::abs(want[i]))))
+      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << ", PyTorch " << want[i];
+  return ::testing::AssertionSuccess();
+}
+
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+const std::vector<ReferenceCase>& cases() {
+  static const auto c = remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/nd_reference.txt");
+  return c;
+}
+
+TEST(NdReference, EveryImplementedOpMatchesPyTorchAndEveryPolicyIsBitwiseEqualToPlain) {
+  std::set<std::string> covered;
+  int ran = 0;
+  for (const ReferenceCase& c : cases()) {
+    auto b = builders().find(c.name);
+    if (b == builders().end()) continue;
+    SCOPED_TRACE("case " + c.name + " at nd_reference.txt:" + std::to_string(c.line));
+    const Result plain = run(c, b->second, nullptr);
+    EXPECT_EQ(plain.shape, c.output.shape) << remat::to_string(plain.shape);
+    EXPECT_TRUE(close(plain.output, c.output.values));
+    for (const auto& [k, g] : c.grads) {
+      SCOPED_TRACE("grad of input " + std::to_string(k));
+      EXPECT_TRUE(close(plain.grads[static_cast<std::size_t>(k)], g.values));
+    }
+    for (const auto& [name, policy] : remat_test::every_policy()) {
+      SCOPED_TRACE(name);
+      const Result r = run(c, b->second, &policy);
+      EXPECT_TRUE(same_bits(r.output, plain.output));
+      for (std::size_t k = 0; k < r.grads.size(); ++k) EXPECT_TRUE(same_bits(r.grads[k], plain.grads[k]));
+    }
+    covered.insert(c.name);
+    ++ran;
+  }
+  EXPECT_EQ(covered.size(), builders().size()) << "an implemented op has no case in the file";
+  EXPECT_GE(ran, 80);
+}
+
+}  // namespace nd_reference_test

@@ -1,0 +1,120 @@
+// N-D values on the tape: Shape itself, leaves and Parameters from Eigen tensors, values and gradients read back
+// as tensors, and the memory figures and checkpoint policies on a rank-4 graph.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "api_checks.hpp"
+#include "expect_error.hpp"
+#include "remat/remat.hpp"
+
+namespace tensor_values_test {
+
+using remat::Shape;
+using remat::Tape;
+using remat::Tensor;
+
+TEST(ShapeTest, DimensionsCountsAndTheMatrixView) {
+  const Shape s{2, 3, 8, 8};
+  EXPECT_EQ(s.rank(), 4);
+  EXPECT_EQ(s[2], 8);
+  EXPECT_EQ(s.numel(), 384);
+  EXPECT_EQ(s.rows(), 48);  // every dimension but the last
+  EXPECT_EQ(s.cols(), 8);
+  EXPECT_EQ(remat::to_string(s), "[2,3,8,8]");
+  EXPECT_EQ(Shape::scalar().rank(), 0);
+  EXPECT_EQ(Shape::scalar().numel(), 1);
+  EXPECT_EQ(remat::to_string(Shape::scalar()), "[]");
+  EXPECT_EQ(Shape{7}.rows(), 1);      // a vector reads as one row
+  EXPECT_EQ(Shape{}, (Shape{0, 0}));  // "none" of the op recipe, as before N-D
+  EXPECT_EQ(Shape{}.numel(), 0);
+  EXPECT_NE((Shape{2, 3}), (Shape{2, 3, 1}));
+  remat_test::expect_error_naming<remat::shape_error>([] { Shape{1, 2, 3, 4, 5, 6, 7, 8, 9}; }, {"9 dimensions", "8"});
+}
+
+TEST(TensorValues, ALeafFromATensorKeepsItsShapeAndValues) {
+  Tensor<double, 4> x(2, 3, 4, 5);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = 0.5 * static_cast<double>(i) - 3;
+  Tape<double> tape;
+  const auto v = tape.variable(x);
+  EXPECT_EQ(v.shape(), (Shape{2, 3, 4, 5}));
+  EXPECT_EQ(v.dim(), 4);
+  EXPECT_EQ(v.size(1), 3);
+  EXPECT_EQ(v.size(-1), 5);
+  EXPECT_EQ(v.rows(), 24);
+  const auto t = v.value<4>();
+  EXPECT_EQ(t(1, 2, 3, 4), x(1, 2, 3, 4));
+  EXPECT_EQ(t(0, 1, 0, 2), x(0, 1, 0, 2));
+  EXPECT_EQ(v.value()(23, 4), x(1, 2, 3, 4));  // the matrix view of the same buffer
+  remat_test::expect_error_naming<remat::shape_error>([&] { v.value<3>(); }, {"value<3>", "[2,3,4,5]", "value<4>"});
+  remat_test::expect_error_naming<remat::index_error>([&] { v.size(4); }, {"size", "dim 4"});
+}
+
+TEST(TensorValues, AScalarTensorIsARankZeroLeaf) {
+  Tensor<float, 0> s;
+  s() = 2.5f;
+  Tape<float> tape;
+  const auto v = tape.constant(s);
+  EXPECT_EQ(v.shape(), Shape::scalar());
+  EXPECT_EQ(v.value<0>()(), 2.5f);
+}
+
+TEST(TensorValues, GradientsOfARankFourGraphReadBackAsTensors) {
+  Tensor<double, 4> x(2, 1, 3, 2);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = 0.1 * static_cast<double>(i) - 0.5;
+  Tape<double> tape;
+  const auto v = tape.variable(x);
+  tape.backward(remat::sum(remat::tanh(v)));
+  const auto g = v.grad<4>();
+  for (Eigen::Index i = 0; i < x.size(); ++i) {
+    const double th = std::tanh(x.data()[i]);
+    EXPECT_DOUBLE_EQ(g.data()[i], 1 - th * th);
+  }
+  EXPECT_DOUBLE_EQ(g(1, 0, 2, 1), 1 - std::pow(std::tanh(x(1, 0, 2, 1)), 2));
+}
+
+TEST(TensorValues, AParameterFromATensorRecordsItsShape) {
+  Tensor<float, 4> w(4, 3, 2, 2);
+  w.setConstant(0.25f);
+  remat::Parameter<float> p(w);
+  EXPECT_EQ(p.shape(), (Shape{4, 3, 2, 2}));
+  EXPECT_EQ(p.rows(), 24);
+  EXPECT_EQ(p.value<4>()(3, 2, 1, 1), 0.25f);
+  Tape<float> tape;
+  const auto v = tape.variable(p);
+  EXPECT_EQ(v.shape(), p.shape());
+  tape.backward(remat::sum(remat::square(v)));
+  EXPECT_EQ(p.grad<4>()(1, 1, 1, 0), 0.5f);
+  p.mutable_value().resize(2, 3);  // another matrix view: the N-D dimensions no longer hold
+  EXPECT_EQ(p.shape(), (Shape{2, 3}));
+}
+
+TEST(TensorValues, MemoryIsCountedExactlyAndEveryPolicyIsBitwiseEqualOnRankFour) {
+  Tensor<float, 4> x(2, 3, 4, 5);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = std::sin(0.3f * static_cast<float>(i));
+  const std::size_t bytes = 2 * 3 * 4 * 5 * sizeof(float);
+  auto step = [&](const remat_test::AnyPolicy* policy, remat::MemoryStats* after_forward) {
+    Tape<float> tape;
+    const auto v = tape.variable(x);
+    auto f = [](const remat::Var<float>& a) { return remat::tanh(remat::sin(a) * a); };
+    const auto y = policy ? remat::checkpoint(f, *policy)(v) : f(v);
+    const auto loss = remat::sum(y);
+    if (after_forward) *after_forward = tape.memory();
+    tape.backward(loss);
+    const auto g = v.grad();
+    return remat::Matrix<float>(g);
+  };
+  remat::MemoryStats plain_memory;
+  const remat::Matrix<float> plain = step(nullptr, &plain_memory);
+  // Kept after the forward pass: x (read by the backwards of sin and multiply), sin(x) (multiply's), y = tanh(·)
+  // (tanh's own backward reads its output; the product is read by nothing) and the [1,1] loss.
+  EXPECT_EQ(plain_memory.live_bytes, 3 * bytes + sizeof(float));
+  for (const auto& [name, policy] : remat_test::every_policy()) {
+    SCOPED_TRACE(name);
+    remat::MemoryStats m;
+    EXPECT_TRUE(remat_test::same_bits(step(&policy, &m), plain));
+  }
+}
+
+}  // namespace tensor_values_test
