@@ -2,6 +2,7 @@
 // each direction and size-1 dimensions (the values against PyTorch are in nd_reference_test.cpp).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,48 @@ TEST(NdGradcheck, LinearTakesLeadingBatchDimensions) {
           check([](Tape<double>& t, const Inputs& v) { return weighted_sum(t, remat::linear(v[0], v[1], v[2])); },
                 {x, Shape{4, 5}, b}));
     }
+}
+
+TEST(NdGradcheck, MatmulWithTorchMatmulsRules) {
+  const std::vector<std::pair<Shape, Shape>> pairs{{Shape{4}, Shape{4}},
+                                                   {Shape{3, 4}, Shape{4}},
+                                                   {Shape{4}, Shape{4, 5}},
+                                                   {Shape{2, 3, 4}, Shape{4, 5}},
+                                                   {Shape{3, 4}, Shape{2, 4, 5}},
+                                                   {Shape{2, 3, 4}, Shape{2, 4, 5}},
+                                                   {Shape{2, 1, 3, 4}, Shape{5, 4, 2}},
+                                                   {Shape{4}, Shape{2, 4, 5}},
+                                                   {Shape{2, 3, 4}, Shape{4}}};
+  for (const auto& [a, b] : pairs) {
+    SCOPED_TRACE(remat::to_string(a) + " · " + remat::to_string(b));
+    EXPECT_TRUE(
+        check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::matmul(x[0], x[1])); }, {a, b}));
+  }
+  // One Var as both operands: its gradient is assigned by the first and added to by the second.
+  EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::matmul(x[0], x[0])); },
+                    {Shape{3, 4, 4}}));
+}
+
+TEST(NdGradcheck, BatchedMatmulIsBitwiseEqualAtOneAndTwoThreads) {
+  auto run = [](int threads) {
+    remat::set_num_threads(threads);
+    Tape<float> tape;
+    const auto a = remat_test::random_matrix<float>(1, 16 * 32 * 16, 5, remat_test::Domain{-1, 1, 0});
+    const auto b = remat_test::random_matrix<float>(1, 4 * 16 * 32, 6, remat_test::Domain{-1, 1, 0});
+    const auto va = tape.variable(Shape{16, 32, 16}, a.data());
+    const auto vb = tape.variable(Shape{4, 1, 16, 32}, b.data());  // broadcast over a's batch: summed gradients
+    const auto c = remat::matmul(va, vb);
+    EXPECT_EQ(c.shape(), (Shape{4, 16, 32, 32}));
+    tape.backward(remat::sum(remat::tanh(c)));
+    return std::vector<remat::Matrix<float>>{c.value(), va.grad(), vb.grad()};
+  };
+  const int before = remat::num_threads();
+  const auto one = run(1), two = run(2);
+  remat::set_num_threads(before);
+  for (std::size_t i = 0; i < one.size(); ++i)
+    EXPECT_TRUE(one[i].size() == two[i].size() &&
+                std::memcmp(one[i].data(), two[i].data(), sizeof(float) * static_cast<std::size_t>(one[i].size())) == 0)
+        << "result " << i;
 }
 
 }  // namespace nd_gradcheck_test

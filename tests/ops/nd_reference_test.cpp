@@ -51,6 +51,7 @@ const std::map<std::string, Builder>& builders() {
     m["subtract"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] - x[1]; };
     m["multiply"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] * x[1]; };
     m["divide"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] / x[1]; };
+    m["matmul"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::matmul(x[0], x[1]); };
     m["linear"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::linear(x[0], x[1], x[2]); };
     return m;
   }();

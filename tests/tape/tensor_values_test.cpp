@@ -117,4 +117,20 @@ TEST(TensorValues, MemoryIsCountedExactlyAndEveryPolicyIsBitwiseEqualOnRankFour)
   }
 }
 
+TEST(TensorValues, OpsDefinedOnMatricesRefuseOtherRanksByName) {
+  Tape<float> tape;
+  Tensor<float, 3> x(2, 3, 4);
+  x.setConstant(1);
+  const auto v = tape.variable(x);
+  const std::size_t nodes = tape.size();
+  remat_test::expect_error_naming<remat::shape_error>([&] { remat::transpose(v); }, {"transpose", "[2,3,4]", "rank-2"});
+  remat_test::expect_error_naming<remat::shape_error>([&] { remat::sum_rows(v); }, {"sum_rows", "[2,3,4]"});
+  remat_test::expect_error_naming<remat::shape_error>(
+      [&] {
+        remat::cross_entropy(v, {0, 1});
+      },
+      {"cross_entropy", "[2,3,4]"});
+  EXPECT_EQ(tape.size(), nodes);
+}
+
 }  // namespace tensor_values_test

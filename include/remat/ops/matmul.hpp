@@ -2,6 +2,7 @@
 #pragma once
 
 #include "remat/detail/apply.hpp"
+#include "remat/ops/batched_matmul.hpp"
 
 namespace remat {
 namespace detail {
@@ -36,11 +37,20 @@ struct MatmulOp : OpBase {
 
 }  // namespace detail
 
-/// C = A·B. A: [m,k], B: [k,n] → [m,n]; dA = dC·Bᵀ, dB = Aᵀ·dC. 2mkn FLOPs forward.
-/// Throws shape_error if A.cols() ≠ B.rows(), tape_error for invalid Vars or Vars of different tapes.
+/// C = A·B with torch.matmul's rules. Matrices: A [m,k], B [k,n] → [m,n]. A vector A [k] is read as [1,k] and
+/// B [k] as [k,1], the added dimension removed from the result ([k]·[k] → a scalar, [m,k]·[k] → [m]). Above two
+/// dimensions, A [..., m, k] and B [..., k, n] are batches of matrices whose batch dimensions broadcast (NumPy's
+/// rule) → [..., m, n], e.g. [64,128,64]·[64,64,128] → [64,128,128] or [2,1,3,4]·[5,4,6] → [2,5,3,6].
+/// dA = dC·Bᵀ and dB = Aᵀ·dC per matrix, summed over the batch entries a broadcast operand served. Kind dot;
+/// OpInfo::batch_dims is set when the output has batch dimensions. 2·batch·m·k·n FLOPs forward.
+/// Throws shape_error if the inner dimensions differ, the batch dimensions do not broadcast or an operand is a
+/// scalar; tape_error for invalid Vars or Vars of different tapes.
 template <class T>
 Var<T> matmul(const Var<T>& a, const Var<T>& b) {
-  return apply_op<detail::MatmulOp>(a, b);
+  const Shape sa = a.shape(), sb = b.shape();
+  if (sa.rank() == 2 && sb.rank() == 2) return apply_op<detail::MatmulOp>(a, b);
+  if (sa.rank() > 2 || sb.rank() > 2) return apply_op<detail::GeneralMatmulOp<true>>(a, b);
+  return apply_op<detail::GeneralMatmulOp<false>>(a, b);
 }
 
 }  // namespace remat
