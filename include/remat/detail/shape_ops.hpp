@@ -53,13 +53,43 @@ inline PackedShape pack(const Shape& s) {
   return p;
 }
 
+/// The shape of `rank` dimensions `dims` (0 ≤ rank ≤ Shape::max_rank), without allocating.
+inline Shape make_shape(const Index* d, int rank) {
+  switch (rank) {
+    case 0:
+      return Shape::scalar();
+    case 1:
+      return Shape{d[0]};
+    case 2:
+      return Shape{d[0], d[1]};
+    case 3:
+      return Shape{d[0], d[1], d[2]};
+    case 4:
+      return Shape{d[0], d[1], d[2], d[3]};
+    case 5:
+      return Shape{d[0], d[1], d[2], d[3], d[4]};
+    case 6:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
+    case 7:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+    default:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+  }
+}
+
+/// `s` with a dimension of size `n` inserted at `dim` (in [0, rank]); s has fewer than Shape::max_rank dimensions.
+inline Shape inserted(const Shape& s, int dim, Index n) {
+  Index d[Shape::max_rank];
+  for (int e = 0, k = 0; e <= s.rank(); ++e) d[e] = e == dim ? n : s[k++];
+  return make_shape(d, s.rank() + 1);
+}
+
 /// The shape pack() packed.
 inline Shape unpack(const PackedShape& p) {
-  std::vector<Index> dims(static_cast<std::size_t>(p.rank));
+  Index dims[Shape::max_rank];
   for (int d = 0; d < p.rank; ++d)
-    dims[static_cast<std::size_t>(d)] =
-        static_cast<Index>(p.low[d]) + (d == p.high_dim ? static_cast<Index>(p.high) << 32 : Index{0});
-  return Shape(dims);
+    dims[d] = static_cast<Index>(p.low[d]) + (d == p.high_dim ? static_cast<Index>(p.high) << 32 : Index{0});
+  return make_shape(dims, p.rank);
 }
 
 /// "[2,-1,4]": a list of dimensions as given (any length, -1 kept), for error messages.

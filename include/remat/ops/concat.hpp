@@ -35,20 +35,11 @@ struct JoinOp : OpBase {
                         to_string(in[0]) + ") makes " + std::to_string(rank) +
                         " dimensions, more than a remat shape holds");
     const int d = wrap_dim(p.dim, rank, op);
-    Shape out = in[0];
-    if (leaf0) {
-      std::vector<Index> dims = in[0].dims();
-      dims.insert(dims.begin() + d, 1);
-      out = Shape(dims);
-    }
+    // No allocation: a tree of records is recorded after reserving its room (join), and must not throw halfway.
+    Shape out = leaf0 ? inserted(in[0], d, 1) : in[0];
     for (int k = 1; k < p.arity; ++k) {
       const bool leaf = (p.leaves >> k) & 1;
-      Shape s = in[k];
-      if (leaf && s.rank() + 1 == rank) {
-        std::vector<Index> dims = s.dims();
-        dims.insert(dims.begin() + d, 1);
-        s = Shape(dims);
-      }
+      const Shape s = leaf && in[k].rank() + 1 == rank ? inserted(in[k], d, 1) : in[k];
       bool same = s.rank() == rank;
       for (int e = 0; same && e < rank; ++e) same = e == d || s[e] == out[e];
       if (!same)
@@ -127,11 +118,11 @@ struct JoinTree {
   Var<T> record(std::size_t begin, std::size_t end) const {
     if (end - begin == 1 && !stack) return parts[begin];
     const JoinOp::Params p = node(begin, end);
-    std::vector<Var<T>> in;
+    Var<T> in[max_inputs];  // no allocation between the records
     std::size_t from = begin;
     for (int k = 0; k < p.arity; ++k) {
       const std::size_t to = split(begin, end, k);
-      in.push_back((p.leaves >> k) & 1 ? parts[from] : record(from, to));
+      in[k] = (p.leaves >> k) & 1 ? parts[from] : record(from, to);
       from = to;
     }
     switch (p.arity) {
@@ -200,13 +191,10 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
     parts[i].state()->check_input(op, parts[i].id());
   }
   Shape whole = first;
-  if (stack) {
-    std::vector<Index> dims = first.dims();
-    dims.insert(dims.begin() + d, total);
-    whole = Shape(dims);
-  } else {
+  if (stack)
+    whole = detail::inserted(first, d, total);
+  else
     whole[d] = total;
-  }
   // The whole result must be a valid tensor: every partial one of the tree is then valid too, so no record of it
   // throws a shape_error after the first was recorded.
   if (!valid_op_shape(whole, false, sizeof(T)))
