@@ -65,6 +65,18 @@
 #include "remat/ops/tanh.hpp"
 #include "remat/ops/transpose.hpp"
 
+// The N-D shape ops (reshape's and transpose's N-D forms are in their headers above).
+#include "remat/ops/concat.hpp"
+#include "remat/ops/flatten.hpp"
+#include "remat/ops/gather.hpp"
+#include "remat/ops/index_select.hpp"
+#include "remat/ops/permute.hpp"
+#include "remat/ops/slice.hpp"
+#include "remat/ops/squeeze.hpp"
+#include "remat/ops/stack.hpp"
+#include "remat/ops/unsqueeze.hpp"
+#include "remat/ops/view.hpp"
+
 #include "remat/schedule/checkpoint_sequential.hpp"
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
 #include "remat/schedule/planner.hpp"

@@ -26,6 +26,30 @@ using V = Var<double>;
 
 using Builder = std::function<V(const std::vector<V>&, const ReferenceCase&)>;
 
+/// The integer values of input k (index_select's and gather's indices).
+std::vector<int> integers(const ReferenceCase& c, std::size_t k) {
+  return std::vector<int>(c.inputs[k].values.begin(), c.inputs[k].values.end());
+}
+
+/// The shape ops (reshape, permute, concat, gather, …).
+void add_shape_ops(std::map<std::string, Builder>& m) {
+  using C = const ReferenceCase&;
+  using X = const std::vector<V>&;
+  m["reshape"] = [](X x, C c) { return remat::reshape(x[0], c.dims("shape")); };
+  m["flatten"] = [](X x, C c) { return remat::flatten(x[0], c.ints("start").at(0), c.ints("end").at(0)); };
+  m["squeeze"] = [](X x, C c) { return remat::squeeze(x[0], c.ints("dim").at(0)); };
+  m["unsqueeze"] = [](X x, C c) { return remat::unsqueeze(x[0], c.ints("dim").at(0)); };
+  m["permute"] = [](X x, C c) { return remat::permute(x[0], c.ints("dims")); };
+  m["transpose"] = [](X x, C c) { return remat::transpose(x[0], c.ints("dim0").at(0), c.ints("dim1").at(0)); };
+  m["concat"] = [](X x, C c) { return remat::concat(x, c.ints("dim").at(0)); };
+  m["stack"] = [](X x, C c) { return remat::stack(x, c.ints("dim").at(0)); };
+  m["slice"] = [](X x, C c) {
+    return remat::slice(x[0], c.ints("dim").at(0), c.dims("begin").at(0), c.dims("count").at(0));
+  };
+  m["index_select"] = [](X x, C c) { return remat::index_select(x[0], c.ints("dim").at(0), integers(c, 1)); };
+  m["gather"] = [](X x, C c) { return remat::gather(x[0], c.ints("dim").at(0), integers(c, 1), c.inputs[1].shape); };
+}
+
 /// The ops this build implements in N-D, by the file's case name.
 const std::map<std::string, Builder>& builders() {
   static const std::map<std::string, Builder> b = [] {
@@ -53,6 +77,7 @@ const std::map<std::string, Builder>& builders() {
     m["divide"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] / x[1]; };
     m["matmul"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::matmul(x[0], x[1]); };
     m["linear"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::linear(x[0], x[1], x[2]); };
+    add_shape_ops(m);
     return m;
   }();
   return b;

@@ -116,10 +116,10 @@ class TapeState {
     const std::int32_t tag = graph_.intern_tag(name);
     return recorder_.retag(id, tag);
   }
-  /// Room for an op recorded as `n` nodes with these output shapes (Recorder::reserve_records). Throws
-  /// std::bad_alloc with the tape's figures unchanged.
-  void reserve_records(const Shape* outputs, std::size_t n) {
-    if (frozen_) throw_frozen("concat_cols");  // its only caller: before it changes the pool or the node store
+  /// Room for op `op` recorded as `n` nodes with these output shapes (Recorder::reserve_records: concat_cols,
+  /// concat and stack, trees of records). Throws std::bad_alloc with the tape's figures unchanged.
+  void reserve_records(const char* op, const Shape* outputs, std::size_t n) {
+    if (frozen_) throw_frozen(op);  // before it changes the pool or the node store
     recorder_.reserve_records(outputs, n);
   }
   /// Throws what record() would throw for input `id` of `op` (an escaped value, a modified Parameter).

@@ -98,7 +98,7 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   std::vector<Shape> shapes;
   shapes.reserve(parts.size());
   detail::concat_shapes(parts, 0, parts.size(), shapes);
-  parts[0].state()->reserve_records(shapes.data(), shapes.size());
+  parts[0].state()->reserve_records("concat_cols", shapes.data(), shapes.size());
   return detail::concat_range(parts, 0, parts.size());
 }
 
