@@ -65,6 +65,15 @@
 #include "remat/ops/tanh.hpp"
 #include "remat/ops/transpose.hpp"
 
+// N-D reductions over dims, softmaxes over any dim, and the elementwise ops of PyTorch (branch nd-ops).
+#include "remat/ops/clamp.hpp"
+#include "remat/ops/leaky_relu.hpp"
+#include "remat/ops/max.hpp"
+#include "remat/ops/maximum.hpp"
+#include "remat/ops/minimum.hpp"
+#include "remat/ops/silu.hpp"
+#include "remat/ops/where.hpp"
+
 #include "remat/schedule/checkpoint_sequential.hpp"
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
 #include "remat/schedule/planner.hpp"

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -52,6 +53,40 @@ const std::map<std::string, Builder>& builders() {
     m["multiply"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] * x[1]; };
     m["divide"] = [](const std::vector<V>& x, const ReferenceCase&) { return x[0] / x[1]; };
     m["linear"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::linear(x[0], x[1], x[2]); };
+
+    // Reductions over dims, softmaxes over any dim, PyTorch's elementwise ops, layer_norm over trailing dims
+    // (branch nd-ops).
+    m["sum"] = [](const std::vector<V>& x, const ReferenceCase& c) {
+      return remat::sum(x[0], c.ints("dims"), c.number("keepdim") != 0);
+    };
+    m["mean"] = [](const std::vector<V>& x, const ReferenceCase& c) {
+      return remat::mean(x[0], c.ints("dims"), c.number("keepdim") != 0);
+    };
+    m["max"] = [](const std::vector<V>& x, const ReferenceCase& c) {
+      return remat::max(x[0], c.ints("dims"), c.number("keepdim") != 0);
+    };
+    m["softmax"] = [](const std::vector<V>& x, const ReferenceCase& c) {
+      return remat::softmax(x[0], c.ints("dim").at(0));
+    };
+    m["log_softmax"] = [](const std::vector<V>& x, const ReferenceCase& c) {
+      return remat::log_softmax(x[0], c.ints("dim").at(0));
+    };
+    m["maximum"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::maximum(x[0], x[1]); };
+    m["minimum"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::minimum(x[0], x[1]); };
+    m["where"] = [](const std::vector<V>& x, const ReferenceCase&) { return remat::where(x[0], x[1], x[2]); };
+    m["clamp"] = [](const std::vector<V>& x, const ReferenceCase& c) {
+      const auto bound = [&](const char* key) {
+        return c.has(key) ? std::optional<double>(c.number(key)) : std::optional<double>();
+      };
+      return remat::clamp(x[0], bound("min"), bound("max"));
+    };
+    m["leaky_relu"] = [](const std::vector<V>& x, const ReferenceCase& c) {
+      return remat::leaky_relu(x[0], c.number("negative_slope"));
+    };
+    unary("silu", remat::silu<double>);
+    m["layer_norm"] = [](const std::vector<V>& x, const ReferenceCase& c) {
+      return remat::layer_norm(x[0], Shape(c.dims("normalized_shape")), x[1], x[2], c.number("eps"));
+    };
     return m;
   }();
   return b;
