@@ -1,7 +1,7 @@
 // Reductions over a set of dimensions (sum, mean and max with dims and keepdim, as torch.sum/mean/amax) and the
 // walk along one dimension that softmax and log_softmax over any dim use. Fixed orders only: an output element's
-// terms are added in the row-major order of the reduced elements, and the work is split over output elements,
-// never within one, so the results are bitwise the same at every thread count.
+// terms are added in an order fixed by the shapes (ReduceGeometry::sum), and the work is split over output
+// elements, never within one, so the results are bitwise the same at every thread count.
 #pragma once
 
 #include <cstdint>
@@ -106,6 +106,40 @@ class ReduceGeometry {
       j /= kept_dims_[d];
     }
     return off;
+  }
+  /// The sum of the elements output element j reads (from base): each contiguous run along the last reduced dim
+  /// (when its stride is 1) summed by Eigen's vectorised sum, the runs added in row-major order; elementwise in
+  /// row-major order otherwise. It depends on the shapes and offsets only: the same bits at every thread count.
+  template <class T>
+  T sum(const T* x, Index base) const {
+    if (nr_ == 0 || red_strides_[nr_ - 1] != 1) {
+      T total(0);
+      for_each(base, [&](Index i) { total += x[i]; });
+      return total;
+    }
+    const Index n = red_dims_[nr_ - 1];
+    T total(0);
+    for_each_run(base,
+                 [&](Index off) { total += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x + off, n).sum(); });
+    return total;
+  }
+  /// f(offset) for the start of each run along the last reduced dim, in row-major order of the other reduced dims.
+  template <class F>
+  void for_each_run(Index base, F&& f) const {
+    const int last = nr_ - 1;
+    Index idx[Shape::max_rank] = {};
+    Index off = base;
+    for (;;) {
+      f(off);
+      int d = last - 1;
+      for (; d >= 0; --d) {
+        off += red_strides_[d];
+        if (++idx[d] < red_dims_[d]) break;
+        off -= red_dims_[d] * red_strides_[d];
+        idx[d] = 0;
+      }
+      if (d < 0) return;
+    }
   }
   /// f(offset) for each element output element j reads (from base), in row-major order of the reduced dims.
   template <class F>

@@ -1,4 +1,4 @@
-// mean: the mean of all elements.
+// mean: the mean of all elements (to [1,1]), or over a list of dims (torch.mean).
 #pragma once
 
 #include <vector>
@@ -44,8 +44,7 @@ struct MeanDimsOp : OpBase {
     const T* x = c.in(0).data();
     T* y = c.out().data();
     for_each_output(geo, 1, [&](Index j, Index base) {
-      T total(0);
-      geo.for_each(base, [&](Index i) { total += x[i]; });
+      const T total = geo.sum(x, base);
       y[j] = total / count;
     });
   }
@@ -79,8 +78,9 @@ Var<T> mean(const Var<T>& x) {
 /// torch.mean(x, dims, keepdim): the mean over the dimensions `dims` (negative ones count from the end; an empty
 /// list reduces every dimension, to a rank-0 result without keepdim), the sum divided by the number n of reduced
 /// elements. x: [d₀,…,d_{r−1}] → x's shape without the reduced dims, or with each of them 1 if `keepdim`;
-/// dx = dy/n broadcast back over the reduced dims. Each output element adds its terms in row-major order: the same
-/// bits at every thread count. Throws index_error naming mean for a dim out of [−r, r) or given twice.
+/// dx = dy/n broadcast back over the reduced dims. Each output element adds its terms in a fixed order
+/// (ReduceGeometry::sum): the same bits at every thread count. Throws index_error naming mean for a dim out of [−r, r)
+/// or given twice.
 template <class T>
 Var<T> mean(const Var<T>& x, const std::vector<int>& dims, bool keepdim = false) {
   return apply_op<detail::MeanDimsOp>(detail::reduce_dims_params("mean", dims, x.node("mean").shape.rank(), keepdim),

@@ -1,4 +1,4 @@
-// sum: the sum of all elements.
+// sum: the sum of all elements (to [1,1]), or over a list of dims (torch.sum).
 #pragma once
 
 #include <vector>
@@ -42,8 +42,7 @@ struct SumDimsOp : OpBase {
     const T* x = c.in(0).data();
     T* y = c.out().data();
     for_each_output(geo, 1, [&](Index j, Index base) {
-      T total(0);
-      geo.for_each(base, [&](Index i) { total += x[i]; });
+      const T total = geo.sum(x, base);
       y[j] = total;
     });
   }
@@ -76,8 +75,8 @@ Var<T> sum(const Var<T>& x) {
 /// torch.sum(x, dims, keepdim): the sum over the dimensions `dims` (negative ones count from the end; an empty
 /// list reduces every dimension, to a rank-0 result without keepdim). x: [d₀,…,d_{r−1}] → x's shape without the
 /// reduced dims, or with each of them 1 if `keepdim`; dx = dy broadcast back over the reduced dims. Each output
-/// element adds its terms in row-major order: the same bits at every thread count. Throws index_error naming sum
-/// for a dim out of [−r, r) or given twice.
+/// element adds its terms in a fixed order (ReduceGeometry::sum): the same bits at every thread count. Throws
+/// index_error naming sum for a dim out of [−r, r) or given twice.
 template <class T>
 Var<T> sum(const Var<T>& x, const std::vector<int>& dims, bool keepdim = false) {
   return apply_op<detail::SumDimsOp>(detail::reduce_dims_params("sum", dims, x.node("sum").shape.rank(), keepdim), x);
