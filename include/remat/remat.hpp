@@ -76,6 +76,14 @@
 #include "remat/ops/stack.hpp"
 #include "remat/ops/unsqueeze.hpp"
 #include "remat/ops/view.hpp"
+// N-D reductions over dims, softmaxes over any dim, and the elementwise ops of PyTorch.
+#include "remat/ops/clamp.hpp"
+#include "remat/ops/leaky_relu.hpp"
+#include "remat/ops/max.hpp"
+#include "remat/ops/maximum.hpp"
+#include "remat/ops/minimum.hpp"
+#include "remat/ops/silu.hpp"
+#include "remat/ops/where.hpp"
 
 #include "remat/schedule/checkpoint_sequential.hpp"
 #include "remat/schedule/checkpoint_sequential_auto.hpp"

@@ -2,7 +2,9 @@
 // each direction and size-1 dimensions (the values against PyTorch are in nd_reference_test.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -126,6 +128,50 @@ TEST(NdGradcheck, BatchedMatmulIsBitwiseEqualAtOneAndTwoThreads) {
     EXPECT_TRUE(one[i].size() == two[i].size() &&
                 std::memcmp(one[i].data(), two[i].data(), sizeof(float) * static_cast<std::size_t>(one[i].size())) == 0)
         << "result " << i;
+}
+
+}  // namespace nd_gradcheck_test
+
+namespace nd_gradcheck_test {
+
+// Causal attention written on [B, heads, S, d] tensors from matmul, transpose, softmax and an additive mask
+// equals the fused scaled_dot_product_attention in its [B·S, H] layout: values and the gradients of q, k, v.
+TEST(NdAttention, CausalAttentionFromNdOpsEqualsTheFusedOp) {
+  const remat::Index B = 2, heads = 3, S = 5, d = 4;
+  const double inf = std::numeric_limits<double>::infinity();
+  remat::Matrix<double> mask(S, S);
+  for (remat::Index i = 0; i < S; ++i)
+    for (remat::Index j = 0; j < S; ++j) mask(i, j) = j > i ? -inf : 0.0;
+  const Shape shape{B, heads, S, d};
+  std::vector<remat::Matrix<double>> data;
+  for (int k = 0; k < 3; ++k) data.push_back(values(shape, 40 + static_cast<std::uint64_t>(k)));
+  const remat::Matrix<double> weights = values(shape, 50);
+  auto run = [&](bool fused) {
+    Tape<double> tape;
+    std::vector<V> in;
+    for (const auto& m : data) in.push_back(tape.variable(shape, m.data()));
+    V y;
+    if (fused) {
+      auto to_rows = [&](const V& x) { return remat::reshape(remat::permute(x, {0, 2, 1, 3}), {B * S, heads * d}); };
+      const V out = remat::scaled_dot_product_attention(to_rows(in[0]), to_rows(in[1]), to_rows(in[2]), heads, S, true);
+      y = remat::permute(remat::reshape(out, {B, S, heads, d}), {0, 2, 1, 3});
+    } else {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const V scores = remat::matmul(in[0], remat::transpose(in[1], -2, -1)) * tape.constant(Shape::scalar(), &scale) +
+                       tape.constant(Shape{S, S}, mask.data());
+      y = remat::matmul(remat::softmax(scores, -1), in[2]);
+    }
+    EXPECT_EQ(y.shape(), shape);
+    tape.backward(remat::sum(y * tape.constant(shape, weights.data())));
+    std::vector<remat::Matrix<double>> r{y.value()};
+    for (const V& v : in) r.emplace_back(v.grad());
+    return r;
+  };
+  const auto composed = run(false), fused = run(true);
+  for (std::size_t i = 0; i < composed.size(); ++i) {
+    SCOPED_TRACE(i == 0 ? "output" : "gradient of input " + std::to_string(i - 1));
+    EXPECT_LE((composed[i] - fused[i]).cwiseAbs().maxCoeff(), 1e-12);
+  }
 }
 
 }  // namespace nd_gradcheck_test

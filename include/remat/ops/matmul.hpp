@@ -47,7 +47,7 @@ struct MatmulOp : OpBase {
 /// scalar; tape_error for invalid Vars or Vars of different tapes.
 template <class T>
 Var<T> matmul(const Var<T>& a, const Var<T>& b) {
-  const Shape sa = a.shape(), sb = b.shape();
+  const Shape sa = a.node("matmul").shape, sb = b.node("matmul").shape;  // errors name matmul
   if (sa.rank() == 2 && sb.rank() == 2) return apply_op<detail::MatmulOp>(a, b);
   if (sa.rank() > 2 || sb.rank() > 2) return apply_op<detail::GeneralMatmulOp<true>>(a, b);
   return apply_op<detail::GeneralMatmulOp<false>>(a, b);
