@@ -32,7 +32,7 @@ class Recorder {
   std::int32_t add_leaf(const Shape& shape, bool variable) {
     check_leaf_shape(shape, variable ? "variable" : "constant", "matrix");
     if (!graph_.open.empty()) reserve_for_close();
-    reserve_at_least(graph_.nodes, graph_.nodes.size() + 1);
+    graph_.reserve_nodes(graph_.nodes.size() + 1);
     buffers_.prepare_simulation(static_cast<std::size_t>(shape.numel()));
     const bool evicts = evictor_.needs_work(nullptr, 0, Buffers<T>::bytes(shape));
     if (evicts) room_by_trial(variable ? "variable" : "constant", nullptr, 0, OpShapes{shape, {}, {}});
@@ -40,7 +40,7 @@ class Recorder {
     try {
       leaf_room_ = buffers_.make_room(shape, Shape{});
     } catch (...) {
-      graph_.nodes.pop_back();
+      graph_.pop_node();
       throw;
     }
     leaf_peak_ = buffers_.peak_bytes();
@@ -58,7 +58,7 @@ class Recorder {
     buffers_.free(n.value, n.shape);
     buffers_.give_back(leaf_room_);
     buffers_.restore_peak(leaf_peak_);
-    graph_.nodes.pop_back();
+    graph_.pop_node();
   }
 
   /// A variable referencing a Parameter's storage (no copy). Throws shape_error for an empty parameter.
@@ -88,7 +88,7 @@ class Recorder {
       reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
     }
     reserve_at_least(graph_.indices, graph_.indices.size() + index_count);
-    reserve_at_least(graph_.nodes, graph_.nodes.size() + 1);
+    graph_.reserve_nodes(graph_.nodes.size() + 1);
     for (const Shape* s : {&shape, &shapes.extra, &shapes.scratch})
       if (s->numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(s->numel()));
     const std::size_t need =
@@ -100,13 +100,13 @@ class Recorder {
     const double cost = whole(forward_flops(table, inputs, arity, attributes, shape)) + op_overhead_flops;
     const bool evicts = evictor_.needs_work(inputs, arity, need);
     if (evicts) room_by_trial(table->name, inputs, arity, shapes);
-    graph_.nodes.emplace_back();  // within capacity
+    graph_.add_node();  // within capacity
     const std::int32_t id = graph_.size() - 1;
     typename Buffers<T>::Room room;
     try {
       if (!evicts) room = buffers_.make_room(shape, shapes.extra, shapes.scratch);
     } catch (...) {
-      graph_.nodes.pop_back();
+      graph_.pop_node();
       throw;
     }
     // Nothing below throws, except an op's forward (which should not).
@@ -149,7 +149,7 @@ class Recorder {
       // Evictions and regenerations made for it stay (values and gradients are the same either way).
       if (!evicts) buffers_.restore_peak(peak);
       graph_.indices.resize(static_cast<std::size_t>(n.attributes.indices_begin));
-      graph_.nodes.pop_back();
+      graph_.pop_node();
       if (evicts)
         for (int k = 0; k < arity; ++k) lifetime_.unpin(inputs[k]);
       throw;
@@ -166,7 +166,7 @@ class Recorder {
   /// inside regions what closing them needs), so that those records fail only if a policy or a forward
   /// throws. Throws std::bad_alloc with the tape's figures as they were (vector capacities may have grown).
   void reserve_records(const Shape* outputs, std::size_t n) {
-    reserve_at_least(graph_.nodes, graph_.nodes.size() + n);
+    graph_.reserve_nodes(graph_.nodes.size() + n);
     // Covers every reservation the n records make in turn (each reserve_for_close(1) and its pending holds).
     if (!graph_.open.empty()) reserve_for_close(n);
     for (std::size_t i = 0; i < n; ++i) buffers_.prepare_simulation(static_cast<std::size_t>(outputs[i].numel()));
@@ -392,8 +392,7 @@ class Recorder {
   }
 
   Node<T>& new_leaf(const Shape& shape, bool variable) {
-    graph_.nodes.emplace_back();
-    Node<T>& n = graph_.nodes.back();
+    Node<T>& n = graph_.add_node();
     n.shape = shape;
     n.is_variable = n.requires_grad = variable;
     n.region = graph_.open.empty() ? -1 : graph_.open.back();

@@ -224,6 +224,7 @@ class Sweep {
     assert(sig == signature_.data() + words);
     // The budget's work lists: for its evictions, and for regenerating what it evicted even once it is lifted.
     if (evictor_.active() || evicted) evictor_.reserve(count);
+    budget_snapshot_.resize(graph_.budget.size());  // the side table's classes, if it has started (simulate)
     for (const Region& r : graph_.regions) signable = signable && r.plan < 0;  // a chain's schedule: not signed
     signable_ = signable;
     redundant_ = dry_run_redundant();
@@ -415,6 +416,7 @@ class Sweep {
     evictor_.prepare_classes();
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       snapshot_[static_cast<std::size_t>(i)] = NodeSnapshot<T>::of(graph_[i]);
+    for (std::size_t i = 0; i < graph_.budget.size(); ++i) budget_snapshot_[i] = BudgetSnapshot::of(graph_.budget[i]);
     tier_snapshot_.assign(graph_.tier_holds.begin(), graph_.tier_holds.end());  // within capacity
     // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
     // reservation that fails leaves memory() as it was. The same for the evictions' counters and clock.
@@ -433,6 +435,7 @@ class Sweep {
     replayed_flops_ = replayed_flops;
     evictor_.restore(evictions);
     for (std::int32_t i = 0; i < graph_.size(); ++i) snapshot_[static_cast<std::size_t>(i)].restore(graph_[i]);
+    for (std::size_t i = 0; i < graph_.budget.size(); ++i) budget_snapshot_[i].restore(graph_.budget[i]);
     std::copy(tier_snapshot_.begin(), tier_snapshot_.end(), graph_.tier_holds.begin());
     stash_.clear();
   }
@@ -932,7 +935,8 @@ class Sweep {
   typename std::vector<std::int32_t>::const_iterator enter_, leave_;  // the pass's next region to enter / leave
   std::vector<std::uint8_t> chain_held_, chain_tape_;                 // run_chain's scratch
   std::vector<NodeSnapshot<T>> snapshot_;
-  std::vector<std::int32_t> tier_snapshot_;  // Graph::tier_holds before a dry run
+  std::vector<BudgetSnapshot> budget_snapshot_;  // parallel to Graph::budget
+  std::vector<std::int32_t> tier_snapshot_;      // Graph::tier_holds before a dry run
   std::vector<Stashed> stash_;
   std::vector<std::int32_t> first_leaf_;    // per node, see prepare_ready_callbacks
   std::vector<std::uint8_t> held_;          // per earliest leaf: the pass holds its Parameter (hold_parameters)
