@@ -85,8 +85,10 @@ class Shape {
                       std::to_string(max_rank));
   }
 
-  Index dims_[max_rank] = {};
+  // The rank first: what rows(), cols() and numel() read is then the shape's first bytes, one cache line with
+  // the outer dimensions (after the eight dimensions it was a line of its own for a node's shape).
   std::int32_t rank_ = 2;
+  Index dims_[max_rank] = {};
 };
 
 /// "[2,3,8,8]" ("[]" for a scalar, "[0,0]" for Shape{}), the form every error message uses.

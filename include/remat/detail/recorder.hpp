@@ -63,9 +63,10 @@ class Recorder {
 
   /// A variable referencing a Parameter's storage (no copy). Throws shape_error for an empty parameter.
   std::int32_t add_parameter(std::shared_ptr<ParameterStorage<T>> storage) {
-    check_leaf_shape(storage->shape(), "variable", "parameter");
+    const Shape shape = storage->shape();  // once: it compares the N-D dimensions with the matrix's
+    check_leaf_shape(shape, "variable", "parameter");
     if (!graph_.open.empty()) reserve_for_close();
-    Node<T>& n = new_leaf(storage->shape(), true);
+    Node<T>& n = new_leaf(shape, true);
     n.value = storage->value.data();
     n.parameter_version = storage->version;
     n.parameter_assignments = storage->assignments;
@@ -80,6 +81,10 @@ class Recorder {
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     const Shape& shape = shapes.output;
+    // The element counts of its value, extra and temporary, each taken once: numel() loops over the rank.
+    const std::size_t counts[3] = {static_cast<std::size_t>(shape.numel()),
+                                   static_cast<std::size_t>(shapes.extra.numel()),
+                                   static_cast<std::size_t>(shapes.scratch.numel())};
     for (int k = 0; k < arity; ++k) check_input(table->name, inputs[k]);
     const bool in_region = !graph_.open.empty();
     const std::uint64_t drop_mask = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : 0;
@@ -89,10 +94,9 @@ class Recorder {
     }
     reserve_at_least(graph_.indices, graph_.indices.size() + index_count);
     graph_.reserve_nodes(graph_.nodes.size() + 1);
-    for (const Shape* s : {&shape, &shapes.extra, &shapes.scratch})
-      if (s->numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(s->numel()));
-    const std::size_t need =
-        Buffers<T>::bytes(shape) + Buffers<T>::bytes(shapes.extra) + Buffers<T>::bytes(shapes.scratch);
+    for (const std::size_t count : counts)
+      if (count > 0) buffers_.prepare_simulation(count);
+    const std::size_t need = (counts[0] + counts[1] + counts[2]) * sizeof(T);
     // Under a memory budget, evictions and regenerations of inputs first run as a trial (throws
     // memory_budget_error, stale_value_error, std::bad_alloc with the tape unchanged).
     // The heuristics' cost of regenerating it (node.hpp), a whole number so that every sum of costs is exact
@@ -104,7 +108,7 @@ class Recorder {
     const std::int32_t id = graph_.size() - 1;
     typename Buffers<T>::Room room;
     try {
-      if (!evicts) room = buffers_.make_room(shape, shapes.extra, shapes.scratch);
+      if (!evicts) room = buffers_.make_room(counts[0], counts[1], counts[2]);
     } catch (...) {
       graph_.pop_node();
       throw;
@@ -125,14 +129,14 @@ class Recorder {
     n.attributes.indices_count = static_cast<std::int64_t>(index_count);
     graph_.indices.insert(graph_.indices.end(), indices, indices + index_count);  // within capacity
     n.shape = shape;
-    n.extra_shape = shapes.extra;
-    n.scratch_shape = shapes.scratch;
+    if (counts[1] > 0) n.extra_shape = shapes.extra;  // else none, as the node starts
+    if (counts[2] > 0) n.scratch_shape = shapes.scratch;
     n.region = in_region ? graph_.open.back() : -1;
     n.drop_mask = drop_mask;
     n.cost = cost;
-    n.value = buffers_.allocate(shape);
-    if (n.extra_shape.numel() > 0) n.extra = buffers_.allocate(n.extra_shape);
-    if (n.scratch_shape.numel() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
+    n.value = buffers_.allocate_elements(counts[0]);
+    if (counts[1] > 0) n.extra = buffers_.allocate_elements(counts[1]);
+    if (counts[2] > 0) n.scratch = buffers_.allocate_elements(counts[2]);
     try {
       if (!buffers_.shapes_only()) {  // placeholders: no kernel
         if (graph_.trace) graph_.trace->log_forward(graph_, id);

@@ -713,8 +713,9 @@ class Sweep {
       for (int k = 0; k < n.arity; ++k) {
         Node<T>& in = graph_[n.inputs[k]];
         if (wanted[static_cast<std::size_t>(n.inputs[k])] && !in.grad) {
-          evictor_.make_room(Buffers<T>::bytes(in.shape));
-          in.grad = buffers_.allocate(in.shape);
+          const auto count = static_cast<std::size_t>(in.shape.numel());  // once: a loop over the rank
+          evictor_.make_room(count * sizeof(T));
+          in.grad = buffers_.allocate_elements(count);
         }
       }
       if (n.scratch_shape.numel() > 0) {
@@ -893,16 +894,17 @@ class Sweep {
       free_grad(n);
       return;
     }
-    T* previous = s.grad && s.grad_size == n.shape.numel() ? s.grad : nullptr;
+    const Index count = n.shape.numel();  // once: a loop over the rank
+    T* previous = s.grad && s.grad_size == count ? s.grad : nullptr;
     if (simulating()) {
-      buffers_.hand_over(n.grad, n.shape, previous);
+      buffers_.hand_over_elements(n.grad, static_cast<std::size_t>(count), previous);
       s.simulated_sweep = simulation_;
     } else {
       if (s.grad && !previous) Eigen::internal::aligned_free(s.grad);
       s.grad = n.grad;
-      s.grad_size = n.shape.numel();
+      s.grad_size = count;
       s.grad_defined = true;
-      buffers_.hand_over(n.grad, n.shape, previous);
+      buffers_.hand_over_elements(n.grad, static_cast<std::size_t>(count), previous);
     }
     n.grad_assigned = false;
   }
