@@ -61,13 +61,16 @@ constexpr std::size_t max_value_bytes = std::size_t{1} << 48;
 
 /// Whether every dimension of `shape` is at least 1 (or, when `may_be_none`, every one is 0: Shape{} or [0,0],
 /// "none") and it holds at most max_value_bytes (2^48) bytes of `element_bytes` each.
+/// One pass over the dimensions, without a call: it runs on every op's three shapes and every leaf's.
 inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t element_bytes) {
-  if (may_be_none && shape.rank() > 0 && std::all_of(shape.begin(), shape.end(), [](Index d) { return d == 0; }))
-    return true;
   Index elements = 1;
-  for (Index d : shape)
-    if (d < 1 || __builtin_mul_overflow(elements, d, &elements)) return false;
-  return static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
+  bool none = shape.rank() > 0, valid = true;
+  for (Index d : shape) {
+    none = none && d == 0;
+    valid = valid && d >= 1 && !__builtin_mul_overflow(elements, d, &elements);
+  }
+  if (none) return may_be_none;
+  return valid && static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
 }
 
 /// What regenerating an op costs besides its FLOPs, in FLOPs: calling its kernel and the tape's bookkeeping

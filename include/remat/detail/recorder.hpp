@@ -387,12 +387,12 @@ class Recorder {
   }
 
   static void check_leaf_shape(const Shape& shape, const char* op, const char* what) {
+    if (valid_op_shape(shape, false, sizeof(T))) return;  // one pass over the dimensions in the usual case
     if (std::any_of(shape.begin(), shape.end(), [](Index d) { return d <= 0; }))
       throw shape_error(std::string(op) + ": empty " + what + " " + to_string(shape) +
                         "; every dimension of a tensor must be at least 1");
-    if (!valid_op_shape(shape, false, sizeof(T)))
-      throw shape_error(std::string(op) + ": " + what + " " + to_string(shape) +
-                        " needs more than the 2^48 bytes a tensor may have");
+    throw shape_error(std::string(op) + ": " + what + " " + to_string(shape) +
+                      " needs more than the 2^48 bytes a tensor may have");
   }
 
   Node<T>& new_leaf(const Shape& shape, bool variable) {
