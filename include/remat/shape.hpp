@@ -50,6 +50,7 @@ class Shape {
 
   /// The number of elements: the product of the dimensions (1 for a scalar).
   Index numel() const {
+    if (rank_ == 2) return dims_[0] * dims_[1];  // most shapes: a product, not a loop, on every op's paths
     Index n = 1;
     for (int d = 0; d < rank_; ++d) n *= dims_[d];
     return n;
@@ -58,6 +59,7 @@ class Shape {
   Index size() const { return numel(); }
   /// Rows of the matrix view: the product of every dimension but the last (1 below rank 2).
   Index rows() const {
+    if (rank_ == 2) return dims_[0];  // most shapes, read by every kernel's context
     Index n = 1;
     for (int d = 0; d + 1 < rank_; ++d) n *= dims_[d];
     return n;

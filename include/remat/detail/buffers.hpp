@@ -54,6 +54,10 @@ class SizeMap {
   /// The entry for `count`, value-initialised if new. Throws std::bad_alloc with the map unchanged.
   V& operator[](std::size_t count) {
     if (V* v = find(count)) return *v;
+    return insert(count);
+  }
+  /// A new entry for `count`, value-initialised (out of line, as search(): the usual call finds its entry).
+  [[gnu::noinline]] V& insert(std::size_t count) {
     entries_.emplace_back(count, V{});
     hints_[slot(count)] = static_cast<std::uint32_t>(entries_.size());
     return entries_.back().second;
