@@ -61,16 +61,18 @@ constexpr std::size_t max_value_bytes = std::size_t{1} << 48;
 
 /// Whether every dimension of `shape` is at least 1 (or, when `may_be_none`, every one is 0: Shape{} or [0,0],
 /// "none") and it holds at most max_value_bytes (2^48) bytes of `element_bytes` each.
-/// One pass over the dimensions, without a call: it runs on every op's three shapes and every leaf's.
 inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t element_bytes) {
+  // The usual shape passes in one loop that stops at the first dimension below 1; only then is "none" looked
+  // for (Shape{} stops at its first dimension). It runs on every op's three shapes and every leaf's.
   Index elements = 1;
-  bool none = shape.rank() > 0, valid = true;
-  for (Index d : shape) {
-    none = none && d == 0;
-    valid = valid && d >= 1 && !__builtin_mul_overflow(elements, d, &elements);
-  }
-  if (none) return may_be_none;
-  return valid && static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
+  for (Index d : shape)
+    if (d < 1 || __builtin_mul_overflow(elements, d, &elements)) {
+      if (!may_be_none || shape.rank() == 0) return false;
+      for (Index e : shape)
+        if (e != 0) return false;
+      return true;  // none
+    }
+  return static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
 }
 
 /// What regenerating an op costs besides its FLOPs, in FLOPs: calling its kernel and the tape's bookkeeping
