@@ -222,8 +222,10 @@ class Sweep {
     for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
     for (std::int32_t held : graph_.tier_holds) *sig++ = static_cast<std::uint32_t>(held);
     assert(sig == signature_.data() + words);
-    // The budget's work lists: for its evictions, and for regenerating what it evicted even once it is lifted.
-    if (evictor_.active() || evicted) evictor_.reserve(count);
+    // The budget's work lists and side table (Graph::budget): for its evictions, for regenerating what it evicted
+    // even once it is lifted, and for a chain's schedule, which regenerates an input outside a layer it freed
+    // (recompute_layer) with or without a budget.
+    if (evictor_.active() || evicted || !graph_.chain_plans.empty()) evictor_.reserve(count);
     budget_snapshot_.resize(graph_.budget.size());  // the side table's classes, if it has started (simulate)
     for (const Region& r : graph_.regions) signable = signable && r.plan < 0;  // a chain's schedule: not signed
     signable_ = signable;
