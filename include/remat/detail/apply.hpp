@@ -170,12 +170,9 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   const Var<T>* vars[arity] = {&first, &rest...};
   detail::TapeState<T>* state = detail::common_tape(Op::name, vars);
   if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
-  Shape shapes[arity];
-  std::int32_t ids[arity];
-  for (std::size_t k = 0; k < arity; ++k) {  // valid handles (common_tape checked them)
-    ids[k] = vars[k]->id();
-    shapes[k] = state->node(ids[k]).shape;
-  }
+  const std::int32_t ids[arity] = {first.id(), rest.id()...};  // valid handles (common_tape checked them)
+  // Copied as they are (not a default Shape then assigned: a Shape is 72 bytes), contiguous for the op's recipe.
+  const Shape shapes[arity] = {state->node(first.id()).shape, state->node(rest.id()).shape...};
   const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
                                    Op::scratch_shape(shapes, call.params)};
   detail::check_op_shapes<T>(Op::name, op_shapes);

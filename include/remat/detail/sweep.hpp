@@ -222,8 +222,11 @@ class Sweep {
     for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
     for (std::int32_t held : graph_.tier_holds) *sig++ = static_cast<std::uint32_t>(held);
     assert(sig == signature_.data() + words);
-    // The budget's work lists: for its evictions, and for regenerating what it evicted even once it is lifted.
-    if (evictor_.active() || evicted) evictor_.reserve(count);
+    // The budget's work lists and side table (Graph::budget): for its evictions, for regenerating what it evicted
+    // even once it is lifted, and for a chain's schedule, which regenerates an input outside a layer it freed
+    // (recompute_layer) with or without a budget.
+    if (evictor_.active() || evicted || !graph_.chain_plans.empty()) evictor_.reserve(count);
+    budget_snapshot_.resize(graph_.budget.size());  // the side table's classes, if it has started (simulate)
     for (const Region& r : graph_.regions) signable = signable && r.plan < 0;  // a chain's schedule: not signed
     signable_ = signable;
     redundant_ = dry_run_redundant();
@@ -415,6 +418,7 @@ class Sweep {
     evictor_.prepare_classes();
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       snapshot_[static_cast<std::size_t>(i)] = NodeSnapshot<T>::of(graph_[i]);
+    for (std::size_t i = 0; i < graph_.budget.size(); ++i) budget_snapshot_[i] = BudgetSnapshot::of(graph_.budget[i]);
     tier_snapshot_.assign(graph_.tier_holds.begin(), graph_.tier_holds.end());  // within capacity
     // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
     // reservation that fails leaves memory() as it was. The same for the evictions' counters and clock.
@@ -433,6 +437,7 @@ class Sweep {
     replayed_flops_ = replayed_flops;
     evictor_.restore(evictions);
     for (std::int32_t i = 0; i < graph_.size(); ++i) snapshot_[static_cast<std::size_t>(i)].restore(graph_[i]);
+    for (std::size_t i = 0; i < graph_.budget.size(); ++i) budget_snapshot_[i].restore(graph_.budget[i]);
     std::copy(tier_snapshot_.begin(), tier_snapshot_.end(), graph_.tier_holds.begin());
     stash_.clear();
   }
@@ -710,8 +715,9 @@ class Sweep {
       for (int k = 0; k < n.arity; ++k) {
         Node<T>& in = graph_[n.inputs[k]];
         if (wanted[static_cast<std::size_t>(n.inputs[k])] && !in.grad) {
-          evictor_.make_room(Buffers<T>::bytes(in.shape));
-          in.grad = buffers_.allocate(in.shape);
+          const auto count = static_cast<std::size_t>(in.shape.numel());  // once: a loop over the rank
+          evictor_.make_room(count * sizeof(T));
+          in.grad = buffers_.allocate_elements(count);
         }
       }
       if (n.scratch_shape.numel() > 0) {
@@ -890,16 +896,17 @@ class Sweep {
       free_grad(n);
       return;
     }
-    T* previous = s.grad && s.grad_size == n.shape.numel() ? s.grad : nullptr;
+    const Index count = n.shape.numel();  // once: a loop over the rank
+    T* previous = s.grad && s.grad_size == count ? s.grad : nullptr;
     if (simulating()) {
-      buffers_.hand_over(n.grad, n.shape, previous);
+      buffers_.hand_over_elements(n.grad, static_cast<std::size_t>(count), previous);
       s.simulated_sweep = simulation_;
     } else {
       if (s.grad && !previous) Eigen::internal::aligned_free(s.grad);
       s.grad = n.grad;
-      s.grad_size = n.shape.numel();
+      s.grad_size = count;
       s.grad_defined = true;
-      buffers_.hand_over(n.grad, n.shape, previous);
+      buffers_.hand_over_elements(n.grad, static_cast<std::size_t>(count), previous);
     }
     n.grad_assigned = false;
   }
@@ -932,7 +939,8 @@ class Sweep {
   typename std::vector<std::int32_t>::const_iterator enter_, leave_;  // the pass's next region to enter / leave
   std::vector<std::uint8_t> chain_held_, chain_tape_;                 // run_chain's scratch
   std::vector<NodeSnapshot<T>> snapshot_;
-  std::vector<std::int32_t> tier_snapshot_;  // Graph::tier_holds before a dry run
+  std::vector<BudgetSnapshot> budget_snapshot_;  // parallel to Graph::budget
+  std::vector<std::int32_t> tier_snapshot_;      // Graph::tier_holds before a dry run
   std::vector<Stashed> stash_;
   std::vector<std::int32_t> first_leaf_;    // per node, see prepare_ready_callbacks
   std::vector<std::uint8_t> held_;          // per earliest leaf: the pass holds its Parameter (hold_parameters)

@@ -175,6 +175,7 @@ class TapeState {
   // ---- the memory budget (detail/eviction.hpp) ----
   void set_memory_budget(std::size_t bytes, EvictionHeuristic heuristic) {
     check_not_in_callback("set_memory_budget");
+    if (bytes != 0) graph_.track_budget(graph_.nodes.size());  // the budget's side table, from now on
     evictor_.set_budget(bytes, heuristic);
   }
   std::size_t memory_budget() const { return evictor_.budget(); }
@@ -436,6 +437,8 @@ class TapeState {
       throw tape_error("clear: a checkpoint region is still open (clear() called inside a checkpointed function)");
     release_all();
     graph_.nodes.clear();
+    graph_.budget.clear();
+    if (!evictor_.active()) graph_.untrack_budget();  // nothing is evicted now: a tape without a budget has none
     graph_.regions.clear();
     graph_.region_sources.clear();
     graph_.source_readers.clear();
@@ -453,6 +456,7 @@ class TapeState {
     graph_.open.clear();
     release_all();
     graph_.nodes.clear();
+    graph_.budget.clear();
     graph_.regions.clear();
     graph_.chain_plans.clear();
     ++generation_;
