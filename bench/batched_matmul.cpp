@@ -2,8 +2,10 @@
 // through LibTorch and through two hand-written loops over the batch, the floor a batched matmul in remat
 // would be held to. Rows (all in one program, so that one run interleaves them):
 //   torch_matmul/forward/<threads>           torch::matmul(a, b) on contiguous tensors (a new C each time)
-//   torch_matmul/forward_backward/<threads>  a and b require grad; c = torch::matmul(a, b); c.backward(ones),
-//                                            the grads reset to undefined before each step (as torch_model.cpp)
+//   torch_matmul/forward_backward/<threads>  a and b require grad; torch::matmul(a, b).sum().backward(), the
+//                                            grads reset to undefined before each step (as torch_model.cpp)
+//   remat_matmul/forward/<threads>           remat::matmul of two Parameters on a tape cleared each step
+//   remat_matmul/forward_backward/<threads>  the same and tape.backward(remat::sum(c)): the graph of the torch row
 //   eigen_loop/forward/<threads>             per batch, C_i.noalias() = A_i·B_i on row-major Eigen maps into a
 //                                            preallocated C; at 2 threads the batch is split over an OpenMP
 //                                            team of 2 (each product then runs on its own thread: OpenBLAS's
@@ -129,12 +131,10 @@ void TorchForwardBackward(benchmark::State& state) {
   const Operands& o = operands();
   torch::Tensor a = tensor(o.a, {batch, m, k}).set_requires_grad(true);
   torch::Tensor b = tensor(o.b, {batch, k, n}).set_requires_grad(true);
-  const torch::Tensor g = torch::ones({batch, m, n}, torch::kFloat32);  // the same dC every step
   const auto step = [&] {
     a.mutable_grad() = torch::Tensor();  // undefined: backward writes the fresh gradient, no zero fill or add
     b.mutable_grad() = torch::Tensor();
-    torch::Tensor c = torch::matmul(a, b);
-    c.backward(g);
+    torch::matmul(a, b).sum().backward();  // dC = ones, as remat's row
   };
   step();  // warm-up
   for (auto _ : state) {
@@ -146,6 +146,59 @@ void TorchForwardBackward(benchmark::State& state) {
   check(state, "dA", a.grad().contiguous().data_ptr<float>(), o.grad_a);
   check(state, "dB", b.grad().contiguous().data_ptr<float>(), o.grad_b);
   finish(state, 3 * forward_flops);  // C = A·B, dA = dC·Bᵀ, dB = Aᵀ·dC
+}
+
+/// remat's Parameters of the operands (no copy per step: a tape references them).
+struct RematOperands {
+  remat::Parameter<float> a, b;
+  RematOperands() {
+    const Operands& o = operands();
+    a = remat::Parameter<float>(remat::Tensor<float, 3>(remat::TensorView<float, 3>(o.a.data(), batch, m, k)));
+    b = remat::Parameter<float>(remat::Tensor<float, 3>(remat::TensorView<float, 3>(o.b.data(), batch, k, n)));
+  }
+};
+
+void RematForward(benchmark::State& state) {
+  set_threads(static_cast<int>(state.range(0)));
+  RematOperands p;
+  remat::Tape<float> tape;
+  const auto step = [&] {
+    tape.clear();
+    const remat::Var<float> c = remat::matmul(tape.variable(p.a), tape.variable(p.b));
+    return c;
+  };
+  step();  // warm-up: the tape's pool holds C from now on
+  for (auto _ : state) {
+    const remat::Var<float> c = step();
+    benchmark::DoNotOptimize(c.value().data());
+    benchmark::ClobberMemory();
+  }
+  const remat::Var<float> c = step();
+  check(state, "C", c.value().data(), operands().c);
+  finish(state, forward_flops);
+}
+
+void RematForwardBackward(benchmark::State& state) {
+  set_threads(static_cast<int>(state.range(0)));
+  RematOperands p;
+  remat::Tape<float> tape;
+  const auto step = [&] {
+    tape.clear();
+    p.a.zero_grad();
+    p.b.zero_grad();
+    const remat::Var<float> c = remat::matmul(tape.variable(p.a), tape.variable(p.b));
+    tape.backward(remat::sum(c));
+  };
+  step();  // warm-up
+  for (auto _ : state) {
+    step();
+    benchmark::DoNotOptimize(p.a.grad().data());
+    benchmark::DoNotOptimize(p.b.grad().data());
+    benchmark::ClobberMemory();
+  }
+  check(state, "dA", p.a.grad().data(), operands().grad_a);
+  check(state, "dB", p.b.grad().data(), operands().grad_b);
+  finish(state, 3 * forward_flops);
 }
 
 void EigenLoop(benchmark::State& state) {
@@ -216,10 +269,8 @@ int main(int argc, char** argv) {
   bench::add_blas_context();
   benchmark::RegisterBenchmark("torch_matmul/forward", TorchForward)->Apply(threads_1_2);
   benchmark::RegisterBenchmark("torch_matmul/forward_backward", TorchForwardBackward)->Apply(threads_1_2);
-  // TODO(remat batched matmul): register "remat_matmul/forward" and "remat_matmul/forward_backward" here, with
-  // ->Apply(threads_1_2), once remat's matmul takes [batch, m, k] × [batch, k, n] (today it is 2-D only):
-  // forward records C = matmul(A, B) on a tape; forward_backward also runs backward from dC = ones and reads
-  // dA and dB, both checked against operands() as the torch rows are.
+  benchmark::RegisterBenchmark("remat_matmul/forward", RematForward)->Apply(threads_1_2);
+  benchmark::RegisterBenchmark("remat_matmul/forward_backward", RematForwardBackward)->Apply(threads_1_2);
   benchmark::RegisterBenchmark("eigen_loop/forward", EigenLoop)->Apply(threads_1_2);
 #ifdef REMAT_BENCH_CBLAS
   benchmark::RegisterBenchmark("blas_loop/forward", BlasLoop)->Apply(threads_1_2);

@@ -134,6 +134,19 @@ class CapturedStep {
     data = value.template cast<T>();
   }
 
+  /// set_input() for a leaf recorded from a tensor (Tape::constant/variable of a remat::Tensor or a Shape): the
+  /// next batch as a tensor of the recorded shape. Throws as the matrix overload does, shape_error for another
+  /// shape than the recorded one.
+  template <int Rank>
+  void set_input(const Var<T>& leaf, const Tensor<T, Rank>& value) {
+    leaf_data("set_input", leaf);
+    const Shape recorded = leaf.shape(), given = shape_of(value);
+    if (given != recorded)
+      throw shape_error("set_input: the leaf is " + to_string(recorded) + " but the value is " + to_string(given) +
+                        "; a captured step keeps its shapes");
+    set_input(leaf, Eigen::Map<const Matrix<T>>(value.data(), given.rows(), given.cols()));
+  }
+
   /// Sets the integer data of the op whose output is `output` (cross_entropy's labels: `output` is the loss;
   /// embedding's ids) for the next runs. Throws tape_error for a Var not recorded by this step or an op without
   /// integer data (or one that declares no check_indices), shape_error for another count than the recorded
@@ -201,8 +214,8 @@ class CapturedStep {
   void check_parameters() const {
     for (const RecordedParameter& p : parameters_) {
       const detail::ParameterStorage<T>& s = *p.storage;
-      if (s.assignments != p.assignments || s.value.data() != p.data || s.value.rows() != p.shape.rows ||
-          s.value.cols() != p.shape.cols)
+      if (s.assignments != p.assignments || s.value.data() != p.data || s.value.rows() != p.shape.rows() ||
+          s.value.cols() != p.shape.cols())
         throw stale_value_error("CapturedStep::replay: a Parameter recorded as " + to_string(p.shape) +
                                 " was assigned to, moved from, resized or given new storage since the capture "
                                 "(it is " +

@@ -25,6 +25,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remat/matrix.hpp"
@@ -66,27 +67,49 @@ using LossFunction = std::function<Var<double>(Tape<double>&, const std::vector<
 
 namespace detail {
 
+/// Input k recorded on `tape`: of shapes[k] if `shapes` is not empty (the matrix holds its values row-major),
+/// else the matrix itself.
+inline Var<double> gradcheck_leaf(Tape<double>& tape, const Matrix<double>& m, const std::vector<Shape>& shapes,
+                                  std::size_t k, bool variable) {
+  if (shapes.empty()) return variable ? tape.variable(m) : tape.constant(m);
+  return variable ? tape.variable(shapes[k], m.data()) : tape.constant(shapes[k], m.data());
+}
+
 inline double gradcheck_loss(const LossFunction& loss, const std::vector<Matrix<double>>& inputs,
-                             std::uint64_t tape_seed) {
-  Tape<double> tape(tape_seed);
+                             const std::vector<Shape>& shapes, const GradcheckOptions& options) {
+  Tape<double> tape(options.tape_seed);
   std::vector<Var<double>> vars;
   vars.reserve(inputs.size());
-  for (const auto& m : inputs) vars.push_back(tape.constant(m));
+  for (std::size_t k = 0; k < inputs.size(); ++k) vars.push_back(gradcheck_leaf(tape, inputs[k], shapes, k, false));
   return loss(tape, vars).item();
 }
 }  // namespace detail
 
-/// Checks d loss / d input for every element of every input. Throws whatever `loss` throws.
+/// Checks d loss / d input for every element of every input, each input N-D of shapes[k] when `shapes` is not
+/// empty (the matrix inputs[k] then holds its shapes[k].numel() values row-major, in any matrix shape). Result
+/// positions (row, col) are in the matrices. Throws whatever `loss` throws, shape_error if `shapes` is neither
+/// empty nor one shape per input of the input's element count.
 inline GradcheckResult gradcheck(const LossFunction& loss, std::vector<Matrix<double>> inputs,
-                                 const GradcheckOptions& options = {}) {
+                                 const std::vector<Shape>& shapes, const GradcheckOptions& options = {}) {
+  if (!shapes.empty() && shapes.size() != inputs.size())
+    throw shape_error("gradcheck: " + std::to_string(shapes.size()) + " shapes for " + std::to_string(inputs.size()) +
+                      " inputs; give one per input, or none");
+  for (std::size_t k = 0; k < shapes.size(); ++k)
+    if (shapes[k].numel() != inputs[k].size())
+      throw shape_error("gradcheck: input " + std::to_string(k) + " has " + std::to_string(inputs[k].size()) +
+                        " elements but its shape " + to_string(shapes[k]) + " has " +
+                        std::to_string(shapes[k].numel()));
   std::vector<Matrix<double>> analytic;
   {
     Tape<double> tape(options.tape_seed);
     std::vector<Var<double>> vars;
-    for (const auto& m : inputs) vars.push_back(tape.variable(m));
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      vars.push_back(detail::gradcheck_leaf(tape, inputs[k], shapes, k, true));
     Var<double> l = loss(tape, vars);
     tape.backward(l);
-    for (const auto& v : vars) analytic.emplace_back(v.grad());
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      analytic.emplace_back(
+          Eigen::Map<const Matrix<double>>(vars[k].grad().data(), inputs[k].rows(), inputs[k].cols()));
   }
   GradcheckResult result;
   for (std::size_t k = 0; k < inputs.size(); ++k) {
@@ -95,9 +118,9 @@ inline GradcheckResult gradcheck(const LossFunction& loss, std::vector<Matrix<do
         const double x = inputs[k](i, j);
         const double h = options.step * std::max(1.0, std::abs(x));
         inputs[k](i, j) = x + h;
-        const double plus = detail::gradcheck_loss(loss, inputs, options.tape_seed);
+        const double plus = detail::gradcheck_loss(loss, inputs, shapes, options);
         inputs[k](i, j) = x - h;
-        const double minus = detail::gradcheck_loss(loss, inputs, options.tape_seed);
+        const double minus = detail::gradcheck_loss(loss, inputs, shapes, options);
         inputs[k](i, j) = x;
         const double n = (plus - minus) / (2 * h);
         const double a = analytic[k](i, j);
@@ -116,6 +139,13 @@ inline GradcheckResult gradcheck(const LossFunction& loss, std::vector<Matrix<do
     }
   }
   return result;
+}
+
+/// Checks d loss / d input for every element of every input, each input the matrix it is. Throws whatever
+/// `loss` throws.
+inline GradcheckResult gradcheck(const LossFunction& loss, std::vector<Matrix<double>> inputs,
+                                 const GradcheckOptions& options = {}) {
+  return gradcheck(loss, std::move(inputs), {}, options);
 }
 
 }  // namespace remat

@@ -33,6 +33,10 @@ struct ParameterStorage {
   // leaves' gradients delivered), after which nothing in it reads the value. While it is not zero the value must not
   // change.
   std::atomic<std::uint32_t> sweeps_reading{0};
+  // The N-D dimensions the value was given as (Parameter(const Tensor&)); `value` holds their matrix view. Stale,
+  // and shape() then [rows, cols], once the value is resized to another matrix view (mutable_value()). Last: a
+  // Shape is 72 bytes, and in the middle it put what every record and backward reads on three cache lines.
+  Shape dims;
 
   ParameterStorage() = default;
   ParameterStorage(const ParameterStorage&) = delete;
@@ -56,6 +60,12 @@ struct ParameterStorage {
       throw shape_error(std::string(op) + ": the Parameter's gradient has " + std::to_string(grad_size) +
                         " elements but its value is " + to_string(Shape{value.rows(), value.cols()}) +
                         " (resized after the gradient was written); call zero_grad() after resizing a parameter");
+  }
+  /// The value's shape: its N-D dimensions when it was made from a tensor and still has their matrix view,
+  /// else [rows, cols].
+  Shape shape() const {
+    if (dims.rank() != 2 && dims.rows() == value.rows() && dims.cols() == value.cols()) return dims;
+    return Shape{value.rows(), value.cols()};
   }
   bool being_read() const { return sweeps_reading.load(std::memory_order_relaxed) != 0; }
   /// Throws tape_error naming `op` if a backward still reads the value (sweeps_reading): changing it there
@@ -126,9 +136,18 @@ class Parameter {
   Parameter() : storage_(std::make_shared<detail::ParameterStorage<T>>()) {}
   /// A parameter holding `value`, version 0, gradient zero.
   explicit Parameter(Matrix<T> value) : Parameter() { storage_->value = std::move(value); }
+  /// A parameter of the N-D `value` (row-major, any rank up to Shape::max_rank), e.g. a convolution's weight
+  /// [out, in, kh, kw]; value() is its matrix view [product of the leading dimensions, last dimension].
+  template <int Rank>
+  explicit Parameter(const Tensor<T, Rank>& value) : Parameter() {
+    const Shape s = shape_of(value);
+    storage_->value = Eigen::Map<const Matrix<T>>(value.data(), s.rows(), s.cols());
+    storage_->dims = s;
+  }
   /// An independent copy: value, version and gradient copied into new storage.
   Parameter(const Parameter& other) : Parameter() {
     storage_->value = other.value();
+    storage_->dims = other.shape();
     storage_->version = other.version();
     if (other.storage_) storage_->copy_grad_from(*other.storage_);
   }
@@ -169,6 +188,7 @@ class Parameter {
       s.grad_size = o->grad_size;
     }
     if (copy_grad) std::copy(o->grad, o->grad + o->grad_size, s.grad);
+    s.dims = other.shape();
     s.grad_defined = copy_grad;
     s.version = next;
     ++s.assignments;
@@ -186,6 +206,7 @@ class Parameter {
     o.check_not_read("Parameter: move assignment (the moved-from Parameter)");
     const std::uint64_t next = std::max(s.version, o.version) + 1;
     s.value = std::move(o.value);
+    s.dims = o.dims;
     std::swap(s.grad, o.grad);
     std::swap(s.grad_size, o.grad_size);
     s.grad_defined = o.grad_defined;
@@ -211,8 +232,21 @@ class Parameter {
   }
   /// How many times the value was modified (mutable_value(), assignment): the version counter.
   std::uint64_t version() const { return storage_ ? storage_->version : 0; }
-  Index rows() const { return value().rows(); }  ///< rows of the value
-  Index cols() const { return value().cols(); }  ///< columns of the value
+  Index rows() const { return value().rows(); }  ///< rows of the value (of its matrix view)
+  Index cols() const { return value().cols(); }  ///< columns of the value (its last dimension)
+  /// The value's shape: the N-D dimensions it was made from (Parameter(const Tensor&)) while the value keeps
+  /// their matrix view, else [rows, cols].
+  Shape shape() const { return storage_ ? storage_->shape() : Shape{}; }
+  /// The value as a rank-`Rank` tensor view, e.g. `weight.value<4>()`. Throws shape_error for another rank.
+  template <int Rank>
+  TensorView<T, Rank> value() const {
+    return TensorView<T, Rank>(value().data(), detail::tensor_dims<Rank>(shape(), "value"));
+  }
+  /// The gradient as a rank-`Rank` tensor view. Throws shape_error for another rank, and what grad() throws.
+  template <int Rank>
+  TensorView<T, Rank> grad() const {
+    return TensorView<T, Rank>(grad().data(), detail::tensor_dims<Rank>(shape(), "grad"));
+  }
 
   /// d loss / d parameter summed over the backward passes since the last zero_grad(), of the value's
   /// shape (zeros if none). Throws std::bad_alloc, and shape_error if the value was resized after the

@@ -65,6 +65,26 @@
 #include "remat/ops/tanh.hpp"
 #include "remat/ops/transpose.hpp"
 
+// The N-D shape ops (reshape's and transpose's N-D forms are in their headers above).
+#include "remat/ops/concat.hpp"
+#include "remat/ops/flatten.hpp"
+#include "remat/ops/gather.hpp"
+#include "remat/ops/index_select.hpp"
+#include "remat/ops/permute.hpp"
+#include "remat/ops/slice.hpp"
+#include "remat/ops/squeeze.hpp"
+#include "remat/ops/stack.hpp"
+#include "remat/ops/unsqueeze.hpp"
+#include "remat/ops/view.hpp"
+// N-D reductions over dims, softmaxes over any dim, and the elementwise ops of PyTorch.
+#include "remat/ops/clamp.hpp"
+#include "remat/ops/leaky_relu.hpp"
+#include "remat/ops/max.hpp"
+#include "remat/ops/maximum.hpp"
+#include "remat/ops/minimum.hpp"
+#include "remat/ops/silu.hpp"
+#include "remat/ops/where.hpp"
+
 #include "remat/schedule/checkpoint_sequential.hpp"
 #include "remat/schedule/checkpoint_sequential_auto.hpp"
 #include "remat/schedule/planner.hpp"

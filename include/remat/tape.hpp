@@ -72,6 +72,27 @@ class Tape {
     return leaf(value, true);
   }
 
+  /// A leaf that receives no gradient; copies the N-D `value` (any rank up to Shape::max_rank, row-major as
+  /// remat::Tensor is), e.g. a batch of images [N,C,H,W]. Throws as the matrix overload does.
+  template <int Rank>
+  Var<T> constant(const Tensor<T, Rank>& value) {
+    return leaf(shape_of(value), value.data(), false);
+  }
+
+  /// A leaf that receives a gradient; copies the N-D `value` (any rank up to Shape::max_rank). Throws as the
+  /// matrix overload does.
+  template <int Rank>
+  Var<T> variable(const Tensor<T, Rank>& value) {
+    return leaf(shape_of(value), value.data(), true);
+  }
+
+  /// A leaf that receives no gradient, of `shape`, with its shape.numel() values copied from `data` (row-major).
+  /// Throws as the matrix overload does.
+  Var<T> constant(const Shape& shape, const T* data) { return leaf(shape, data, false); }
+  /// A leaf that receives a gradient, of `shape`, with its shape.numel() values copied from `data` (row-major).
+  /// Throws as the matrix overload does.
+  Var<T> variable(const Shape& shape, const T* data) { return leaf(shape, data, true); }
+
   /// A leaf that receives a gradient and references `p` without copying: backward adds d loss / d p into
   /// p's gradient (Parameter::grad()). If `p` is modified (Parameter::mutable_value(), assignment) before
   /// a backward or replay reads it, that throws stale_value_error. The tape shares p's storage, so `p`
@@ -330,10 +351,24 @@ class Tape {
     const std::int32_t id = state_->add_leaf(s, variable);
     if (state_->shapes_only()) return Var<T>::adopt(state_, id);  // a placeholder: nothing to copy
     try {
-      AlignedMap<T>(state_->leaf_value(id), s.rows, s.cols) = value.template cast<T>();
+      AlignedMap<T>(state_->leaf_value(id), s.rows(), s.cols()) = value.template cast<T>();
       state_->check_leaf_finite(id, variable ? "variable" : "constant");  // anomaly detection
     } catch (...) {
       state_->remove_last_leaf(id);  // an expression whose evaluation allocates a temporary threw
+      throw;
+    }
+    state_->leaf_filled(id);
+    return Var<T>::adopt(state_, id);
+  }
+
+  Var<T> leaf(const Shape& s, const T* data, bool variable) {
+    const std::int32_t id = state_->add_leaf(s, variable);
+    if (state_->shapes_only()) return Var<T>::adopt(state_, id);
+    std::copy_n(data, s.numel(), state_->leaf_value(id));
+    try {
+      state_->check_leaf_finite(id, variable ? "variable" : "constant");
+    } catch (...) {
+      state_->remove_last_leaf(id);
       throw;
     }
     state_->leaf_filled(id);
@@ -350,7 +385,7 @@ class Tape {
     if (state_->open_depth() > 0)
       throw tape_error(std::string(op) + ": called inside a checkpointed function; call it after the function returns");
     const Shape s = loss.shape();
-    if (s.rows != 1 || s.cols != 1)
+    if (s.rows() != 1 || s.cols() != 1)
       throw shape_error(std::string(op) + ": the loss must be [1,1] but is " + to_string(s) +
                         "; reduce it with sum() or mean() first");
     state_->check_sweepable(op, to_parameters, loss.id());

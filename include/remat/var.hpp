@@ -56,7 +56,16 @@ class Var {
     state_->check_has_numbers("value", id_, "value");
     if (n.parameter) state_->check_parameter(id_, "value");  // a modified Parameter's storage may have moved
     state_->materialize(id_, "value");
-    return MatrixView<T>(n.value, n.shape.rows, n.shape.cols);
+    return MatrixView<T>(n.value, n.shape.rows(), n.shape.cols());
+  }
+
+  /// The value as a rank-`Rank` tensor (Eigen::TensorMap, row-major), e.g. `v.value<4>()` of an [N,C,H,W] value;
+  /// the same buffer as value(), valid as long. Throws shape_error if the value's rank is not `Rank`, and what
+  /// value() throws.
+  template <int Rank>
+  TensorView<T, Rank> value() const {
+    const auto dims = detail::tensor_dims<Rank>(node("value").shape, "value");
+    return TensorView<T, Rank>(value().data(), dims);
   }
 
   /// The value of a [1,1] Var as a scalar. Throws shape_error otherwise, shapes_only_error on a shapes-only
@@ -65,7 +74,7 @@ class Var {
     const auto& n = node("item");
     state_->check_has_numbers("item", id_, "value");
     if (n.parameter) state_->check_parameter(id_, "item");
-    if (n.shape.rows != 1 || n.shape.cols != 1)
+    if (n.shape.rows() != 1 || n.shape.cols() != 1)
       throw shape_error("item: the value is " + to_string(n.shape) + ", not [1,1]");
     state_->materialize(id_, "item");
     return n.value[0];
@@ -84,6 +93,14 @@ class Var {
     return state_->variable_grad(id_);
   }
 
+  /// The gradient as a rank-`Rank` tensor, e.g. `w.grad<4>()`: the same buffer as grad(). Throws shape_error if
+  /// the value's rank is not `Rank`, and what grad() throws.
+  template <int Rank>
+  TensorView<T, Rank> grad() const {
+    const auto dims = detail::tensor_dims<Rank>(node("grad").shape, "grad");
+    return TensorView<T, Rank>(grad().data(), dims);
+  }
+
   /// Clears a variable's accumulated gradient (for a Parameter-backed variable, the Parameter's; on a
   /// shapes-only tape the Parameter is left as it is). Throws tape_error for a constant or an interior value.
   void zero_grad() const {
@@ -96,8 +113,15 @@ class Var {
 
   /// The value's shape. Throws tape_error for an empty or stale handle, as rows() and cols() do.
   Shape shape() const { return node("shape").shape; }
-  Index rows() const { return shape().rows; }  ///< shape().rows
-  Index cols() const { return shape().cols; }  ///< shape().cols
+  Index rows() const { return shape().rows(); }  ///< shape().rows(): rows of the matrix view
+  Index cols() const { return shape().cols(); }  ///< shape().cols(): the last dimension
+  int dim() const { return shape().rank(); }     ///< the number of dimensions (torch.Tensor.dim())
+  /// Dimension d (torch.Tensor.size(d)); a negative d counts from the end. Throws index_error outside
+  /// [-dim(), dim()).
+  Index size(int d) const {
+    const Shape s = shape();
+    return s[wrap_dim(d, s.rank(), "size")];
+  }
   /// True for a variable (a leaf that receives a gradient).
   bool is_variable() const { return node("is_variable").is_variable; }
   /// True when the value depends on a variable.

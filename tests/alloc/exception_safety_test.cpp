@@ -174,8 +174,8 @@ class Driver {
       s.random_offset = state_->random_offset();
       for (std::int32_t i = 0; i < state_->size(); ++i) {
         const auto& n = state_->node(i);
-        s.nodes.push_back({n.value, n.extra, n.grad, n.value ? hash(n.value, std::size_t(n.shape.size())) : 0,
-                           n.grad ? hash(n.grad, std::size_t(n.shape.size())) : 0, n.handles, n.backward_reads,
+        s.nodes.push_back({n.value, n.extra, n.grad, n.value ? hash(n.value, std::size_t(n.shape.numel())) : 0,
+                           n.grad ? hash(n.grad, std::size_t(n.shape.numel())) : 0, n.handles, n.backward_reads,
                            n.replay_reads, n.pending, n.extra_read, n.grad_assigned, n.level, n.evicted, n.regen_reads,
                            n.pins});
       }

@@ -281,7 +281,7 @@ LiftedRun lifted_budget_step(bool shapes, std::size_t budget, int mode, bool reg
     const auto& n = x.state()->node(i);
     if (!n.evicted) continue;
     ++r.evicted_ops;
-    r.evicted_bytes += static_cast<std::size_t>(n.shape.size()) * sizeof(double);
+    r.evicted_bytes += static_cast<std::size_t>(n.shape.numel()) * sizeof(double);
   }
   tape.set_memory_budget(0);
   if (mode == 0) {

@@ -120,7 +120,7 @@ class Captured {
 Program with_new_data(const Program& program, std::uint64_t seed) {
   Program p = program;
   for (std::size_t k = 0; k < p.leaves.size(); ++k)
-    p.leaves[k].data = remat_test::random_matrix<double>(p.leaves[k].shape.rows, p.leaves[k].shape.cols,
+    p.leaves[k].data = remat_test::random_matrix<double>(p.leaves[k].shape.rows(), p.leaves[k].shape.cols(),
                                                          seed * 1000 + k, remat_test::anywhere);
   return p;
 }

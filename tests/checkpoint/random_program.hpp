@@ -100,8 +100,8 @@ inline OpView view_of(const OpInfo& op) {
           kind_of(op.kind),
           op.batch_dims,
           std::string(op.tag),
-          static_cast<long>(op.shape.rows),
-          static_cast<long>(op.shape.cols),
+          static_cast<long>(op.shape.rows()),
+          static_cast<long>(op.shape.cols()),
           op.bytes};
 }
 
@@ -318,20 +318,20 @@ class Recorder {
   Value divide(const Value& a, const Value& b) { return op("divide", {&a, &b}, bcast(a, b), {}, "", a.var / b.var); }
   // Dots.
   Value matmul(const Value& a, const Value& b) {
-    return op("matmul", {&a, &b}, {a.shape.rows, b.shape.cols}, {}, "", remat::matmul(a.var, b.var));
+    return op("matmul", {&a, &b}, {a.shape.rows(), b.shape.cols()}, {}, "", remat::matmul(a.var, b.var));
   }
   Value linear(const Value& x, const Value& w, const Value& b) {
-    return op("linear", {&x, &w, &b}, {x.shape.rows, w.shape.cols}, {}, "", remat::linear(x.var, w.var, b.var));
+    return op("linear", {&x, &w, &b}, {x.shape.rows(), w.shape.cols()}, {}, "", remat::linear(x.var, w.var, b.var));
   }
   // Normalizations, reductions, losses, random, identity.
   Value layer_norm(const Value& x, const Value& g, const Value& b) {
-    return op("layer_norm", {&x, &g, &b}, x.shape, {x.shape.rows, 2}, "", remat::layer_norm(x.var, g.var, b.var));
+    return op("layer_norm", {&x, &g, &b}, x.shape, {x.shape.rows(), 2}, "", remat::layer_norm(x.var, g.var, b.var));
   }
   Value softmax(const Value& a) { return op("softmax", {&a}, a.shape, {}, "", remat::softmax(a.var)); }
   Value log_softmax(const Value& a) { return op("log_softmax", {&a}, a.shape, {}, "", remat::log_softmax(a.var)); }
   Value sum(const Value& a) { return op("sum", {&a}, {1, 1}, {}, "", remat::sum(a.var)); }
   Value mean(const Value& a) { return op("mean", {&a}, {1, 1}, {}, "", remat::mean(a.var)); }
-  Value sum_rows(const Value& a) { return op("sum_rows", {&a}, {a.shape.rows, 1}, {}, "", remat::sum_rows(a.var)); }
+  Value sum_rows(const Value& a) { return op("sum_rows", {&a}, {a.shape.rows(), 1}, {}, "", remat::sum_rows(a.var)); }
   Value dropout(const Value& a, double p) { return op("dropout", {&a}, a.shape, {}, "", remat::dropout(a.var, p)); }
   /// checkpoint_name: the value itself when the tape names it in place (an op's output no op has read yet, in
   /// the innermost open region: its policies are asked again with the name), else an identity op.
@@ -343,7 +343,7 @@ class Recorder {
   }
   Value cross_entropy(const Value& a) {
     std::vector<int> labels;
-    for (remat::Index i = 0; i < a.shape.rows; ++i) labels.push_back(static_cast<int>((3 * i + 1) % a.shape.cols));
+    for (remat::Index i = 0; i < a.shape.rows(); ++i) labels.push_back(static_cast<int>((3 * i + 1) % a.shape.cols()));
     return op("cross_entropy", {&a}, {1, 1}, a.shape, "", remat::cross_entropy(a.var, labels));
   }
   Value mse_loss(const Value& a, const Value& b) {
@@ -351,16 +351,16 @@ class Recorder {
   }
   // Data movement and column reductions (layout: docs/gpt.md).
   Value transpose(const Value& a) {
-    return op("transpose", {&a}, {a.shape.cols, a.shape.rows}, {}, "", remat::transpose(a.var));
+    return op("transpose", {&a}, {a.shape.cols(), a.shape.rows()}, {}, "", remat::transpose(a.var));
   }
   Value reshape(const Value& a, Shape to) {
-    return op("reshape", {&a}, to, {}, "", remat::reshape(a.var, to.rows, to.cols));
+    return op("reshape", {&a}, to, {}, "", remat::reshape(a.var, to.rows(), to.cols()));
   }
   Value slice_cols(const Value& a, remat::Index begin, remat::Index count) {
-    return op("slice_cols", {&a}, {a.shape.rows, count}, {}, "", remat::slice_cols(a.var, begin, count));
+    return op("slice_cols", {&a}, {a.shape.rows(), count}, {}, "", remat::slice_cols(a.var, begin, count));
   }
   Value embedding(const Value& table, const std::vector<int>& ids) {
-    return op("embedding", {&table}, {static_cast<remat::Index>(ids.size()), table.shape.cols}, {}, "",
+    return op("embedding", {&table}, {static_cast<remat::Index>(ids.size()), table.shape.cols()}, {}, "",
               remat::embedding(table.var, ids));
   }
   /// concat_cols of 2 or 3 parts: the header records a balanced tree of two-part concatenations; which
@@ -375,17 +375,19 @@ class Recorder {
       const std::size_t middle = begin + (end - begin) / 2;
       const auto left = tree(begin, middle);
       const auto right = tree(middle, end);
-      const Shape shape{left.second.rows, left.second.cols + right.second.cols};
+      const Shape shape{left.second.rows(), left.second.cols() + right.second.cols()};
       return std::make_pair(describe_op("concat_cols", {left.first, right.first}, shape, {}, ""), shape);
     };
-    Shape shape{parts[0].shape.rows, 0};
-    for (const Value& v : parts) shape.cols += v.shape.cols;
+    Shape shape{parts[0].shape.rows(), 0};
+    for (const Value& v : parts) shape[1] += v.shape.cols();
     check_shape("concat_cols", shape, y);
     return {std::move(y), describe_ ? tree(0, parts.size()).first : -1, shape};
   }
-  Value sum_cols(const Value& a) { return op("sum_cols", {&a}, {1, a.shape.cols}, {}, "", remat::sum_cols(a.var)); }
-  Value mean_cols(const Value& a) { return op("mean_cols", {&a}, {1, a.shape.cols}, {}, "", remat::mean_cols(a.var)); }
-  Value max_rows(const Value& a) { return op("max_rows", {&a}, {a.shape.rows, 1}, {}, "", remat::max_rows(a.var)); }
+  Value sum_cols(const Value& a) { return op("sum_cols", {&a}, {1, a.shape.cols()}, {}, "", remat::sum_cols(a.var)); }
+  Value mean_cols(const Value& a) {
+    return op("mean_cols", {&a}, {1, a.shape.cols()}, {}, "", remat::mean_cols(a.var));
+  }
+  Value max_rows(const Value& a) { return op("max_rows", {&a}, {a.shape.rows(), 1}, {}, "", remat::max_rows(a.var)); }
   Value detach(const Value& a) {
     if (frozen && frozen->replay) return constant(frozen->values.at(frozen->next++));
     Value y = op("detach", {&a}, a.shape, {}, "", remat::detach(a.var));
@@ -394,7 +396,7 @@ class Recorder {
   }
   // Attention (q, k, v: [B·S, H], heads dividing H, S the sequence length dividing the rows).
   Value attention_scores(const Value& q, const Value& k, remat::Index heads, remat::Index seq_len, bool causal) {
-    return op("attention_scores", {&q, &k}, {q.shape.rows * heads, seq_len}, {}, "",
+    return op("attention_scores", {&q, &k}, {q.shape.rows() * heads, seq_len}, {}, "",
               remat::attention_scores(q.var, k.var, heads, seq_len, causal));
   }
   Value attention_values(const Value& p, const Value& v, remat::Index heads, remat::Index seq_len) {
@@ -403,7 +405,7 @@ class Recorder {
   /// Fused attention; its extra is the per-row log-sum-exp of the scores, [B·heads·S, 1].
   Value attention(const Value& q, const Value& k, const Value& v, remat::Index heads, remat::Index seq_len,
                   bool causal) {
-    return op("scaled_dot_product_attention", {&q, &k, &v}, q.shape, {q.shape.rows * heads, 1}, "",
+    return op("scaled_dot_product_attention", {&q, &k, &v}, q.shape, {q.shape.rows() * heads, 1}, "",
               remat::scaled_dot_product_attention(q.var, k.var, v.var, heads, seq_len, causal));
   }
 
@@ -475,7 +477,7 @@ class Recorder {
 
  private:
   static Shape bcast(const Value& a, const Value& b) {
-    return {std::max(a.shape.rows, b.shape.rows), std::max(a.shape.cols, b.shape.cols)};
+    return {std::max(a.shape.rows(), b.shape.rows()), std::max(a.shape.cols(), b.shape.cols())};
   }
 
   Value leaf(remat_oracle::Leaf kind, Var<T> v) {
@@ -513,10 +515,10 @@ class Recorder {
     n.op = name;
     n.tag = tag;
     n.inputs = std::move(inputs);
-    n.rows = static_cast<long>(shape.rows);
-    n.cols = static_cast<long>(shape.cols);
-    n.extra_rows = static_cast<long>(extra.rows);
-    n.extra_cols = static_cast<long>(extra.cols);
+    n.rows = static_cast<long>(shape.rows());
+    n.cols = static_cast<long>(shape.cols());
+    n.extra_rows = static_cast<long>(extra.rows());
+    n.extra_cols = static_cast<long>(extra.cols());
     n.region = open_.empty() ? -1 : open_.back().region;
     // Spec §2.2: every enclosing region's policy is asked for the op (outermost first).
     const OpView view{name,
@@ -525,7 +527,7 @@ class Recorder {
                       tag,
                       n.rows,
                       n.cols,
-                      static_cast<std::size_t>(shape.size()) * sizeof(T)};
+                      static_cast<std::size_t>(shape.numel()) * sizeof(T)};
     for (auto& o : open_) {
       n.saved_by.push_back(spec_policy_saves<T>(o.policy, view, o.calls));
       if (view.kind == Kind::dot && view.batch_dims && o.policy.kind == PolicyKind::dots_no_batch_dims)
@@ -643,7 +645,7 @@ struct Program {
 
 inline bool broadcastable(const Shape& a, const Shape& b) {
   auto ok = [](remat::Index x, remat::Index y) { return x == y || x == 1 || y == 1; };
-  return ok(a.rows, b.rows) && ok(a.cols, b.cols);
+  return ok(a.rows(), b.rows()) && ok(a.cols(), b.cols());
 }
 
 inline const char* const tag_names[] = {"a", "b", "c"};
@@ -668,7 +670,7 @@ class Generator {
                : r < 0.65           ? remat_oracle::Leaf::variable
                                     : remat_oracle::Leaf::parameter;
       any_grad = any_grad || l.kind != remat_oracle::Leaf::constant;
-      l.data = remat_test::random_matrix<double>(s.rows, s.cols, random_.bits(), remat_test::anywhere);
+      l.data = remat_test::random_matrix<double>(s.rows(), s.cols(), random_.bits(), remat_test::anywhere);
       p.leaves.push_back(std::move(l));
     }
     if (!any_grad) p.leaves[0].kind = remat_oracle::Leaf::variable;
@@ -780,12 +782,12 @@ class Generator {
     const Shape a = scope[static_cast<std::size_t>(x)];
     s.kind = StepKind::layer;
     s.a = x;
-    s.b = find(scope, [&](const Shape& w) { return w.rows == a.cols && w.cols <= 4; });
+    s.b = find(scope, [&](const Shape& w) { return w.rows() == a.cols() && w.cols() <= 4; });
     if (s.b < 0) return false;
-    const remat::Index n = scope[static_cast<std::size_t>(s.b)].cols;
-    s.c = random_.uniform() < 0.25 ? -1 : find(scope, [&](const Shape& c) { return c.rows == 1 && c.cols == n; });
+    const remat::Index n = scope[static_cast<std::size_t>(s.b)].cols();
+    s.c = random_.uniform() < 0.25 ? -1 : find(scope, [&](const Shape& c) { return c.rows() == 1 && c.cols() == n; });
     s.op = random_.integer(4);
-    scope.push_back({a.rows, n});
+    scope.push_back({a.rows(), n});
     return true;
   }
 
@@ -804,39 +806,39 @@ class Generator {
     const double r = random_.uniform();
     if (r < 0.10) {
       s.kind = StepKind::transpose;
-      out = {a.cols, a.rows};
+      out = {a.cols(), a.rows()};
     } else if (r < 0.18) {
       s.kind = StepKind::reshape;
-      s.to = random_.uniform() < 0.5 ? Shape{a.cols, a.rows} : Shape{1, a.size()};
+      s.to = random_.uniform() < 0.5 ? Shape{a.cols(), a.rows()} : Shape{1, a.numel()};
       out = s.to;
     } else if (r < 0.28) {
-      if (a.cols < 2) return false;
+      if (a.cols() < 2) return false;
       s.kind = StepKind::slice_cols;
-      s.count = 1 + random_.integer(static_cast<int>(a.cols) - 1);  // a proper part of the columns
-      s.begin = random_.integer(static_cast<int>(a.cols - s.count) + 1);
-      out = {a.rows, s.count};
+      s.count = 1 + random_.integer(static_cast<int>(a.cols()) - 1);  // a proper part of the columns
+      s.begin = random_.integer(static_cast<int>(a.cols() - s.count) + 1);
+      out = {a.rows(), s.count};
     } else if (r < 0.39) {
       s.kind = StepKind::concat;
-      auto fits = [&](const Shape& b) { return b.rows == a.rows && a.cols + b.cols <= 8; };
+      auto fits = [&](const Shape& b) { return b.rows() == a.rows() && a.cols() + b.cols() <= 8; };
       s.b = find(scope, fits);
       if (s.b < 0) return false;
-      out = {a.rows, a.cols + scope[static_cast<std::size_t>(s.b)].cols};
+      out = {a.rows(), a.cols() + scope[static_cast<std::size_t>(s.b)].cols()};
       if (random_.uniform() < 0.5) {
-        s.c = find(scope, [&](const Shape& c) { return c.rows == a.rows && out.cols + c.cols <= 8; });
-        if (s.c >= 0) out.cols += scope[static_cast<std::size_t>(s.c)].cols;
+        s.c = find(scope, [&](const Shape& c) { return c.rows() == a.rows() && out.cols() + c.cols() <= 8; });
+        if (s.c >= 0) out[1] += scope[static_cast<std::size_t>(s.c)].cols();
       }
     } else if (r < 0.49) {
       s.kind = StepKind::embedding;  // a is the [V,H] table; ids repeat (the scatter-add accumulates)
       const int n = 1 + random_.integer(4);
-      for (int i = 0; i < n; ++i) s.ids.push_back(random_.integer(static_cast<int>(a.rows)));
-      out = {n, a.cols};
+      for (int i = 0; i < n; ++i) s.ids.push_back(random_.integer(static_cast<int>(a.rows())));
+      out = {n, a.cols()};
     } else if (r < 0.57) {
       s.kind = StepKind::reduce_cols;
       s.op = random_.integer(2);
-      out = {1, a.cols};
+      out = {1, a.cols()};
     } else if (r < 0.64) {
       s.kind = StepKind::max_rows;
-      out = {a.rows, 1};
+      out = {a.rows(), 1};
     } else if (r < 0.72) {
       // Not in control graphs: what follows a detach requires no gradient, against their premise.
       if (control_) return false;
@@ -847,8 +849,8 @@ class Generator {
       s.op = random_.integer(3);
       s.b = find(scope, [&](const Shape& b) { return b == a; });
       s.c = find(scope, [&](const Shape& c) { return c == a; });
-      s.heads = divisor(a.cols);
-      s.seq_len = divisor(a.rows);
+      s.heads = divisor(a.cols());
+      s.seq_len = divisor(a.rows());
       s.causal = random_.uniform() < 0.5;
     }
     return true;
@@ -877,38 +879,38 @@ class Generator {
         if (s.b < 0 || (!control_ && random_.uniform() < 0.15)) {  // a constant recorded here, broadcast against a
           Step c;
           c.kind = StepKind::constant;
-          const Shape cs = random_.uniform() < 0.5 ? Shape{1, a.cols} : Shape{a.rows, 1};
-          c.data = remat_test::random_matrix<double>(cs.rows, cs.cols, random_.bits(), remat_test::anywhere);
+          const Shape cs = random_.uniform() < 0.5 ? Shape{1, a.cols()} : Shape{a.rows(), 1};
+          c.data = remat_test::random_matrix<double>(cs.rows(), cs.cols(), random_.bits(), remat_test::anywhere);
           scope.push_back(cs);
           return c;
         }
-        out = {std::max(a.rows, scope[static_cast<std::size_t>(s.b)].rows),
-               std::max(a.cols, scope[static_cast<std::size_t>(s.b)].cols)};
+        out = {std::max(a.rows(), scope[static_cast<std::size_t>(s.b)].rows()),
+               std::max(a.cols(), scope[static_cast<std::size_t>(s.b)].cols())};
       } else if (r < 0.58) {
         s.kind = StepKind::matmul;
-        s.b = find(scope, [&](const Shape& b) { return b.rows == a.cols && b.cols <= 4; });
+        s.b = find(scope, [&](const Shape& b) { return b.rows() == a.cols() && b.cols() <= 4; });
         if (s.b < 0) continue;
-        out = {a.rows, scope[static_cast<std::size_t>(s.b)].cols};
+        out = {a.rows(), scope[static_cast<std::size_t>(s.b)].cols()};
       } else if (r < 0.64) {
         s.kind = StepKind::linear;
-        s.b = find(scope, [&](const Shape& b) { return b.rows == a.cols && b.cols <= 4; });
+        s.b = find(scope, [&](const Shape& b) { return b.rows() == a.cols() && b.cols() <= 4; });
         if (s.b < 0) continue;
-        const remat::Index n = scope[static_cast<std::size_t>(s.b)].cols;
-        s.c = find(scope, [&](const Shape& c) { return c.rows == 1 && c.cols == n; });
+        const remat::Index n = scope[static_cast<std::size_t>(s.b)].cols();
+        s.c = find(scope, [&](const Shape& c) { return c.rows() == 1 && c.cols() == n; });
         if (s.c < 0) continue;
-        out = {a.rows, n};
+        out = {a.rows(), n};
       } else if (r < 0.70) {
         if (!layer(scope, s.a, s)) continue;
         return s;
       } else if (r < 0.75) {
-        if (a.cols < 2) continue;
+        if (a.cols() < 2) continue;
         s.kind = StepKind::layer_norm;
-        s.b = find(scope, [&](const Shape& g) { return g.rows == 1 && g.cols == a.cols; });
-        s.c = find(scope, [&](const Shape& g) { return g.rows == 1 && g.cols == a.cols; });
+        s.b = find(scope, [&](const Shape& g) { return g.rows() == 1 && g.cols() == a.cols(); });
+        s.c = find(scope, [&](const Shape& g) { return g.rows() == 1 && g.cols() == a.cols(); });
         if (s.b < 0 || s.c < 0) continue;
       } else if (r < 0.78) {
         s.kind = StepKind::sum_rows;
-        out = {a.rows, 1};
+        out = {a.rows(), 1};
       } else if (r < 0.81) {
         s.kind = StepKind::softmax;
       } else if (r < 0.84) {

@@ -65,8 +65,8 @@ struct ThrowingForwardOp : remat::OpBase {
   static constexpr remat::OpKind kind = remat::OpKind::elementwise;
   static unsigned reads(remat::GradInputs) { return remat::reads_input0 | remat::reads_extra; }
   static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
-  static Shape extra_shape(const Shape* in, const Params&) { return {in[0].rows, 2}; }
-  static Shape scratch_shape(const Shape* in, const Params&) { return {7, in[0].cols}; }
+  static Shape extra_shape(const Shape* in, const Params&) { return {in[0].rows(), 2}; }
+  static Shape scratch_shape(const Shape* in, const Params&) { return {7, in[0].cols()}; }
   template <class T>
   static void forward(const remat::ForwardContext<T>& c) {
     c.out().setZero();
@@ -100,7 +100,7 @@ struct MaxParamsOp : remat::OpBase {
     const auto p = remat::params_of<Params>(c);
     if (c.wants_grad(0)) c.add_grad(0, c.grad_out().array() * T(p.scale));
   }
-  static double flops(const Shape*, int, const Shape& out) { return 2.0 * static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return 2.0 * static_cast<double>(out.numel()); }
 };
 static_assert(sizeof(MaxParamsOp::Params) == remat::max_params_bytes);
 
@@ -129,7 +129,7 @@ struct ShapeFromParamsOp : remat::OpBase {
   };
   static Params make(Shape out, Shape extra, Shape scratch) {
     auto i = [](Index v) { return static_cast<std::int32_t>(v); };
-    return {{i(out.rows), i(out.cols)}, {i(extra.rows), i(extra.cols)}, {i(scratch.rows), i(scratch.cols)}};
+    return {{i(out.rows()), i(out.cols())}, {i(extra.rows()), i(extra.cols())}, {i(scratch.rows()), i(scratch.cols())}};
   }
   static unsigned reads(remat::GradInputs) { return remat::reads_nothing; }
   static Shape output_shape(const Shape*, const Params& p) { return {p.out[0], p.out[1]}; }
@@ -294,13 +294,13 @@ TEST(CustomOpContract, AnOpReturningAnEmptyOrNegativeShapeThrowsShapeErrorAndRec
   const VF x = tape.variable(rnd(2, 3, 8));
   const remat::MemoryStats before = tape.memory();
   const std::size_t nodes = tape.size();
-  for (const Shape out : {Shape{0, 3}, Shape{3, 0}, Shape{-1, -3}, Shape{-2, 5}, Shape{0, 0}}) {
+  for (const Shape& out : {Shape{0, 3}, Shape{3, 0}, Shape{-1, -3}, Shape{-2, 5}, Shape{0, 0}}) {
     SCOPED_TRACE(remat::to_string(out));
     expect_error_naming<remat::shape_error>(
         [&] { remat::apply_op<ShapeFromParamsOp>(ShapeFromParamsOp::make(out, {}, {}), x); },
         {"shape_from_params", remat::to_string(out)});
   }
-  for (const Shape bad : {Shape{-1, -2}, Shape{-4, 1}, Shape{2, -1}}) {
+  for (const Shape& bad : {Shape{-1, -2}, Shape{-4, 1}, Shape{2, -1}}) {
     SCOPED_TRACE(remat::to_string(bad));
     expect_error_naming<remat::shape_error>(
         [&] {

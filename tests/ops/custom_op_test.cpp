@@ -22,7 +22,7 @@ struct SwigluOp : remat::OpBase {
            (remat::wants(g, 1) ? remat::reads_input0 : 0u);
   }
   static remat::Shape output_shape(const remat::Shape* in, const Params&) {
-    if (in[0].rows != in[1].rows || in[0].cols != in[1].cols)
+    if (in[0].rows() != in[1].rows() || in[0].cols() != in[1].cols())
       throw remat::shape_error("swiglu: a is " + remat::to_string(in[0]) + " but b is " + remat::to_string(in[1]));
     return in[0];
   }
@@ -40,7 +40,7 @@ struct SwigluOp : remat::OpBase {
     if (c.wants_grad(1)) c.add_grad(1, g * a * sigma);
   }
   static double flops(const remat::Shape*, int, const remat::Shape& out) {
-    return 6.0 * static_cast<double>(out.size());
+    return 6.0 * static_cast<double>(out.numel());
   }
 };
 
@@ -58,7 +58,7 @@ using remat::Tape;
 using remat::Var;
 
 TEST(CustomOp, SwigluPassesTheFiniteDifferenceGradcheck) {
-  for (const remat::Shape s : {remat::Shape{1, 1}, remat::Shape{3, 4}, remat::Shape{5, 2}}) {
+  for (const remat::Shape& s : {remat::Shape{1, 1}, remat::Shape{3, 4}, remat::Shape{5, 2}}) {
     const auto result = remat::gradcheck(
         [](Tape<double>& tape, const std::vector<Var<double>>& v) {
           const Matrix<double> w = remat_test::random_matrix<double>(v[0].shape(), 7, remat_test::Domain{-1, 1, 0});
@@ -66,7 +66,7 @@ TEST(CustomOp, SwigluPassesTheFiniteDifferenceGradcheck) {
         },
         {remat_test::random_matrix<double>(s, 1, remat_test::Domain{-2, 2, 0}),
          remat_test::random_matrix<double>(s, 2, remat_test::Domain{-2, 2, 0})});
-    EXPECT_EQ(result.checked, static_cast<std::size_t>(2 * s.size()));
+    EXPECT_EQ(result.checked, static_cast<std::size_t>(2 * s.numel()));
     EXPECT_TRUE(remat_test::passes(result)) << remat::to_string(s);
   }
 }

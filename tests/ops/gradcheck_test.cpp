@@ -52,7 +52,7 @@ void check_gradient(const OpInstance& instance) {
       remat_test::make_inputs<double>(op, instance.shapes(), s));
   EXPECT_EQ(result.checked, [&] {
     std::size_t n = 0;
-    for (const auto& shape : instance.shapes()) n += static_cast<std::size_t>(shape.size());
+    for (const auto& shape : instance.shapes()) n += static_cast<std::size_t>(shape.numel());
     return n;
   }());
   EXPECT_TRUE(remat_test::passes(result, 1e-6));
@@ -152,16 +152,16 @@ void check_op_info(const OpInstance& instance) {
       << info.name;
   if (op.recorded_ops == 1) {
     EXPECT_EQ(info.shape, out.shape());
-    EXPECT_EQ(info.bytes, static_cast<std::size_t>(out.shape().size()) * sizeof(double));
+    EXPECT_EQ(info.bytes, static_cast<std::size_t>(out.shape().numel()) * sizeof(double));
   }
   const auto& s = instance.shapes();
   if (info.name == "matmul")
-    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows * s[0].cols * s[1].cols));
+    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows() * s[0].cols() * s[1].cols()));
   else if (info.name == "linear")
-    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows * s[0].cols * s[1].cols) +
-                              static_cast<double>(s[0].rows * s[1].cols));
+    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows() * s[0].cols() * s[1].cols()) +
+                              static_cast<double>(s[0].rows() * s[1].cols()));
   else if (info.name == "attention_scores" || info.name == "attention_values")  // 2·(B·S)·S·H
-    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(instance.shapes()[1].rows * instance.shapes()[1].cols *
+    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(instance.shapes()[1].rows() * instance.shapes()[1].cols() *
                                                     remat_test::attention_config(instance.shapes()[1]).seq_len));
   else if (info.kind == remat::OpKind::identity)
     EXPECT_EQ(info.flops, 0.0);
@@ -205,8 +205,8 @@ TEST(OpList, CoversEveryPublicOp) {
     bool has_scalar = false, has_non_square = false;
     for (const auto& set : op.shape_sets) {
       EXPECT_EQ(set.size(), static_cast<std::size_t>(op.arity)) << op.name;
-      if (set[0].rows == 1 && set[0].cols == 1) has_scalar = true;
-      if (set[0].rows != set[0].cols) has_non_square = true;
+      if (set[0].rows() == 1 && set[0].cols() == 1) has_scalar = true;
+      if (set[0].rows() != set[0].cols()) has_non_square = true;
     }
     EXPECT_TRUE(has_scalar) << op.name << " has no 1x1 shape set";
     EXPECT_TRUE(has_non_square) << op.name << " has no non-square shape set";

@@ -95,7 +95,7 @@ std::vector<ShapeSet> large_shape_sets(const OpCase& op) {
   std::vector<ShapeSet> sets;
   for (const ShapeSet& tiny : op.shape_sets) {
     ShapeSet set;
-    for (const Shape& s : tiny) set.push_back({large(s.rows), large(s.cols)});
+    for (const Shape& s : tiny) set.push_back({large(s.rows()), large(s.cols())});
     sets.push_back(set);
   }
   return sets;
@@ -188,11 +188,11 @@ INSTANTIATE_TEST_SUITE_P(Ops, EveryOp, ::testing::ValuesIn(op_names()),
 // The large shapes do what the test above says: they cross the grain, in several row blocks with a ragged
 // last one (and row blocks and column chunks, for the column sums), and the attention layout in several row tiles.
 TEST(ThreadsTestShapes, CrossTheGrainInSeveralBlocksWithARaggedLastOne) {
-  for (const Shape s : {Shape{800, 45}, Shape{300, 130}}) {
-    const remat::detail::Blocks rows = remat::detail::row_blocks(s.rows, s.cols, 1);
+  for (const Shape& s : {Shape{800, 45}, Shape{300, 130}}) {
+    const remat::detail::Blocks rows = remat::detail::row_blocks(s.rows(), s.cols(), 1);
     EXPECT_GE(rows.count, 3) << remat::to_string(s);
     EXPECT_NE(rows.total % rows.size, 0) << remat::to_string(s);
-    EXPECT_GE(remat::detail::reduction_blocks(s.rows, s.cols, 1).count, 3) << remat::to_string(s);
+    EXPECT_GE(remat::detail::reduction_blocks(s.rows(), s.cols(), 1).count, 3) << remat::to_string(s);
   }
   // Column sums (bias gradients, sum_cols, layer_norm's dgain): [300,130] in 16 row blocks, the last shorter;
   // [1,40000] in 157 column chunks, the last shorter.
@@ -204,7 +204,7 @@ TEST(ThreadsTestShapes, CrossTheGrainInSeveralBlocksWithARaggedLastOne) {
   EXPECT_EQ(wide.columns.count, 157);
   EXPECT_NE(wide.columns.total % wide.columns.size, 0);
   const auto c = remat_test::attention_config(large_q);
-  const remat::detail::AttentionLayout l{large_q.rows / c.seq_len, c.seq_len, c.heads, large_q.cols / c.heads};
+  const remat::detail::AttentionLayout l{large_q.rows() / c.seq_len, c.seq_len, c.heads, large_q.cols() / c.heads};
   for (const bool causal : {false, true}) {
     const remat::detail::AttentionTiles tiles = remat::detail::attention_tiles(l, causal);
     EXPECT_TRUE(tiles.team);
@@ -338,8 +338,8 @@ TEST(ProductZeroFill, LinearIsBitwiseEigensProductInReusedBuffersAt1And2And3Thre
     {
       std::vector<remat::Var<float>> dirty;
       for (int copy = 0; copy < 2; ++copy)
-        for (const Shape s : {Shape{m, n}, Shape{m, k}, Shape{k, n}})
-          dirty.push_back(tape.constant(Matrix<float>::Constant(s.rows, s.cols, 7)));
+        for (const Shape& s : {Shape{m, n}, Shape{m, k}, Shape{k, n}})
+          dirty.push_back(tape.constant(Matrix<float>::Constant(s.rows(), s.cols(), 7)));
     }
     const remat::Var<float> xv = tape.variable(x), wv = tape.variable(w), bv = tape.variable(b);
     const remat::Var<float> y = remat::linear(xv, wv, bv);
@@ -414,7 +414,7 @@ struct ScaledExpOp : remat::OpBase {
   static unsigned reads(remat::GradInputs g) { return remat::wants(g, 0) ? remat::reads_extra : 0u; }
   static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
   static Shape extra_shape(const Shape* in, const Params&) { return in[0]; }
-  static Shape scratch_shape(const Shape* in, const Params&) { return Shape{1, in[0].cols}; }
+  static Shape scratch_shape(const Shape* in, const Params&) { return Shape{1, in[0].cols()}; }
   template <class T>
   static void forward(const remat::ForwardContext<T>& c) {
     const auto p = remat::params_of<Params>(c);
@@ -428,7 +428,7 @@ struct ScaledExpOp : remat::OpBase {
     c.scratch().setZero();
     c.add_grad(0, static_cast<T>(p.s) * c.grad_out().array() * c.extra().array());
   }
-  static double flops(const Shape*, int, const Shape& out) { return 3.0 * static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return 3.0 * static_cast<double>(out.numel()); }
 };
 
 template <class T>

@@ -57,7 +57,7 @@ struct ShapeProbeOp : remat::OpBase {
   }
   template <class T>
   static void backward(const remat::BackwardContext<T>& c) {
-    if (c.wants_grad(0)) c.add_grad(0, Matrix<T>::Zero(c.in_shape(0).rows, c.in_shape(0).cols));
+    if (c.wants_grad(0)) c.add_grad(0, Matrix<T>::Zero(c.in_shape(0).rows(), c.in_shape(0).cols()));
   }
   static double flops(const Shape*, int, const Shape&) { return 0; }
 };
@@ -92,7 +92,7 @@ struct ScaledExpOp : remat::OpBase {
   static unsigned reads(remat::GradInputs g) { return remat::wants(g, 0) ? remat::reads_extra : 0u; }
   static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
   static Shape extra_shape(const Shape* in, const Params&) { return in[0]; }
-  static Shape scratch_shape(const Shape* in, const Params&) { return Shape{1, in[0].cols}; }
+  static Shape scratch_shape(const Shape* in, const Params&) { return Shape{1, in[0].cols()}; }
   template <class T>
   static void forward(const remat::ForwardContext<T>& c) {
     const auto p = remat::params_of<Params>(c);

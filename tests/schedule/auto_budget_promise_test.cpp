@@ -210,7 +210,7 @@ template <class T>
 void add_loss(Model<T>& m, remat::Index width) {
   const std::size_t k = m.add(width, 3, 0.5);
   m.add(1, 3, 0.1);
-  const remat::Index rows = m.x0.shape().rows;
+  const remat::Index rows = m.x0.shape().rows();
   m.labels.clear();
   for (remat::Index r = 0; r < rows; ++r) m.labels.push_back(static_cast<int>(r % 3));
   m.layers.push_back(

@@ -101,7 +101,7 @@ inline AttentionConfig attention_config(const Shape& q) {
 /// [B·heads·S, S] for token rows of shape q.
 inline Shape attention_matrix_shape(const Shape& q) {
   const AttentionConfig c = attention_config(q);
-  return {q.rows * c.heads, c.seq_len};
+  return {q.rows() * c.heads, c.seq_len};
 }
 
 /// The layer_norm eps the list uses.
@@ -622,7 +622,7 @@ struct OpInstance {
   /// "<op>_<r>x<c>_<r>x<c>...", e.g. "add_3x4_1x4"; unique over op_instances().
   std::string name() const {
     std::string s = op->name;
-    for (const Shape& sh : shapes()) s += "_" + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+    for (const Shape& sh : shapes()) s += "_" + std::to_string(sh.rows()) + "x" + std::to_string(sh.cols());
     return s;
   }
 };

@@ -67,7 +67,7 @@ remat::Matrix<T> random_matrix(remat::Index rows, remat::Index cols, std::uint64
 
 template <class T = double>
 remat::Matrix<T> random_matrix(const remat::Shape& shape, std::uint64_t seed, const Domain& domain = anywhere) {
-  return random_matrix<T>(shape.rows, shape.cols, seed, domain);
+  return random_matrix<T>(shape.rows(), shape.cols(), seed, domain);
 }
 
 /// A stable 64-bit seed from a test name (FNV-1a), so each test case draws its own inputs.

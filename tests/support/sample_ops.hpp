@@ -24,7 +24,7 @@ struct GatherColsOp : remat::OpBase {
     Index count = 0;
   };
   static unsigned reads(remat::GradInputs) { return remat::reads_nothing; }
-  static Shape output_shape(const Shape* in, const Params& p) { return {in[0].rows, p.count}; }
+  static Shape output_shape(const Shape* in, const Params& p) { return {in[0].rows(), p.count}; }
   template <class T>
   static void forward(const remat::ForwardContext<T>& c) {
     auto y = c.out();
@@ -58,13 +58,13 @@ struct ScratchOp : remat::OpBase {
   static constexpr remat::OpKind kind = remat::OpKind::elementwise;
   static unsigned reads(remat::GradInputs) { return remat::reads_nothing; }
   static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
-  static Shape scratch_shape(const Shape* in, const Params&) { return {in[0].rows + 1, in[0].cols + 2}; }
+  static Shape scratch_shape(const Shape* in, const Params&) { return {in[0].rows() + 1, in[0].cols() + 2}; }
   template <class T>
   static void forward(const remat::ForwardContext<T>& c) {
     auto s = c.scratch();
     s.setConstant(T(2));
     const Shape o = c.out_shape();
-    c.out().array() = c.in(0).array() * s.topLeftCorner(o.rows, o.cols).array();
+    c.out().array() = c.in(0).array() * s.topLeftCorner(o.rows(), o.cols()).array();
   }
   template <class T>
   static void backward(const remat::BackwardContext<T>& c) {
@@ -72,7 +72,7 @@ struct ScratchOp : remat::OpBase {
     auto s = c.scratch();
     s.setConstant(T(2));
     const Shape o = c.out_shape();
-    c.add_grad(0, c.grad_out().array() * s.topLeftCorner(o.rows, o.cols).array());
+    c.add_grad(0, c.grad_out().array() * s.topLeftCorner(o.rows(), o.cols()).array());
   }
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
 };

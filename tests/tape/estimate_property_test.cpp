@@ -162,7 +162,7 @@ std::vector<std::function<bool(const OpInfo&)>> region_policies() {
           p::save_anything_except_these_names({"b"}),
           p::save_from_both_policies(p::dots_saveable, p::save_only_these_names({"b"})),
           [](const OpInfo& op) { return op.bytes > 40 * sizeof(T); },
-          [](const OpInfo& op) { return op.kind == remat::OpKind::normalization || op.shape.cols % 2 == 0; }};
+          [](const OpInfo& op) { return op.kind == remat::OpKind::normalization || op.shape.cols() % 2 == 0; }};
 }
 
 /// Records a chain on a tape: its region structure is drawn while recording, from `seed` (the same draws in

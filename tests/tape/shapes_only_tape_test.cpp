@@ -26,7 +26,7 @@ struct RowNormalizedSquareOp : remat::OpBase {
     return remat::wants(g, 0) ? remat::reads_input0 | remat::reads_extra : remat::reads_nothing;
   }
   static remat::Shape output_shape(const remat::Shape* in, const Params&) { return in[0]; }
-  static remat::Shape extra_shape(const remat::Shape* in, const Params&) { return {in[0].rows, 1}; }
+  static remat::Shape extra_shape(const remat::Shape* in, const Params&) { return {in[0].rows(), 1}; }
   static remat::Shape scratch_shape(const remat::Shape* in, const Params&) { return in[0]; }
   template <class T>
   static void forward(const remat::ForwardContext<T>& c) {
@@ -68,7 +68,7 @@ struct CountPositiveOp : remat::OpBase {
   }
   template <class T>
   static void backward(const remat::BackwardContext<T>& c) {
-    if (c.wants_grad(0)) c.add_grad(0, remat::Matrix<T>::Zero(c.in_shape(0).rows, c.in_shape(0).cols));
+    if (c.wants_grad(0)) c.add_grad(0, remat::Matrix<T>::Zero(c.in_shape(0).rows(), c.in_shape(0).cols()));
   }
   static double flops(const remat::Shape* in, int, const remat::Shape&) { return static_cast<double>(in[0].size()); }
 };

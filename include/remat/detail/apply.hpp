@@ -2,6 +2,7 @@
 // The op recipe (OpBase, OpCall, apply_op, the contexts) is public: remat/custom_op.hpp documents it.
 #pragma once
 
+#include <algorithm>
 #include <cassert>
 #include <cstdint>
 #include <cstdlib>
@@ -109,10 +110,10 @@ const OpTable<T>* op_table_of() {
     const Shape& shape = *shapes[i];
     const bool may_be_none = i > 0;
     if (valid_op_shape(shape, may_be_none, element_bytes)) continue;
-    if (shape.rows < 1 || shape.cols < 1)
+    if (std::any_of(shape.begin(), shape.end(), [](Index d) { return d < 1; }))
       throw shape_error(std::string(op) + ": its " + what[i] + " is " + to_string(shape) +
-                        (may_be_none ? "; it needs at least one row and one column, or [0,0] for none"
-                                     : "; every tensor needs at least one row and one column"));
+                        (may_be_none ? "; every dimension must be at least 1, or every one 0 (Shape{}) for none"
+                                     : "; every dimension of a tensor must be at least 1"));
     throw shape_error(std::string(op) + ": its " + what[i] + " " + to_string(shape) +
                       " needs more than the 2^48 bytes a tensor may have (" + std::to_string(element_bytes) +
                       " bytes an element)");
@@ -121,8 +122,8 @@ const OpTable<T>* op_table_of() {
   std::abort();
 }
 
-/// Throws shape_error naming `op` unless its output shape has at least one row and one column (as every
-/// tensor of remat), its extra and temporary shapes too or are [0,0] (none), and no shape has more than
+/// Throws shape_error naming `op` unless every dimension of its output shape is at least 1 (as every tensor of
+/// remat), of its extra and temporary shapes too or every one 0 (none), and no shape has more than
 /// max_value_bytes (2^48) bytes of T: a user op's output_shape, extra_shape or scratch_shape must not make the tape
 /// allocate or map a buffer of an empty, negative or overflowing shape. (Runs on every record: the test
 /// inlines, the message does not.)
@@ -169,12 +170,9 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   const Var<T>* vars[arity] = {&first, &rest...};
   detail::TapeState<T>* state = detail::common_tape(Op::name, vars);
   if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
-  Shape shapes[arity];
-  std::int32_t ids[arity];
-  for (std::size_t k = 0; k < arity; ++k) {  // valid handles (common_tape checked them)
-    ids[k] = vars[k]->id();
-    shapes[k] = state->node(ids[k]).shape;
-  }
+  const std::int32_t ids[arity] = {first.id(), rest.id()...};  // valid handles (common_tape checked them)
+  // Copied as they are (not a default Shape then assigned: a Shape is 72 bytes), contiguous for the op's recipe.
+  const Shape shapes[arity] = {state->node(first.id()).shape, state->node(rest.id()).shape...};
   const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
                                    Op::scratch_shape(shapes, call.params)};
   detail::check_op_shapes<T>(Op::name, op_shapes);
@@ -256,7 +254,7 @@ struct UnaryElementwise : OpBase {
     });
   }
   static double flops(const Shape*, int, const Shape& out) {
-    return Derived::flops_per_element * static_cast<double>(out.size());
+    return Derived::flops_per_element * static_cast<double>(out.numel());
   }
 };
 

@@ -71,18 +71,18 @@ inline AttentionLayout attention_layout(const char* op, const char* what, const 
   if (p.heads < 1 || p.seq_len < 1)
     throw shape_error(std::string(op) + ": heads and seq_len must be at least 1, got heads = " +
                       std::to_string(p.heads) + ", seq_len = " + std::to_string(p.seq_len));
-  if (x.cols % p.heads != 0)
-    throw shape_error(std::string(op) + ": " + what + " is " + to_string(x) + "; its width " + std::to_string(x.cols) +
-                      " is not divisible by heads = " + std::to_string(p.heads));
-  if (x.rows % p.seq_len != 0)
-    throw shape_error(std::string(op) + ": " + what + " is " + to_string(x) + "; its " + std::to_string(x.rows) +
+  if (x.cols() % p.heads != 0)
+    throw shape_error(std::string(op) + ": " + what + " is " + to_string(x) + "; its width " +
+                      std::to_string(x.cols()) + " is not divisible by heads = " + std::to_string(p.heads));
+  if (x.rows() % p.seq_len != 0)
+    throw shape_error(std::string(op) + ": " + what + " is " + to_string(x) + "; its " + std::to_string(x.rows()) +
                       " rows are not a whole number of sequences of seq_len = " + std::to_string(p.seq_len));
-  return AttentionLayout{x.rows / p.seq_len, p.seq_len, p.heads, x.cols / p.heads};
+  return AttentionLayout{x.rows() / p.seq_len, p.seq_len, p.heads, x.cols() / p.heads};
 }
 
 /// Throws shape_error unless `b` has the shape of `a` (q and k, or q and v).
 inline void check_same_shape(const char* op, const char* a_name, const Shape& a, const char* b_name, const Shape& b) {
-  if (a.rows != b.rows || a.cols != b.cols)
+  if (a.rows() != b.rows() || a.cols() != b.cols())
     throw shape_error(std::string(op) + ": " + a_name + " is " + to_string(a) + " but " + b_name + " is " +
                       to_string(b) + "; they must have the same shape");
 }

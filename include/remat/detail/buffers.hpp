@@ -32,9 +32,17 @@ class SizeMap {
  public:
   /// The entry for `count`, or null.
   V* find(std::size_t count) noexcept { return const_cast<V*>(std::as_const(*this).find(count)); }
+  /// The hint's test is inlined into every allocate and free; the search is not, so that it does not keep them
+  /// from inlining this (with N-D shapes, Buffers::allocate and free outgrew the inliner's limit with it, and
+  /// each find became a call).
   const V* find(std::size_t count) const noexcept {
-    std::uint32_t& hint = hints_[slot(count)];
+    const std::uint32_t hint = hints_[slot(count)];
     if (hint != 0 && entries_[hint - 1].first == count) return &entries_[hint - 1].second;
+    return search(count);
+  }
+  /// The entry for `count`, or null, by a linear search that updates its hint.
+  [[gnu::noinline]] const V* search(std::size_t count) const noexcept {
+    std::uint32_t& hint = hints_[slot(count)];
     const std::size_t n = entries_.size();
     for (std::size_t i = 0; i < n; ++i)
       if (entries_[i].first == count) {
@@ -46,6 +54,10 @@ class SizeMap {
   /// The entry for `count`, value-initialised if new. Throws std::bad_alloc with the map unchanged.
   V& operator[](std::size_t count) {
     if (V* v = find(count)) return *v;
+    return insert(count);
+  }
+  /// A new entry for `count`, value-initialised (out of line, as search(): the usual call finds its entry).
+  [[gnu::noinline]] V& insert(std::size_t count) {
     entries_.emplace_back(count, V{});
     hints_[slot(count)] = static_cast<std::uint32_t>(entries_.size());
     return entries_.back().second;
@@ -188,13 +200,21 @@ class Buffers {
  public:
   explicit Buffers(bool shapes_only = false) : shapes_only_(shapes_only) {}
 
-  static std::size_t bytes(const Shape& s) { return static_cast<std::size_t>(s.size()) * sizeof(T); }
+  template <class S>
+  static std::size_t bytes(const S& s) {
+    return static_cast<std::size_t>(s.numel()) * sizeof(T);
+  }
   /// Placeholders only: nothing may read or write the buffers (the tape runs no kernel).
   bool shapes_only() const { return shapes_only_; }
 
   /// A buffer for `s` (uninitialised). Throws std::bad_alloc (never in a simulation).
-  T* allocate(const Shape& s) {
-    const auto count = static_cast<std::size_t>(s.size());
+  template <class S>
+  T* allocate(const S& s) {
+    return allocate_elements(static_cast<std::size_t>(s.numel()));  // numel() once: a loop over an N-D rank
+  }
+  /// A buffer of `count` elements (uninitialised). Throws std::bad_alloc (never in a simulation).
+  T* allocate_elements(std::size_t count) {
+    const std::size_t size = count * sizeof(T);
     if (simulating_) {
       Simulated& c = simulated(count);
       if (c.available > 0)
@@ -202,44 +222,47 @@ class Buffers {
       else
         ++c.missing;
       if (++c.net > 0) c.high = std::max(c.high, static_cast<std::size_t>(c.net));
-      count_in(simulated_live_, simulated_peak_, bytes(s));
+      count_in(simulated_live_, simulated_peak_, size);
       simulated_high_ = std::max(simulated_high_, simulated_live_);
       return dummy();
     }
     if (shapes_only_) {
-      count_in(live_bytes_, peak_bytes_, bytes(s));
+      count_in(live_bytes_, peak_bytes_, size);
       return dummy();
     }
     T* p = pool_.acquire(count);
-    count_in(live_bytes_, peak_bytes_, bytes(s));
+    count_in(live_bytes_, peak_bytes_, size);
     return p;
   }
 
   /// Frees `p` (a buffer for `s`, or null) and nulls it. Never throws.
-  void free(T*& p, const Shape& s) noexcept {
-    if (!p) return;
+  template <class S>
+  void free(T*& p, const S& s) noexcept {
+    if (p) free_elements(p, static_cast<std::size_t>(s.numel()));
+  }
+  /// Frees `p` (a buffer of `count` elements, not null) and nulls it. Never throws.
+  void free_elements(T*& p, std::size_t count) noexcept {
     if (simulating_) {
-      Simulated& c = simulated(static_cast<std::size_t>(s.size()));
+      Simulated& c = simulated(count);
       ++c.available;
       --c.net;
-      simulated_live_ -= bytes(s);
+      simulated_live_ -= count * sizeof(T);
     } else {
-      if (!shapes_only_) pool_.release(p, static_cast<std::size_t>(s.size()));
-      live_bytes_ -= bytes(s);
+      if (!shapes_only_) pool_.release(p, count);
+      live_bytes_ -= count * sizeof(T);
     }
     p = nullptr;
   }
 
-  /// `p` (a buffer for `s`) leaves the tape: its new owner frees it. `replacement`, a buffer of the same
-  /// size from the same allocator or null, joins the pool in its place. Never throws.
+  /// `p` (a buffer of `count` elements) leaves the tape: its new owner frees it. `replacement`, a buffer of the
+  /// same size from the same allocator or null, joins the pool in its place. Never throws.
   ///
   /// Without a replacement (a Parameter's first gradient), the dry run counts one more buffer of this
   /// size as missing, so the reservation before the real pass obtains it and it stays in the pool: the
   /// next step, which hands the tape's buffer over again and only then gets the Parameter's previous one
   /// back, finds it there. Otherwise the second step of a training loop would allocate one buffer per
   /// Parameter.
-  void hand_over(T*& p, const Shape& s, T* replacement) noexcept {
-    const auto count = static_cast<std::size_t>(s.size());
+  void hand_over_elements(T*& p, std::size_t count, T* replacement) noexcept {
     if (simulating_) {
       Simulated& c = simulated(count);
       if (replacement) {
@@ -249,10 +272,10 @@ class Buffers {
         ++c.missing;
         ++c.forced;
       }
-      simulated_live_ -= bytes(s);
+      simulated_live_ -= count * sizeof(T);
     } else {
       if (!shapes_only_) pool_.exchange(count, replacement);  // shapes-only: the Parameter keeps its buffer
-      live_bytes_ -= bytes(s);
+      live_bytes_ -= count * sizeof(T);
     }
     p = nullptr;
   }
@@ -269,9 +292,14 @@ class Buffers {
   /// as it was. Not during a simulation. Nothing to do when shapes-only.
   Room make_room(const Shape& a, const Shape& b, const Shape& c = Shape{}) {
     if (shapes_only_) return Room{};
-    if (b.size() == 0 && c.size() == 0) return make_room(static_cast<std::size_t>(a.size()));
-    const std::size_t sizes[3] = {static_cast<std::size_t>(a.size()), static_cast<std::size_t>(b.size()),
-                                  static_cast<std::size_t>(c.size())};
+    return make_room(static_cast<std::size_t>(a.numel()), static_cast<std::size_t>(b.numel()),
+                     static_cast<std::size_t>(c.numel()));
+  }
+  /// The same for buffers of `a`, `b` and `c` elements (0: none).
+  Room make_room(std::size_t a, std::size_t b, std::size_t c) {
+    if (shapes_only_) return Room{};
+    if (b == 0 && c == 0) return make_room(a);
+    const std::size_t sizes[3] = {a, b, c};
     Room r;
     int used = 0;
     try {
@@ -314,7 +342,7 @@ class Buffers {
     if (shapes_only_) return;
     std::vector<std::pair<std::size_t, std::size_t>> wanted;  // (elements, buffers)
     for (std::size_t i = 0; i < n; ++i) {
-      const auto count = static_cast<std::size_t>(outputs[i].size());
+      const auto count = static_cast<std::size_t>(outputs[i].numel());
       auto it = std::find_if(wanted.begin(), wanted.end(), [count](const auto& w) { return w.first == count; });
       if (it == wanted.end())
         wanted.emplace_back(count, 1);

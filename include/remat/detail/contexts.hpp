@@ -55,17 +55,17 @@ class ForwardContext {
   /// Input k's value ([rows, cols] of in_shape(k)).
   ConstAlignedMap<T> in(int k) const {
     const detail::Node<T>& n = graph_[node_.inputs[k]];
-    return ConstAlignedMap<T>(n.value, n.shape.rows, n.shape.cols);
+    return ConstAlignedMap<T>(n.value, n.shape.rows(), n.shape.cols());
   }
   Shape in_shape(int k) const { return graph_[node_.inputs[k]].shape; }
   /// The output buffer (uninitialised: the forward writes every element).
-  AlignedMap<T> out() const { return AlignedMap<T>(node_.value, node_.shape.rows, node_.shape.cols); }
+  AlignedMap<T> out() const { return AlignedMap<T>(node_.value, node_.shape.rows(), node_.shape.cols()); }
   Shape out_shape() const { return node_.shape; }
   /// The extra buffer (the op's extra_shape; uninitialised), a residual the backward may read.
-  AlignedMap<T> extra() const { return AlignedMap<T>(node_.extra, node_.extra_shape.rows, node_.extra_shape.cols); }
+  AlignedMap<T> extra() const { return AlignedMap<T>(node_.extra, node_.extra_shape.rows(), node_.extra_shape.cols()); }
   /// The op's temporary (its scratch_shape; uninitialised), valid only while this forward runs.
   AlignedMap<T> scratch() const {
-    return AlignedMap<T>(node_.scratch, node_.scratch_shape.rows, node_.scratch_shape.cols);
+    return AlignedMap<T>(node_.scratch, node_.scratch_shape.rows(), node_.scratch_shape.cols());
   }
   /// The Params struct the op was recorded with.
   template <class P>
@@ -102,22 +102,22 @@ class BackwardContext {
   /// Input k's value: readable only if reads() declared it (reads_input(k)).
   ConstAlignedMap<T> in(int k) const {
     const detail::Node<T>& n = graph_[node_.inputs[k]];
-    return ConstAlignedMap<T>(n.value, n.shape.rows, n.shape.cols);
+    return ConstAlignedMap<T>(n.value, n.shape.rows(), n.shape.cols());
   }
   Shape in_shape(int k) const { return graph_[node_.inputs[k]].shape; }
   /// The op's output value: readable only if reads() declared it (reads_output).
-  ConstAlignedMap<T> out() const { return ConstAlignedMap<T>(node_.value, node_.shape.rows, node_.shape.cols); }
+  ConstAlignedMap<T> out() const { return ConstAlignedMap<T>(node_.value, node_.shape.rows(), node_.shape.cols()); }
   Shape out_shape() const { return node_.shape; }
   /// The extra buffer the forward wrote: readable only if reads() declared it (reads_extra).
   ConstAlignedMap<T> extra() const {
-    return ConstAlignedMap<T>(node_.extra, node_.extra_shape.rows, node_.extra_shape.cols);
+    return ConstAlignedMap<T>(node_.extra, node_.extra_shape.rows(), node_.extra_shape.cols());
   }
   /// The op's temporary (its scratch_shape; uninitialised), valid only while this backward runs.
   AlignedMap<T> scratch() const {
-    return AlignedMap<T>(node_.scratch, node_.scratch_shape.rows, node_.scratch_shape.cols);
+    return AlignedMap<T>(node_.scratch, node_.scratch_shape.rows(), node_.scratch_shape.cols());
   }
   /// dL/d(output), of the output's shape.
-  ConstAlignedMap<T> grad_out() const { return ConstAlignedMap<T>(node_.grad, node_.shape.rows, node_.shape.cols); }
+  ConstAlignedMap<T> grad_out() const { return ConstAlignedMap<T>(node_.grad, node_.shape.rows(), node_.shape.cols()); }
   template <class P>
   P params() const {
     return node_.attributes.template get_params<P>();
@@ -157,13 +157,13 @@ class BackwardContext {
     detail::Node<T>& in = graph_[node_.inputs[k]];
     const bool accumulate = in.grad_assigned;
     in.grad_assigned = true;
-    return GradTarget<T>{AlignedMap<T>(in.grad, in.shape.rows, in.shape.cols), accumulate};
+    return GradTarget<T>{AlignedMap<T>(in.grad, in.shape.rows(), in.shape.cols()), accumulate};
   }
 
   /// Input k's gradient after add_grad or grad_target wrote it, for a correction in place.
   AlignedMap<T> grad(int k) const {
     detail::Node<T>& in = graph_[node_.inputs[k]];
-    return AlignedMap<T>(in.grad, in.shape.rows, in.shape.cols);
+    return AlignedMap<T>(in.grad, in.shape.rows(), in.shape.cols());
   }
 
  private:

@@ -93,4 +93,44 @@ bool direct_gemm(Eigen::Map<Matrix<T>, Eigen::AlignedMax> dst, const E& e, bool 
   return false;
 }
 
+/// Row-major C = op(A)·op(B) + beta·C for an [m,k]·[k,n] product (op(X) = Xᵀ when its flag is set, with X stored
+/// [k,m] or [n,k]), leading dimensions lda, ldb, ldc in elements: one ?gemm call where the BLAS has one (the
+/// batched matmul's per-matrix products), else Eigen's product. beta is 0 or 1.
+template <class T>
+void gemm_row_major(bool transpose_a, bool transpose_b, Index m, Index n, Index k, const T* a, Index lda, const T* b,
+                    Index ldb, T beta, T* c, Index ldc) {
+  if constexpr (has_blas_gemm<T>) {
+    if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+      // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B's buffer first.
+      const char ta = transpose_a ? 'T' : 'N', tb = transpose_b ? 'T' : 'N';
+      const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+      const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+      const T one = 1;
+      if constexpr (std::is_same_v<T, float>)
+        sgemm_(&tb, &ta, &ni, &mi, &ki, &one, b, &lb, a, &la, &beta, c, &lc);
+      else
+        dgemm_(&tb, &ta, &ni, &mi, &ki, &one, b, &lb, a, &la, &beta, c, &lc);
+      return;
+    }
+  }
+  using Map = Eigen::Map<const Matrix<T>, 0, Eigen::OuterStride<>>;
+  const Map ma(a, transpose_a ? k : m, transpose_a ? m : k, Eigen::OuterStride<>(lda));
+  const Map mb(b, transpose_b ? n : k, transpose_b ? k : n, Eigen::OuterStride<>(ldb));
+  Eigen::Map<Matrix<T>, 0, Eigen::OuterStride<>> mc(c, m, n, Eigen::OuterStride<>(ldc));
+  auto product = [&](const auto& x, const auto& y) {
+    if (beta == T(0))
+      mc.noalias() = x * y;
+    else
+      mc.noalias() += x * y;
+  };
+  if (transpose_a && transpose_b)
+    product(ma.transpose(), mb.transpose());
+  else if (transpose_a)
+    product(ma.transpose(), mb);
+  else if (transpose_b)
+    product(ma, mb.transpose());
+  else
+    product(ma, mb);
+}
+
 }  // namespace remat::detail

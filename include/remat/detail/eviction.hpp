@@ -81,7 +81,7 @@ class Evictor {
   /// The victim scans' cached bounds no longer hold (a node computed, or nodes put back). Never throws.
   void invalidate_bounds() noexcept {
     if (++bound_epoch_ == 0) {  // after 2^32: no node's epoch may equal one still to come
-      for (Node<T>& n : graph_.nodes) n.bound_epoch = 0;
+      for (BudgetFields& b : graph_.budget) b.bound_epoch = 0;
       bound_epoch_ = 1;
     }
   }
@@ -114,9 +114,11 @@ class Evictor {
         budget_, failed_needed_, failed_least_);
   }
 
-  /// Room for the scratch of a trial, a regeneration and a victim scan on a graph of `nodes` nodes. Throws
-  /// std::bad_alloc, before any change.
+  /// Room for the scratch of a trial, a regeneration and a victim scan on a graph of `nodes` nodes, and the
+  /// side table of the nodes' budget state (Graph::budget), started if need be: every path into eviction or
+  /// regeneration comes through here first. Throws std::bad_alloc, before any change.
   void reserve(std::size_t nodes) {
+    graph_.track_budget(nodes);
     lifetime_.reserve(nodes);
     for (std::vector<std::int32_t>* v : {&members_, &work_, &walk_, &stack_, &held_})
       if (v->capacity() < nodes) v->reserve(std::max(nodes, 2 * v->capacity()));
@@ -262,9 +264,9 @@ class Evictor {
 
   /// The next value of a stamp whose marks are `field` of every node; after 2^32 uses every mark is cleared,
   /// so that no old mark equals a new stamp. Never throws.
-  std::uint32_t next_stamp(std::uint32_t& stamp, std::uint32_t Node<T>::*field) noexcept {
+  std::uint32_t next_stamp(std::uint32_t& stamp, std::uint32_t BudgetFields::*field) noexcept {
     if (++stamp == 0) {
-      for (Node<T>& n : graph_.nodes) n.*field = 0;
+      for (BudgetFields& b : graph_.budget) b.*field = 0;
       stamp = 1;
     }
     return stamp;
@@ -278,13 +280,13 @@ class Evictor {
     invalidate_bounds();  // u becomes resident: a bound through it no longer holds
     std::size_t need = Buffers<T>::bytes(n.scratch_shape);
     if (!n.value) need += Buffers<T>::bytes(n.shape);
-    if (n.extra_shape.size() > 0 && !n.extra) need += Buffers<T>::bytes(n.extra_shape);
+    if (n.extra_shape.numel() > 0 && !n.extra) need += Buffers<T>::bytes(n.extra_shape);
     make_room(need);
     const std::size_t written = (n.value ? 0 : Buffers<T>::bytes(n.shape)) +
-                                (n.extra_shape.size() > 0 && !n.extra ? Buffers<T>::bytes(n.extra_shape) : 0);
+                                (n.extra_shape.numel() > 0 && !n.extra ? Buffers<T>::bytes(n.extra_shape) : 0);
     if (!n.value) n.value = buffers_.allocate(n.shape);
-    if (n.extra_shape.size() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
-    if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
+    if (n.extra_shape.numel() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
+    if (n.scratch_shape.numel() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
     for (int k = 0; k < n.arity; ++k) touch(n.inputs[k]);
     if (!buffers_.simulating() && !buffers_.shapes_only()) {
       if (graph_.trace) graph_.trace->log_forward(graph_, u);
@@ -310,7 +312,8 @@ class Evictor {
   /// reader further up still needed: an LSTM of 48 timesteps under 35 % of its peak ran for minutes.) Its stack
   /// depth does not grow with the tape; its work lists are reserved (reserve()). Never throws.
   void regenerate(const std::int32_t* ids, int count) noexcept {
-    const std::uint32_t stamp = next_stamp(regen_stamp_, &Node<T>::regen_mark);
+    assert(graph_.budget_on && "only a budget's evictions leave a value to regenerate (reserve() came first)");
+    const std::uint32_t stamp = next_stamp(regen_stamp_, &BudgetFields::regen_mark);
     members_.clear();
     work_.clear();
     auto visit = [&](std::int32_t v) {
@@ -323,12 +326,13 @@ class Evictor {
         }
         return;
       }
-      if (m.value || m.regen_mark == stamp) return;
+      BudgetFields& b = graph_.budget_of(v);
+      if (m.value || b.regen_mark == stamp) return;
       // Evicted, or freed since a replay planned to read it (an evicted value whose last holder was regenerated
       // in the meantime stops being evicted): computed all the same, from its inputs.
       assert(!m.is_leaf() && "a leaf's value is needed after it was freed");
-      m.regen_mark = stamp;
-      m.regen_uses = 0;
+      b.regen_mark = stamp;
+      b.regen_uses = 0;
       members_.push_back(v);  // within capacity (reserve): each node once
       work_.push_back(v);
     };
@@ -340,15 +344,15 @@ class Evictor {
       for (int k = 0; k < m.arity; ++k) visit(m.inputs[k]);
     }
     std::sort(members_.begin(), members_.end());
-    auto member = [&](std::int32_t v) { return graph_[v].regen_mark == stamp; };
+    auto member = [&](std::int32_t v) { return graph_.budget_of(v).regen_mark == stamp; };
     for (std::int32_t u : members_) {
       const Node<T>& m = graph_[u];
       for (int k = 0; k < m.arity; ++k)
-        if (member(m.inputs[k])) ++graph_[m.inputs[k]].regen_uses;
+        if (member(m.inputs[k])) ++graph_.budget_of(m.inputs[k]).regen_uses;
     }
     for (int k = 0; k < count; ++k) {
       if (member(ids[k])) {
-        ++graph_[ids[k]].regen_uses;  // held until the end, for the caller
+        ++graph_.budget_of(ids[k]).regen_uses;  // held until the end, for the caller
       } else {
         touch(ids[k]);
         lifetime_.pin(ids[k]);
@@ -366,7 +370,7 @@ class Evictor {
         const std::int32_t w = m.inputs[k];
         if (!member(w))
           lifetime_.unpin(w);
-        else if (--graph_[w].regen_uses == 0)
+        else if (--graph_.budget_of(w).regen_uses == 0)
           lifetime_.unpin(w);
       }
       lifetime_.pin(u);  // every member has a reader left: a member or the caller
@@ -374,7 +378,7 @@ class Evictor {
     for (int k = 0; k < count; ++k) {
       if (!member(ids[k])) continue;
       lifetime_.pin(ids[k]);
-      if (--graph_[ids[k]].regen_uses == 0) lifetime_.unpin(ids[k]);
+      if (--graph_.budget_of(ids[k]).regen_uses == 0) lifetime_.unpin(ids[k]);
     }
   }
 
@@ -396,40 +400,44 @@ class Evictor {
   /// are held: regenerable by construction), a current Parameter, or an op whose inputs are regenerable.
   /// Memoised per scan; walked on a work list, not by recursion. Never throws.
   bool regenerable(std::int32_t id) noexcept {
-    auto known = [&](const Node<T>& n, bool& result) {
+    auto known = [&](std::int32_t v, bool& result) {
+      const Node<T>& n = graph_[v];
+      const BudgetFields& b = graph_.budget_of(v);
       if (n.value || n.evicted) return result = true;
       if (n.is_leaf()) return result = n.parameter && n.parameter->version == n.parameter_version, true;
-      if (n.evict_mark == scan_ && n.evict_memo != 0) return result = n.evict_memo == 1, true;
+      if (b.evict_mark == scan_ && b.evict_memo != 0) return result = b.evict_memo == 1, true;
       return false;
     };
+    auto enter = [&](std::int32_t v) {
+      BudgetFields& b = graph_.budget_of(v);
+      assert(b.evict_mark != scan_ && "the graph has no cycle");
+      b.evict_mark = scan_;
+      b.evict_memo = 0;
+      stack_.push_back(v);  // within capacity: each node once per scan
+    };
     bool result = false;
-    if (known(graph_[id], result)) return result;
+    if (known(id, result)) return result;
     stack_.clear();
-    graph_[id].evict_mark = scan_;
-    graph_[id].evict_memo = 0;
-    stack_.push_back(id);
+    enter(id);
     while (!stack_.empty()) {
-      Node<T>& n = graph_[stack_.back()];
+      const std::int32_t v = stack_.back();
+      const Node<T>& n = graph_[v];
       bool ok = true, waiting = false;
       for (int k = 0; k < n.arity && ok; ++k) {
-        Node<T>& w = graph_[n.inputs[k]];
         bool r = false;
-        if (known(w, r)) {
+        if (known(n.inputs[k], r)) {
           ok = r;
           continue;
         }
-        assert(w.evict_mark != scan_ && "the graph has no cycle");
-        w.evict_mark = scan_;
-        w.evict_memo = 0;
-        stack_.push_back(n.inputs[k]);  // within capacity: each node once per scan
+        enter(n.inputs[k]);
         waiting = true;
         break;
       }
       if (waiting) continue;
-      n.evict_memo = ok ? 1 : 2;
+      graph_.budget_of(v).evict_memo = ok ? 1 : 2;
       stack_.pop_back();
     }
-    return graph_[id].evict_memo == 1;
+    return graph_.budget_of(id).evict_memo == 1;
   }
 
   /// The next victim: from the log when repeating, else best_victim() (logged when recording).
@@ -463,8 +471,9 @@ class Evictor {
   /// Walked on a work list. Never throws.
   double bound(std::int32_t v) noexcept {
     auto freed = [](const Node<T>& w) { return !w.value && !w.evicted && !w.is_leaf(); };
-    auto class_cost = [&](std::int32_t w) { return graph_[class_root(graph_, w)].class_cost; };
-    if (graph_[v].bound_epoch == bound_epoch_) return graph_[v].bound;
+    auto class_cost = [&](std::int32_t w) { return graph_.budget_of(class_root(graph_, w)).class_cost; };
+    auto bounded = [&](std::int32_t w) { return graph_.budget_of(w).bound_epoch == bound_epoch_; };
+    if (bounded(v)) return graph_.budget_of(v).bound;
     stack_.clear();
     stack_.push_back(v);
     while (!stack_.empty()) {
@@ -477,30 +486,30 @@ class Evictor {
         if (w.evicted) {
           most = std::max(most, class_cost(n.inputs[k]));
         } else if (freed(w)) {
-          if (w.bound_epoch != bound_epoch_) {
+          if (!bounded(n.inputs[k])) {
             stack_.push_back(n.inputs[k]);  // within capacity: a node is pushed again only once it is bounded
             waiting = true;
             break;
           }
-          most = std::max(most, w.bound);
+          most = std::max(most, graph_.budget_of(n.inputs[k]).bound);
         }
       }
       if (waiting) continue;
       if (id == v)  // a freed node has no evicted consumer (it would hold it): only v's are looked at
         for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
           if (graph_[e / max_inputs].evicted) most = std::max(most, class_cost(e / max_inputs));
-      n.bound = n.cost + most;
-      n.bound_epoch = bound_epoch_;
+      graph_.budget_of(id).bound = n.cost + most;
+      graph_.budget_of(id).bound_epoch = bound_epoch_;
       stack_.pop_back();
     }
-    return graph_[v].bound;
+    return graph_.budget_of(v).bound;
   }
 
   /// The evictable value of lowest score cost / (bytes · staleness); the lowest id on a tie; -1 if none.
   /// Evictable: an op's tape-owned output, resident, wanted (the rule would keep it), not read by an op or a
   /// regeneration running now, and regenerable from what is there.
   std::int32_t best_victim() noexcept {
-    next_stamp(scan_, &Node<T>::evict_mark);
+    next_stamp(scan_, &BudgetFields::evict_mark);
     if (heuristic_ == EvictionHeuristic::dtr && classes_exact_at_ != lifetime_.class_leaves()) rebuild_classes();
     if (bounds_leaves_ != lifetime_.class_leaves()) {  // a class lost a member: its cost fell
       invalidate_bounds();
@@ -537,17 +546,17 @@ class Evictor {
   /// list. Costs are whole numbers, so a sum does not depend on the order it was taken in. O(nodes). Never throws.
   void rebuild_classes() noexcept {
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      Node<T>& n = graph_[i];
-      if (n.class_parent == -1 && n.class_size == 1 && n.class_cost == 0) continue;
+      BudgetFields& b = graph_.budget_of(i);
+      if (b.class_parent == -1 && b.class_size == 1 && b.class_cost == 0) continue;
       lifetime_.note(i);
-      n.class_parent = -1;
-      n.class_size = 1;
-      n.class_cost = 0;
+      b.class_parent = -1;
+      b.class_size = 1;
+      b.class_cost = 0;
     }
     // A member is marked by its parent (or, for the root, its size) as soon as it is reached.
     for (std::int32_t root = 0; root < graph_.size(); ++root) {
-      Node<T>& r = graph_[root];
-      if (!r.evicted || r.class_parent != -1 || r.class_cost != 0) continue;
+      BudgetFields& r = graph_.budget_of(root);
+      if (!graph_[root].evicted || r.class_parent != -1 || r.class_cost != 0) continue;
       lifetime_.note(root);
       double cost = 0;
       std::int32_t size = 0;
@@ -555,10 +564,9 @@ class Evictor {
       stack_.push_back(root);
       r.class_cost = 1;  // reached (set below)
       auto reach = [&](std::int32_t w) {
-        Node<T>& m = graph_[w];
-        if (!m.evicted || w == root || m.class_parent != -1) return;
+        if (!graph_[w].evicted || w == root || graph_.budget_of(w).class_parent != -1) return;
         lifetime_.note(w);
-        m.class_parent = root;
+        graph_.budget_of(w).class_parent = root;
         stack_.push_back(w);  // within capacity: each node once
       };
       while (!stack_.empty()) {
@@ -597,11 +605,11 @@ class Evictor {
   double neighbourhood(std::int32_t id) noexcept {
     // Two stamps: a freed node may be the root of a class that still has evicted members (h_DTR^eq's classes
     // never split).
-    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::walk_mark);
-    const std::uint32_t class_stamp = next_stamp(class_stamp_, &Node<T>::class_mark);
+    const std::uint32_t stamp = next_stamp(walk_stamp_, &BudgetFields::walk_mark);
+    const std::uint32_t class_stamp = next_stamp(class_stamp_, &BudgetFields::class_mark);
     double sum = 0;
     auto add_evicted = [&](std::int32_t v) {
-      Node<T>& root = graph_[class_root(graph_, v)];
+      BudgetFields& root = graph_.budget_of(class_root(graph_, v));
       if (root.class_mark == class_stamp) return;
       root.class_mark = class_stamp;
       sum += root.class_cost;
@@ -617,12 +625,13 @@ class Evictor {
       const Node<T>& v = graph_[walk_.back()];
       walk_.pop_back();
       for (int k = 0; k < v.arity; ++k) {
-        Node<T>& w = graph_[v.inputs[k]];
+        const Node<T>& w = graph_[v.inputs[k]];
+        BudgetFields& b = graph_.budget_of(v.inputs[k]);
         if (w.value || w.is_leaf()) continue;
         if (w.evicted) {
           add_evicted(v.inputs[k]);
-        } else if (w.walk_mark != stamp) {
-          w.walk_mark = stamp;
+        } else if (b.walk_mark != stamp) {
+          b.walk_mark = stamp;
           sum += w.cost;
           walk_.push_back(v.inputs[k]);  // within capacity: each node once per walk
         }
@@ -640,7 +649,7 @@ class Evictor {
     lifetime_.note(id);
     buffers_.free(n.value, n.shape);
     ++evictions_;
-    const std::uint32_t stamp = next_stamp(walk_stamp_, &Node<T>::walk_mark);
+    const std::uint32_t stamp = next_stamp(walk_stamp_, &BudgetFields::walk_mark);
     held_.clear();
     held_.push_back(id);
     walk_.clear();
@@ -651,13 +660,14 @@ class Evictor {
       for (int k = 0; k < v.arity; ++k) {
         const std::int32_t w = v.inputs[k];
         Node<T>& x = graph_[w];
-        if (x.value || x.evicted || x.walk_mark == stamp) continue;
+        BudgetFields& b = graph_.budget_of(w);
+        if (x.value || x.evicted || b.walk_mark == stamp) continue;
         if (x.is_leaf()) {
           lifetime_.note(w);
           x.value = x.parameter->value.data();  // evictable() checked it current
           continue;
         }
-        x.walk_mark = stamp;
+        b.walk_mark = stamp;
         held_.push_back(w);  // within capacity: each node once
         walk_.push_back(w);
       }
@@ -683,7 +693,7 @@ class Evictor {
   std::int32_t stale_ = -1;  // a modified Parameter a trial read, reported after it
   std::uint32_t scan_ = 0, walk_stamp_ = 0, class_stamp_ = 0, regen_stamp_ = 0;
   std::uint64_t classes_exact_at_ = 0;        // lifetime_.class_leaves() when the classes were last exact (h_DTR)
-  std::uint32_t bound_epoch_ = 1;             // Node::bound_epoch of the bounds that hold now
+  std::uint32_t bound_epoch_ = 1;             // BudgetFields::bound_epoch of the bounds that hold now
   std::uint64_t bounds_leaves_ = 0;           // lifetime_.class_leaves() when they were last checked
   std::vector<std::int32_t> members_, work_;  // a regeneration's members, and its walk
   std::vector<std::int32_t> walk_, stack_;    // the neighbourhood walk, eviction's walk; regenerable's, bound's

@@ -17,7 +17,7 @@ namespace remat::detail {
 
 template <class T>
 std::int32_t class_root(const Graph<T>& graph, std::int32_t id) {
-  while (graph[id].class_parent >= 0) id = graph[id].class_parent;
+  while (graph.budget_of(id).class_parent >= 0) id = graph.budget_of(id).class_parent;
   return id;
 }
 
@@ -29,10 +29,10 @@ void join_classes(Graph<T>& graph, std::int32_t a, std::int32_t b, Note&& note) 
   if (a == b) return;
   note(a);
   note(b);
-  Node<T>&na = graph[a], &nb = graph[b];
+  BudgetFields &na = graph.budget_of(a), &nb = graph.budget_of(b);
   const bool a_stays = na.class_size != nb.class_size ? na.class_size > nb.class_size : a < b;
-  Node<T>& root = a_stays ? na : nb;
-  Node<T>& child = a_stays ? nb : na;
+  BudgetFields& root = a_stays ? na : nb;
+  BudgetFields& child = a_stays ? nb : na;
   child.class_parent = a_stays ? a : b;
   root.class_size += child.class_size;
   root.class_cost += child.class_cost;
@@ -44,7 +44,7 @@ template <class T, class Note>
 void enter_class(Graph<T>& graph, std::int32_t id, Note&& note) noexcept {
   const std::int32_t root = class_root(graph, id);
   note(root);
-  graph[root].class_cost += graph[id].cost;
+  graph.budget_of(root).class_cost += graph[id].cost;
   const Node<T>& n = graph[id];
   for (int k = 0; k < n.arity; ++k)
     if (graph[n.inputs[k]].evicted) join_classes(graph, id, n.inputs[k], note);
@@ -57,7 +57,7 @@ template <class T, class Note>
 void leave_class(Graph<T>& graph, std::int32_t id, Note&& note) noexcept {
   const std::int32_t root = class_root(graph, id);
   note(root);
-  graph[root].class_cost -= graph[id].cost;
+  graph.budget_of(root).class_cost -= graph[id].cost;
 }
 
 }  // namespace remat::detail

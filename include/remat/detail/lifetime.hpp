@@ -52,13 +52,10 @@ struct NodeSnapshot {
   std::int32_t backward_reads, replay_reads, pins, regen_reads, schedule_holds;
   bool grad_assigned, extra_read, evicted;
   std::uint64_t last_access;
-  std::int32_t class_parent, class_size;
-  double class_cost;
 
   static NodeSnapshot of(const Node<T>& n) {
-    return {n.value,   n.extra,       n.grad,           n.backward_reads, n.replay_reads,
-            n.pins,    n.regen_reads, n.schedule_holds, n.grad_assigned,  n.extra_read,
-            n.evicted, n.last_access, n.class_parent,   n.class_size,     n.class_cost};
+    return {n.value,       n.extra,          n.grad,          n.backward_reads, n.replay_reads, n.pins,
+            n.regen_reads, n.schedule_holds, n.grad_assigned, n.extra_read,     n.evicted,      n.last_access};
   }
   void restore(Node<T>& n) const {
     n.value = value;
@@ -73,9 +70,20 @@ struct NodeSnapshot {
     n.extra_read = extra_read;
     n.evicted = evicted;
     n.last_access = last_access;
-    n.class_parent = class_parent;
-    n.class_size = class_size;
-    n.class_cost = class_cost;
+  }
+};
+
+/// The fields of a node's budget state (BudgetFields) that a trial or a dry run changes and puts back: its
+/// class (the others are scratch of stamps, or bounds that Evictor::restore invalidates).
+struct BudgetSnapshot {
+  std::int32_t class_parent, class_size;
+  double class_cost;
+
+  static BudgetSnapshot of(const BudgetFields& b) { return {b.class_parent, b.class_size, b.class_cost}; }
+  void restore(BudgetFields& b) const {
+    b.class_parent = class_parent;
+    b.class_size = class_size;
+    b.class_cost = class_cost;
   }
 };
 
@@ -95,14 +103,17 @@ class Lifetime {
   void begin_journal() noexcept {
     journal_.clear();
     if (++journal_stamp_ == 0) {  // after 2^32 trials: no mark may equal a stamp still to come
-      for (Node<T>& n : graph_.nodes) n.journal_mark = 0;
+      for (BudgetFields& b : graph_.budget) b.journal_mark = 0;
       journal_stamp_ = 1;
     }
     journaling_ = true;
   }
   /// Puts back every node changed since begin_journal() and stops logging. Never throws.
   void end_journal() noexcept {
-    for (auto it = journal_.rbegin(); it != journal_.rend(); ++it) it->second.restore(graph_[it->first]);
+    for (auto it = journal_.rbegin(); it != journal_.rend(); ++it) {
+      it->node.restore(graph_[it->id]);
+      it->budget.restore(graph_.budget_of(it->id));
+    }
     journal_.clear();
     journaling_ = false;
   }
@@ -339,15 +350,22 @@ class Lifetime {
   Graph<T>& graph_;
   Buffers<T>& buffers_;
   int level_ = 0;
-  std::vector<std::pair<std::int32_t, NodeSnapshot<T>>> journal_;  // a trial's changed nodes, as they were
+  // A trial's changed nodes, as they were. Only a trial journals, and only after Evictor::reserve(), which
+  // starts the side table: every node has its budget state then.
+  struct Entry {
+    std::int32_t id;
+    NodeSnapshot<T> node;
+    BudgetSnapshot budget;
+  };
+  std::vector<Entry> journal_;
   std::uint32_t journal_stamp_ = 0;
   bool journaling_ = false;
   /// note()'s work in a trial: the node's fields, once per trial.
   void save(std::int32_t id) noexcept {
-    Node<T>& n = graph_[id];
-    if (n.journal_mark == journal_stamp_) return;
-    n.journal_mark = journal_stamp_;
-    journal_.emplace_back(id, NodeSnapshot<T>::of(n));  // within capacity (reserve): once per node
+    BudgetFields& b = graph_.budget_of(id);
+    if (b.journal_mark == journal_stamp_) return;
+    b.journal_mark = journal_stamp_;
+    journal_.push_back({id, NodeSnapshot<T>::of(graph_[id]), BudgetSnapshot::of(b)});  // within capacity: once a node
   }
 
   std::vector<std::int32_t> cascade_;  // forget_eviction's work list

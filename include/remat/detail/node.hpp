@@ -2,6 +2,7 @@
 // the static OpTable through which the tape runs an op without knowing its name.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -58,13 +59,20 @@ constexpr int max_region_depth = 62;
 /// shapes-only tape accepts shapes no machine could allocate). Larger shapes throw shape_error when recorded.
 constexpr std::size_t max_value_bytes = std::size_t{1} << 48;
 
-/// Whether `shape` has at least one row and one column (or is [0,0] when `may_be_none`) and at most
-/// max_value_bytes (2^48) bytes of `element_bytes` each.
+/// Whether every dimension of `shape` is at least 1 (or, when `may_be_none`, every one is 0: Shape{} or [0,0],
+/// "none") and it holds at most max_value_bytes (2^48) bytes of `element_bytes` each.
 inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t element_bytes) {
-  if (may_be_none && shape.rows == 0 && shape.cols == 0) return true;
-  Index elements;
-  return shape.rows >= 1 && shape.cols >= 1 && !__builtin_mul_overflow(shape.rows, shape.cols, &elements) &&
-         static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
+  // The usual shape passes in one loop that stops at the first dimension below 1; only then is "none" looked
+  // for (Shape{} stops at its first dimension). It runs on every op's three shapes and every leaf's.
+  Index elements = 1;
+  for (Index d : shape)
+    if (d < 1 || __builtin_mul_overflow(elements, d, &elements)) {
+      if (!may_be_none || shape.rank() == 0) return false;
+      for (Index e : shape)
+        if (e != 0) return false;
+      return true;  // none
+    }
+  return static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
 }
 
 /// What regenerating an op costs besides its FLOPs, in FLOPs: calling its kernel and the tape's bookkeeping
@@ -119,9 +127,45 @@ struct OpTable {
   void (*check_indices)(const Shape* inputs, const int* indices, std::size_t count);
 };
 
+/// An op's extra residual or temporary as the tape keeps it: the [rows, cols] matrix view of the Shape its
+/// extra_shape or scratch_shape returned ([0,0] for none). The op reads those buffers as matrices, and a node
+/// carries two of them: the full Shape would triple what they cost every node.
+class MatrixShape {
+ public:
+  MatrixShape() = default;
+  MatrixShape(const Shape& s) : rows_(s.numel() == 0 ? 0 : s.rows()), cols_(s.numel() == 0 ? 0 : s.cols()) {}
+  Index rows() const { return rows_; }
+  Index cols() const { return cols_; }
+  Index numel() const { return rows_ * cols_; }
+  operator Shape() const { return Shape{rows_, cols_}; }
+
+ private:
+  Index rows_ = 0, cols_ = 0;
+};
+
 /// The shapes apply_op infers for an op: its output, its extra residual, its temporary (empty: none).
 struct OpShapes {
   Shape output, extra, scratch;
+};
+
+/// A node's state that only the memory budget uses (detail/eviction.hpp, eviction_classes.hpp): its scans'
+/// scratch, the union-find of h_DTR^eq and the trials' journal marks. Graph::budget holds one per node, but only
+/// from the first Tape::set_memory_budget (or regeneration) until a clear() without a budget: every node of
+/// every tape carried these 60-odd bytes when they were Node's, and the per-op cost of a tape without a budget
+/// grew with the node (bench W0).
+struct BudgetFields {
+  std::int8_t evict_memo = 0;      // with evict_mark: 1 regenerable, 2 not, 0 being decided
+  std::uint32_t bound_epoch = 0;   // cache of the victim scans: `bound` holds in this epoch
+  std::int32_t class_parent = -1;  // union-find over evicted values (h_DTR^eq); -1: a root
+  std::int32_t class_size = 1;     // at a root: members of the class
+  double class_cost = 0;           // at a root: the summed cost of its members evicted now
+  std::uint32_t evict_mark = 0;    // scratch of the eviction scans (stamp)
+  std::uint32_t class_mark = 0;    // scratch of h_DTR^eq: a class root counted by a walk (stamp)
+  std::uint32_t walk_mark = 0;     // scratch of a neighbourhood or eviction walk (stamp)
+  std::uint32_t regen_mark = 0;    // scratch of a regeneration: a member of the one of this stamp
+  std::int32_t regen_uses = 0;     // with regen_mark: its readers in that regeneration not yet run
+  std::uint32_t journal_mark = 0;  // saved in the journal of the trial of this stamp
+  double bound = 0;                // with bound_epoch: Evictor::bound
 };
 
 /// One recorded value. The counters are the inputs of the lifetime rule (detail/lifetime.hpp).
@@ -135,8 +179,8 @@ struct Node {
   std::uint8_t reads = 0;      // Reads bits of its backward (0 unless requires_grad)
   std::int8_t level = 0;       // residence level: deepest enclosing region that drops it (0: none)
   Shape shape;
-  Shape extra_shape;    // op-specific residual (layer_norm statistics, cross_entropy softmax), or empty
-  Shape scratch_shape;  // op temporary, from the pool only while its forward or backward runs, or empty
+  MatrixShape extra_shape;    // op-specific residual (layer_norm statistics, cross_entropy softmax), or empty
+  MatrixShape scratch_shape;  // op temporary, from the pool only while its forward or backward runs, or empty
   T* value = nullptr;
   T* extra = nullptr;
   T* scratch = nullptr;  // set only while a kernel runs
@@ -163,28 +207,19 @@ struct Node {
   std::int32_t tiers = -1;
   std::uint32_t mark = 0;  // scratch for region analyses (stamp of the last analysis that marked it)
 
-  // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021). The scratch
-  // fields fill what would be padding where they can: every node of every tape carries them.
+  // Memory budget (detail/eviction.hpp: Dynamic Tensor Rematerialization, Kirisame et al. 2021): the fields that
+  // passes other than the budget's read or keep up to date. The budget's own state is in BudgetFields, a side
+  // table that a tape without a budget does not have.
   bool evicted = false;             // wanted by the lifetime rule but without a buffer: regenerated when read
-  std::int8_t evict_memo = 0;       // with evict_mark: 1 regenerable, 2 not, 0 being decided
   std::int32_t pins = 0;            // running ops (forward, regeneration, backward) that read it now
-  std::int32_t regen_reads = 0;     // evicted values whose regeneration reads it
+  std::int32_t regen_reads = 0;     // evicted values whose regeneration reads it (the lifetime rule reads it)
   std::int32_t schedule_holds = 0;  // an executed chain schedule keeps it (ChainPlan): at every level
-  std::uint32_t bound_epoch = 0;    // cache of the victim scans: `bound` holds in this epoch
-  std::uint64_t last_access = 0;    // the tape's logical clock at its last read or write (staleness)
-  double cost = 0;                  // forward FLOP estimate, rounded up, + op_overhead_flops: regenerating it alone
-  std::int32_t class_parent = -1;   // union-find over evicted values (h_DTR^eq); -1: a root
-  std::int32_t class_size = 1;      // at a root: members of the class
-  double class_cost = 0;            // at a root: the summed cost of its members evicted now
-  std::int32_t first_use = -1;      // consumers, as edges id·max_inputs + k (input k of op id reads it), listed
+  // Kept on every tape, as touch() keeps it: a budget set halfway through a recording ranks the values recorded
+  // before it by their staleness all the same.
+  std::uint64_t last_access = 0;  // the tape's logical clock at its last read or write (staleness)
+  double cost = 0;  // forward FLOP estimate, rounded up, + op_overhead_flops: regenerating it alone (replays count it)
+  std::int32_t first_use = -1;  // consumers, as edges id·max_inputs + k (input k of op id reads it), listed
   std::int32_t next_use[max_inputs] = {-1, -1, -1};  // from first_use through next_use[k] of each consumer
-  std::uint32_t evict_mark = 0;                      // scratch of the eviction scans (stamp)
-  std::uint32_t class_mark = 0;                      // scratch of h_DTR^eq: a class root counted by a walk (stamp)
-  std::uint32_t walk_mark = 0;                       // scratch of a neighbourhood or eviction walk (stamp)
-  std::uint32_t regen_mark = 0;                      // scratch of a regeneration: a member of the one of this stamp
-  std::int32_t regen_uses = 0;                       // with regen_mark: its readers in that regeneration not yet run
-  std::uint32_t journal_mark = 0;                    // saved in the journal of the trial of this stamp
-  double bound = 0;                                  // with bound_epoch: Evictor::bound
 
   std::shared_ptr<ParameterStorage<T>> parameter;  // a referenced Parameter (value not tape-owned)
   std::uint64_t parameter_version = 0;
@@ -253,6 +288,10 @@ struct Graph {
   bool grad_enabled = true;                  // false: ops record no gradient (Tape::set_grad_enabled)
   bool detect_anomaly = false;  // check every value and gradient for NaN and ±inf (Tape::set_detect_anomaly)
 
+  // The memory budget's side table (BudgetFields): parallel to `nodes` while budget_on, else empty.
+  std::vector<BudgetFields> budget;
+  bool budget_on = false;
+
   Node<T>& operator[](std::int32_t id) { return nodes[static_cast<std::size_t>(id)]; }
   const Node<T>& operator[](std::int32_t id) const { return nodes[static_cast<std::size_t>(id)]; }
   std::int32_t size() const { return static_cast<std::int32_t>(nodes.size()); }
@@ -266,6 +305,42 @@ struct Graph {
       if (tags[i] == name) return static_cast<std::int32_t>(i);
     tags.emplace_back(name);
     return static_cast<std::int32_t>(tags.size() - 1);
+  }
+
+  /// Node `id`'s entry of the budget's side table (budget_on).
+  BudgetFields& budget_of(std::int32_t id) { return budget[static_cast<std::size_t>(id)]; }
+  const BudgetFields& budget_of(std::int32_t id) const { return budget[static_cast<std::size_t>(id)]; }
+
+  /// Starts (or keeps) the budget's side table, one entry per node, with room for `capacity` nodes. Throws
+  /// std::bad_alloc with the graph unchanged.
+  void track_budget(std::size_t capacity) {
+    budget.reserve(std::max({capacity, nodes.capacity(), budget.capacity()}));  // what reserve_nodes() made room for
+    budget.resize(nodes.size());  // a node recorded before the budget starts with nothing evicted
+    budget_on = true;
+  }
+  /// Drops the side table (a cleared tape without a budget: nothing is evicted).
+  void untrack_budget() noexcept {
+    budget = {};
+    budget_on = false;
+  }
+
+  /// Appends a node (and its side-table entry). Throws std::bad_alloc with the graph unchanged, never once
+  /// reserve_nodes() made room for it.
+  Node<T>& add_node() {
+    if (budget_on && budget.size() == budget.capacity()) budget.reserve(std::max<std::size_t>(8, 2 * budget.size()));
+    nodes.emplace_back();
+    if (budget_on) budget.emplace_back();  // within capacity
+    return nodes.back();
+  }
+  /// Removes the last node (add_node() undone). Never throws.
+  void pop_node() noexcept {
+    nodes.pop_back();
+    if (budget_on) budget.pop_back();
+  }
+  /// Room for `n` nodes in all, so that add_node() cannot throw until then. Throws std::bad_alloc.
+  void reserve_nodes(std::size_t n) {
+    if (nodes.capacity() < n) nodes.reserve(std::max(n, 2 * nodes.capacity()));
+    if (budget_on && budget.capacity() < n) budget.reserve(std::max(n, 2 * budget.capacity()));
   }
 
   std::string node_name(std::int32_t id) const {

@@ -58,7 +58,7 @@ template <class T>
 template <class T>
 inline void check_parameter_same_shape(const Graph<T>& graph, std::int32_t id, const char* op) {
   const Node<T>& n = graph[id];
-  if (n.parameter && (n.parameter->value.rows() != n.shape.rows || n.parameter->value.cols() != n.shape.cols))
+  if (n.parameter && (n.parameter->value.rows() != n.shape.rows() || n.parameter->value.cols() != n.shape.cols()))
     throw_parameter_resized(graph, id, op);
 }
 

@@ -32,15 +32,15 @@ class Recorder {
   std::int32_t add_leaf(const Shape& shape, bool variable) {
     check_leaf_shape(shape, variable ? "variable" : "constant", "matrix");
     if (!graph_.open.empty()) reserve_for_close();
-    reserve_at_least(graph_.nodes, graph_.nodes.size() + 1);
-    buffers_.prepare_simulation(static_cast<std::size_t>(shape.size()));
+    graph_.reserve_nodes(graph_.nodes.size() + 1);
+    buffers_.prepare_simulation(static_cast<std::size_t>(shape.numel()));
     const bool evicts = evictor_.needs_work(nullptr, 0, Buffers<T>::bytes(shape));
     if (evicts) room_by_trial(variable ? "variable" : "constant", nullptr, 0, OpShapes{shape, {}, {}});
     Node<T>& n = new_leaf(shape, variable);
     try {
       leaf_room_ = buffers_.make_room(shape, Shape{});
     } catch (...) {
-      graph_.nodes.pop_back();
+      graph_.pop_node();
       throw;
     }
     leaf_peak_ = buffers_.peak_bytes();
@@ -58,14 +58,15 @@ class Recorder {
     buffers_.free(n.value, n.shape);
     buffers_.give_back(leaf_room_);
     buffers_.restore_peak(leaf_peak_);
-    graph_.nodes.pop_back();
+    graph_.pop_node();
   }
 
   /// A variable referencing a Parameter's storage (no copy). Throws shape_error for an empty parameter.
   std::int32_t add_parameter(std::shared_ptr<ParameterStorage<T>> storage) {
-    check_leaf_shape(Shape{storage->value.rows(), storage->value.cols()}, "variable", "parameter");
+    const Shape shape = storage->shape();  // once: it compares the N-D dimensions with the matrix's
+    check_leaf_shape(shape, "variable", "parameter");
     if (!graph_.open.empty()) reserve_for_close();
-    Node<T>& n = new_leaf(Shape{storage->value.rows(), storage->value.cols()}, true);
+    Node<T>& n = new_leaf(shape, true);
     n.value = storage->value.data();
     n.parameter_version = storage->version;
     n.parameter_assignments = storage->assignments;
@@ -80,6 +81,10 @@ class Recorder {
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     const Shape& shape = shapes.output;
+    // The element counts of its value, extra and temporary, each taken once: numel() loops over the rank.
+    const std::size_t counts[3] = {static_cast<std::size_t>(shape.numel()),
+                                   static_cast<std::size_t>(shapes.extra.numel()),
+                                   static_cast<std::size_t>(shapes.scratch.numel())};
     for (int k = 0; k < arity; ++k) check_input(table->name, inputs[k]);
     const bool in_region = !graph_.open.empty();
     const std::uint64_t drop_mask = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : 0;
@@ -88,11 +93,10 @@ class Recorder {
       reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
     }
     reserve_at_least(graph_.indices, graph_.indices.size() + index_count);
-    reserve_at_least(graph_.nodes, graph_.nodes.size() + 1);
-    for (const Shape* s : {&shape, &shapes.extra, &shapes.scratch})
-      if (s->size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(s->size()));
-    const std::size_t need =
-        Buffers<T>::bytes(shape) + Buffers<T>::bytes(shapes.extra) + Buffers<T>::bytes(shapes.scratch);
+    graph_.reserve_nodes(graph_.nodes.size() + 1);
+    for (const std::size_t count : counts)
+      if (count > 0) buffers_.prepare_simulation(count);
+    const std::size_t need = (counts[0] + counts[1] + counts[2]) * sizeof(T);
     // Under a memory budget, evictions and regenerations of inputs first run as a trial (throws
     // memory_budget_error, stale_value_error, std::bad_alloc with the tape unchanged).
     // The heuristics' cost of regenerating it (node.hpp), a whole number so that every sum of costs is exact
@@ -100,13 +104,13 @@ class Recorder {
     const double cost = whole(forward_flops(table, inputs, arity, attributes, shape)) + op_overhead_flops;
     const bool evicts = evictor_.needs_work(inputs, arity, need);
     if (evicts) room_by_trial(table->name, inputs, arity, shapes);
-    graph_.nodes.emplace_back();  // within capacity
+    graph_.add_node();  // within capacity
     const std::int32_t id = graph_.size() - 1;
     typename Buffers<T>::Room room;
     try {
-      if (!evicts) room = buffers_.make_room(shape, shapes.extra, shapes.scratch);
+      if (!evicts) room = buffers_.make_room(counts[0], counts[1], counts[2]);
     } catch (...) {
-      graph_.nodes.pop_back();
+      graph_.pop_node();
       throw;
     }
     // Nothing below throws, except an op's forward (which should not).
@@ -125,14 +129,14 @@ class Recorder {
     n.attributes.indices_count = static_cast<std::int64_t>(index_count);
     graph_.indices.insert(graph_.indices.end(), indices, indices + index_count);  // within capacity
     n.shape = shape;
-    n.extra_shape = shapes.extra;
-    n.scratch_shape = shapes.scratch;
+    if (counts[1] > 0) n.extra_shape = shapes.extra;  // else none, as the node starts
+    if (counts[2] > 0) n.scratch_shape = shapes.scratch;
     n.region = in_region ? graph_.open.back() : -1;
     n.drop_mask = drop_mask;
     n.cost = cost;
-    n.value = buffers_.allocate(shape);
-    if (n.extra_shape.size() > 0) n.extra = buffers_.allocate(n.extra_shape);
-    if (n.scratch_shape.size() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
+    n.value = buffers_.allocate_elements(counts[0]);
+    if (counts[1] > 0) n.extra = buffers_.allocate_elements(counts[1]);
+    if (counts[2] > 0) n.scratch = buffers_.allocate_elements(counts[2]);
     try {
       if (!buffers_.shapes_only()) {  // placeholders: no kernel
         if (graph_.trace) graph_.trace->log_forward(graph_, id);
@@ -149,7 +153,7 @@ class Recorder {
       // Evictions and regenerations made for it stay (values and gradients are the same either way).
       if (!evicts) buffers_.restore_peak(peak);
       graph_.indices.resize(static_cast<std::size_t>(n.attributes.indices_begin));
-      graph_.nodes.pop_back();
+      graph_.pop_node();
       if (evicts)
         for (int k = 0; k < arity; ++k) lifetime_.unpin(inputs[k]);
       throw;
@@ -166,10 +170,10 @@ class Recorder {
   /// inside regions what closing them needs), so that those records fail only if a policy or a forward
   /// throws. Throws std::bad_alloc with the tape's figures as they were (vector capacities may have grown).
   void reserve_records(const Shape* outputs, std::size_t n) {
-    reserve_at_least(graph_.nodes, graph_.nodes.size() + n);
+    graph_.reserve_nodes(graph_.nodes.size() + n);
     // Covers every reservation the n records make in turn (each reserve_for_close(1) and its pending holds).
     if (!graph_.open.empty()) reserve_for_close(n);
-    for (std::size_t i = 0; i < n; ++i) buffers_.prepare_simulation(static_cast<std::size_t>(outputs[i].size()));
+    for (std::size_t i = 0; i < n; ++i) buffers_.prepare_simulation(static_cast<std::size_t>(outputs[i].numel()));
     if (evictor_.active()) evictor_.reserve(static_cast<std::size_t>(graph_.size()) + n);
     buffers_.make_room(outputs, n);
   }
@@ -226,21 +230,21 @@ class Recorder {
   void check_finite_forward(std::int32_t id) const {
     const Node<T>& n = graph_[id];
     std::string where;
-    std::int64_t bad = first_non_finite(n.value, n.shape.rows, n.shape.cols);
+    std::int64_t bad = first_non_finite(n.value, n.shape.rows(), n.shape.cols());
     if (bad >= 0) {
-      where = "its value holds " + non_finite_text(n.value, n.shape.cols, bad);
-    } else if (n.extra && (bad = first_non_finite(n.extra, n.extra_shape.rows, n.extra_shape.cols)) >= 0) {
-      where = "its extra " + to_string(n.extra_shape) + " holds " + non_finite_text(n.extra, n.extra_shape.cols, bad);
+      where = "its value holds " + non_finite_text(n.value, n.shape.cols(), bad);
+    } else if (n.extra && (bad = first_non_finite(n.extra, n.extra_shape.rows(), n.extra_shape.cols())) >= 0) {
+      where = "its extra " + to_string(n.extra_shape) + " holds " + non_finite_text(n.extra, n.extra_shape.cols(), bad);
     } else {
       return;
     }
     std::string cause = "from finite inputs";
     for (int k = 0; k < n.arity; ++k) {
       const Node<T>& in = graph_[n.inputs[k]];
-      const std::int64_t e = in.value ? first_non_finite(in.value, in.shape.rows, in.shape.cols) : -1;
+      const std::int64_t e = in.value ? first_non_finite(in.value, in.shape.rows(), in.shape.cols()) : -1;
       if (e < 0) continue;
       cause = "propagated: its input " + std::to_string(k) + " (node #" + std::to_string(n.inputs[k]) + ", " +
-              graph_.node_name(n.inputs[k]) + ") holds " + non_finite_text(in.value, in.shape.cols, e);
+              graph_.node_name(n.inputs[k]) + ") holds " + non_finite_text(in.value, in.shape.cols(), e);
       break;
     }
     throw anomaly_error(std::string(n.op->name) + " (node #" + std::to_string(id) + ", " + to_string(n.shape) +
@@ -360,7 +364,7 @@ class Recorder {
       evictor_.make_room(Buffers<T>::bytes(shapes.output) + Buffers<T>::bytes(shapes.extra) +
                          Buffers<T>::bytes(shapes.scratch));
       for (const Shape* s : {&shapes.output, &shapes.extra, &shapes.scratch}) {
-        T* p = s->size() > 0 ? buffers_.allocate(*s) : nullptr;
+        T* p = s->numel() > 0 ? buffers_.allocate(*s) : nullptr;
         (void)p;  // counted only; the trial's end forgets it
       }
     });
@@ -383,17 +387,16 @@ class Recorder {
   }
 
   static void check_leaf_shape(const Shape& shape, const char* op, const char* what) {
-    if (shape.rows <= 0 || shape.cols <= 0)
+    if (valid_op_shape(shape, false, sizeof(T))) return;  // one pass over the dimensions in the usual case
+    if (std::any_of(shape.begin(), shape.end(), [](Index d) { return d <= 0; }))
       throw shape_error(std::string(op) + ": empty " + what + " " + to_string(shape) +
-                        "; every tensor needs at least one row and one column");
-    if (!valid_op_shape(shape, false, sizeof(T)))
-      throw shape_error(std::string(op) + ": " + what + " " + to_string(shape) +
-                        " needs more than the 2^48 bytes a tensor may have");
+                        "; every dimension of a tensor must be at least 1");
+    throw shape_error(std::string(op) + ": " + what + " " + to_string(shape) +
+                      " needs more than the 2^48 bytes a tensor may have");
   }
 
   Node<T>& new_leaf(const Shape& shape, bool variable) {
-    graph_.nodes.emplace_back();
-    Node<T>& n = graph_.nodes.back();
+    Node<T>& n = graph_.add_node();
     n.shape = shape;
     n.is_variable = n.requires_grad = variable;
     n.region = graph_.open.empty() ? -1 : graph_.open.back();

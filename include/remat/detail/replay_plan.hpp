@@ -50,7 +50,7 @@ struct PresentNow {
   }
   template <class T>
   bool extra(const Node<T>& n) const {
-    return n.extra != nullptr || n.extra_shape.size() == 0;
+    return n.extra != nullptr || n.extra_shape.numel() == 0;
   }
 };
 

@@ -206,7 +206,7 @@ class Sweep {
       const Node<T>& n = graph_[i];
       if (n.is_variable) ++variables;
       evicted = evicted || n.evicted;
-      if (n.parameter && n.parameter->grad_defined && n.parameter->grad_size != n.shape.size())
+      if (n.parameter && n.parameter->grad_defined && n.parameter->grad_size != n.shape.numel())
         throw shape_error("backward: the gradient of the Parameter recorded as node #" + std::to_string(i) + " has " +
                           std::to_string(n.parameter->grad_size) + " elements but its value is " + to_string(n.shape) +
                           "; call zero_grad() after resizing a parameter");
@@ -222,8 +222,11 @@ class Sweep {
     for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
     for (std::int32_t held : graph_.tier_holds) *sig++ = static_cast<std::uint32_t>(held);
     assert(sig == signature_.data() + words);
-    // The budget's work lists: for its evictions, and for regenerating what it evicted even once it is lifted.
-    if (evictor_.active() || evicted) evictor_.reserve(count);
+    // The budget's work lists and side table (Graph::budget): for its evictions, for regenerating what it evicted
+    // even once it is lifted, and for a chain's schedule, which regenerates an input outside a layer it freed
+    // (recompute_layer) with or without a budget.
+    if (evictor_.active() || evicted || !graph_.chain_plans.empty()) evictor_.reserve(count);
+    budget_snapshot_.resize(graph_.budget.size());  // the side table's classes, if it has started (simulate)
     for (const Region& r : graph_.regions) signable = signable && r.plan < 0;  // a chain's schedule: not signed
     signable_ = signable;
     redundant_ = dry_run_redundant();
@@ -231,9 +234,9 @@ class Sweep {
     // net's dry run, check_skip, finds them there).
     if (!redundant_)
       for (const Node<T>& n : graph_.nodes) {
-        buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
-        if (n.extra_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.extra_shape.size()));
-        if (n.scratch_shape.size() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.scratch_shape.size()));
+        buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.numel()));
+        if (n.extra_shape.numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.extra_shape.numel()));
+        if (n.scratch_shape.numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.scratch_shape.numel()));
       }
     if (cached_demand_.capacity() < buffers_.simulated_sizes())  // remember_dry_run cannot throw
       cached_demand_.reserve(2 * buffers_.simulated_sizes());
@@ -285,8 +288,8 @@ class Sweep {
   /// the evictor's clock and costs, which matter only under a budget). False if the node cannot be signed
   /// so (then the signature is not used).
   bool sign_node(const Node<T>& n, std::uint8_t wanted_bit, std::uint8_t keep_bit, std::uint64_t* sig) const {
-    const auto extra = static_cast<std::uint64_t>(n.extra_shape.size());
-    const auto scratch = static_cast<std::uint64_t>(n.scratch_shape.size());
+    const auto extra = static_cast<std::uint64_t>(n.extra_shape.numel());
+    const auto scratch = static_cast<std::uint64_t>(n.scratch_shape.numel());
     std::uint32_t input2, kind;  // input 2; arity, is_variable, requires_grad, reads
     std::memcpy(&input2, &n.inputs[2], sizeof input2);
     std::memcpy(&kind, &n.arity, sizeof kind);
@@ -303,10 +306,10 @@ class Sweep {
       // or without the Parameter's previous buffer in exchange; and which leaves share a Parameter (the
       // first the sweep reaches hands over, the others add).
       state |= std::uint64_t(1) << 31 | std::uint64_t(p->grad_defined) << 32 |
-               std::uint64_t(p->grad != nullptr && p->grad_size == n.shape.size()) << 33;
+               std::uint64_t(p->grad != nullptr && p->grad_size == n.shape.numel()) << 33;
       identity = p;
     }
-    sig[0] = static_cast<std::uint64_t>(n.shape.size());
+    sig[0] = static_cast<std::uint64_t>(n.shape.numel());
     sig[1] = extra | scratch << 32;
     std::memcpy(&sig[2], &n.inputs[0], 2 * sizeof(std::int32_t));
     sig[3] = input2 | std::uint64_t(kind) << 32;
@@ -415,6 +418,7 @@ class Sweep {
     evictor_.prepare_classes();
     for (std::int32_t i = 0; i < graph_.size(); ++i)
       snapshot_[static_cast<std::size_t>(i)] = NodeSnapshot<T>::of(graph_[i]);
+    for (std::size_t i = 0; i < graph_.budget.size(); ++i) budget_snapshot_[i] = BudgetSnapshot::of(graph_.budget[i]);
     tier_snapshot_.assign(graph_.tier_holds.begin(), graph_.tier_holds.end());  // within capacity
     // The pass counts replayed bytes and ops: keep the last backward's until the real pass, so that a
     // reservation that fails leaves memory() as it was. The same for the evictions' counters and clock.
@@ -433,6 +437,7 @@ class Sweep {
     replayed_flops_ = replayed_flops;
     evictor_.restore(evictions);
     for (std::int32_t i = 0; i < graph_.size(); ++i) snapshot_[static_cast<std::size_t>(i)].restore(graph_[i]);
+    for (std::size_t i = 0; i < graph_.budget.size(); ++i) budget_snapshot_[i].restore(graph_.budget[i]);
     std::copy(tier_snapshot_.begin(), tier_snapshot_.end(), graph_.tier_holds.begin());
     stash_.clear();
   }
@@ -710,11 +715,12 @@ class Sweep {
       for (int k = 0; k < n.arity; ++k) {
         Node<T>& in = graph_[n.inputs[k]];
         if (wanted[static_cast<std::size_t>(n.inputs[k])] && !in.grad) {
-          evictor_.make_room(Buffers<T>::bytes(in.shape));
-          in.grad = buffers_.allocate(in.shape);
+          const auto count = static_cast<std::size_t>(in.shape.numel());  // once: a loop over the rank
+          evictor_.make_room(count * sizeof(T));
+          in.grad = buffers_.allocate_elements(count);
         }
       }
-      if (n.scratch_shape.size() > 0) {
+      if (n.scratch_shape.numel() > 0) {
         evictor_.make_room(Buffers<T>::bytes(n.scratch_shape));
         n.scratch = buffers_.allocate(n.scratch_shape);
       }
@@ -743,16 +749,16 @@ class Sweep {
       const std::int32_t w = n.inputs[k];
       const Node<T>& in = graph_[w];
       if (!wanted[static_cast<std::size_t>(w)] || !in.grad) continue;
-      const std::int64_t bad = first_non_finite(in.grad, in.shape.rows, in.shape.cols);
+      const std::int64_t bad = first_non_finite(in.grad, in.shape.rows(), in.shape.cols());
       if (bad < 0) continue;
-      const std::int64_t upstream = n.grad ? first_non_finite(n.grad, n.shape.rows, n.shape.cols) : -1;
+      const std::int64_t upstream = n.grad ? first_non_finite(n.grad, n.shape.rows(), n.shape.cols()) : -1;
       try {
         throw anomaly_error("backward of " + std::string(n.op->name) + " (node #" + std::to_string(i) + ", " +
-                                to_string(n.shape) + ") wrote " + non_finite_text(in.grad, in.shape.cols, bad) +
+                                to_string(n.shape) + ") wrote " + non_finite_text(in.grad, in.shape.cols(), bad) +
                                 " into the gradient of its input " + std::to_string(k) + " (node #" +
                                 std::to_string(w) + ", " + graph_.node_name(w) + " " + to_string(in.shape) + ")" +
                                 (upstream >= 0 ? ", propagated: the gradient it received holds " +
-                                                     non_finite_text(n.grad, n.shape.cols, upstream)
+                                                     non_finite_text(n.grad, n.shape.cols(), upstream)
                                                : ", from a finite incoming gradient") +
                                 " (anomaly detection is on: Tape::set_detect_anomaly); the sweep completed, so the "
                                 "gradients hold the non-finite values",
@@ -852,7 +858,8 @@ class Sweep {
     const ParameterStorage<T>& s = *n.parameter;
     // Not the version: a value modified after recording but read by no backward keeps its gradient, as
     // PyTorch's version counter allows (backward checked the values it reads before the sweep).
-    return s.assignments != n.parameter_assignments || s.value.rows() != n.shape.rows || s.value.cols() != n.shape.cols;
+    return s.assignments != n.parameter_assignments || s.value.rows() != n.shape.rows() ||
+           s.value.cols() != n.shape.cols();
   }
   /// The stale_value_error backward() rethrows after the sweep, unless an error is kept already.
   void keep_error(const Node<T>& n) noexcept {
@@ -884,21 +891,22 @@ class Sweep {
       graph_.trace->log_delivery(graph_, static_cast<std::int32_t>(&n - graph_.nodes.data()), !defined);
     if (defined) {
       if (!simulating())
-        Eigen::Map<Matrix<T>>(s.grad, n.shape.rows, n.shape.cols) +=
-            ConstAlignedMap<T>(n.grad, n.shape.rows, n.shape.cols);
+        Eigen::Map<Matrix<T>>(s.grad, n.shape.rows(), n.shape.cols()) +=
+            ConstAlignedMap<T>(n.grad, n.shape.rows(), n.shape.cols());
       free_grad(n);
       return;
     }
-    T* previous = s.grad && s.grad_size == n.shape.size() ? s.grad : nullptr;
+    const Index count = n.shape.numel();  // once: a loop over the rank
+    T* previous = s.grad && s.grad_size == count ? s.grad : nullptr;
     if (simulating()) {
-      buffers_.hand_over(n.grad, n.shape, previous);
+      buffers_.hand_over_elements(n.grad, static_cast<std::size_t>(count), previous);
       s.simulated_sweep = simulation_;
     } else {
       if (s.grad && !previous) Eigen::internal::aligned_free(s.grad);
       s.grad = n.grad;
-      s.grad_size = n.shape.size();
+      s.grad_size = count;
       s.grad_defined = true;
-      buffers_.hand_over(n.grad, n.shape, previous);
+      buffers_.hand_over_elements(n.grad, static_cast<std::size_t>(count), previous);
     }
     n.grad_assigned = false;
   }
@@ -931,7 +939,8 @@ class Sweep {
   typename std::vector<std::int32_t>::const_iterator enter_, leave_;  // the pass's next region to enter / leave
   std::vector<std::uint8_t> chain_held_, chain_tape_;                 // run_chain's scratch
   std::vector<NodeSnapshot<T>> snapshot_;
-  std::vector<std::int32_t> tier_snapshot_;  // Graph::tier_holds before a dry run
+  std::vector<BudgetSnapshot> budget_snapshot_;  // parallel to Graph::budget
+  std::vector<std::int32_t> tier_snapshot_;      // Graph::tier_holds before a dry run
   std::vector<Stashed> stash_;
   std::vector<std::int32_t> first_leaf_;    // per node, see prepare_ready_callbacks
   std::vector<std::uint8_t> held_;          // per earliest leaf: the pass holds its Parameter (hold_parameters)

@@ -75,10 +75,10 @@ class TapeState {
   void check_leaf_finite(std::int32_t id, const char* op) const {
     const Node<T>& n = graph_[id];
     if (!graph_.detect_anomaly || buffers_.shapes_only()) return;
-    const std::int64_t bad = first_non_finite(n.value, n.shape.rows, n.shape.cols);
+    const std::int64_t bad = first_non_finite(n.value, n.shape.rows(), n.shape.cols());
     if (bad >= 0)
       throw anomaly_error(std::string(op) + ": the data of " + to_string(n.shape) + " holds " +
-                              non_finite_text(n.value, n.shape.cols, bad) +
+                              non_finite_text(n.value, n.shape.cols(), bad) +
                               " (anomaly detection is on: Tape::set_detect_anomaly); the leaf was not recorded",
                           id);
   }
@@ -116,10 +116,10 @@ class TapeState {
     const std::int32_t tag = graph_.intern_tag(name);
     return recorder_.retag(id, tag);
   }
-  /// Room for an op recorded as `n` nodes with these output shapes (Recorder::reserve_records). Throws
-  /// std::bad_alloc with the tape's figures unchanged.
-  void reserve_records(const Shape* outputs, std::size_t n) {
-    if (frozen_) throw_frozen("concat_cols");  // its only caller: before it changes the pool or the node store
+  /// Room for op `op` recorded as `n` nodes with these output shapes (Recorder::reserve_records: concat_cols,
+  /// concat and stack, trees of records). Throws std::bad_alloc with the tape's figures unchanged.
+  void reserve_records(const char* op, const Shape* outputs, std::size_t n) {
+    if (frozen_) throw_frozen(op);  // before it changes the pool or the node store
     recorder_.reserve_records(outputs, n);
   }
   /// Throws what record() would throw for input `id` of `op` (an escaped value, a modified Parameter).
@@ -175,6 +175,7 @@ class TapeState {
   // ---- the memory budget (detail/eviction.hpp) ----
   void set_memory_budget(std::size_t bytes, EvictionHeuristic heuristic) {
     check_not_in_callback("set_memory_budget");
+    if (bytes != 0) graph_.track_budget(graph_.nodes.size());  // the budget's side table, from now on
     evictor_.set_budget(bytes, heuristic);
   }
   std::size_t memory_budget() const { return evictor_.budget(); }
@@ -246,10 +247,10 @@ class TapeState {
       return MatrixView<T>(g.data(), g.rows(), g.cols());
     }
     // A CapturedStep's: its gradients may be read; one no run reaches is zero.
-    if (frozen_ && !n.grad) return MatrixView<T>(frozen_zeros_.data(), n.shape.rows, n.shape.cols);
+    if (frozen_ && !n.grad) return MatrixView<T>(frozen_zeros_.data(), n.shape.rows(), n.shape.cols());
     if (!frozen_) check_not_in_callback("Var::grad");
     if (!n.grad) {
-      buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.size()));
+      buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.numel()));
       const std::size_t bytes = Buffers<T>::bytes(n.shape);
       const bool evicts = evictor_.needs_work(nullptr, 0, bytes);
       if (evicts) {
@@ -263,10 +264,10 @@ class TapeState {
         evictor_.make_room(bytes);
       }
       n.grad = buffers_.allocate(n.shape);
-      std::fill(n.grad, n.grad + n.shape.size(), T(0));
+      std::fill(n.grad, n.grad + n.shape.numel(), T(0));
       n.grad_assigned = false;  // zeros: the next backward may assign
     }
-    return MatrixView<T>(n.grad, n.shape.rows, n.shape.cols);
+    return MatrixView<T>(n.grad, n.shape.rows(), n.shape.cols());
   }
   /// Clears a variable's accumulated gradient (a Parameter's too; not on a shapes-only tape, which leaves
   /// every Parameter as it is: its backward counts the same bytes whether the gradient was cleared or not).
@@ -394,7 +395,7 @@ class TapeState {
     for (std::size_t k = 0; k < targets.size(); ++k) {
       const Node<T>& n = graph_[targets[k]];
       if (n.grad)
-        out[k] = MatrixView<T>(n.grad, n.shape.rows, n.shape.cols);
+        out[k] = MatrixView<T>(n.grad, n.shape.rows(), n.shape.cols());
       else
         out[k].setZero();
     }
@@ -421,7 +422,7 @@ class TapeState {
   void freeze() {
     Index most = 0;  // the zeros that a tape variable no run gives a gradient reads (variable_grad)
     for (const Node<T>& n : graph_.nodes)
-      if (n.is_variable && !n.parameter && !n.grad) most = std::max(most, n.shape.size());
+      if (n.is_variable && !n.parameter && !n.grad) most = std::max(most, n.shape.numel());
     frozen_zeros_.assign(static_cast<std::size_t>(most), T(0));
     frozen_ = true;
   }
@@ -436,6 +437,8 @@ class TapeState {
       throw tape_error("clear: a checkpoint region is still open (clear() called inside a checkpointed function)");
     release_all();
     graph_.nodes.clear();
+    graph_.budget.clear();
+    if (!evictor_.active()) graph_.untrack_budget();  // nothing is evicted now: a tape without a budget has none
     graph_.regions.clear();
     graph_.region_sources.clear();
     graph_.source_readers.clear();
@@ -453,6 +456,7 @@ class TapeState {
     graph_.open.clear();
     release_all();
     graph_.nodes.clear();
+    graph_.budget.clear();
     graph_.regions.clear();
     graph_.chain_plans.clear();
     ++generation_;

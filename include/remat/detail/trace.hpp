@@ -75,7 +75,7 @@ class Trace {
   void log_leaf(const Graph<T>& g, std::int32_t id) noexcept {
     const Node<T>& n = g[id];
     guarded([&] {
-      leaf_data.emplace_back(ConstAlignedMap<T>(n.value, n.shape.rows, n.shape.cols));
+      leaf_data.emplace_back(ConstAlignedMap<T>(n.value, n.shape.rows(), n.shape.cols()));
       log(TraceEvent::leaf_data, g, id, false).data = static_cast<std::int32_t>(leaf_data.size() - 1);
     });
   }
@@ -91,7 +91,7 @@ class Trace {
   /// Leaf `id` delivers its gradient to its Parameter; `handed_over`: the buffer becomes the Parameter's.
   void log_delivery(const Graph<T>& g, std::int32_t id, bool handed_over) noexcept {
     guarded([&] {
-      if (handed_over) handed_over_.push_back({g[id].grad, g[id].shape.size(), g[id].parameter.get()});
+      if (handed_over) handed_over_.push_back({g[id].grad, g[id].shape.numel(), g[id].parameter.get()});
       log(TraceEvent::delivery, g, id, false);
     });
   }
@@ -147,7 +147,7 @@ class Trace {
       Node<T>& n = g[e.node];
       switch (e.kind) {
         case TraceEvent::leaf_data:
-          AlignedMap<T>(n.value, n.shape.rows, n.shape.cols) = leaf_data[static_cast<std::size_t>(e.data)];
+          AlignedMap<T>(n.value, n.shape.rows(), n.shape.cols()) = leaf_data[static_cast<std::size_t>(e.data)];
           break;
         case TraceEvent::forward:
           n.op->forward(ForwardContext<T>{g, n});
@@ -191,13 +191,13 @@ class Trace {
   /// Parameter's buffer has its size (CapturedStep::replay).
   static void deliver(const Node<T>& n) noexcept {
     ParameterStorage<T>& s = *n.parameter;
-    const ConstAlignedMap<T> grad(n.grad, n.shape.rows, n.shape.cols);
+    const ConstAlignedMap<T> grad(n.grad, n.shape.rows(), n.shape.cols());
     if (n.grad == s.grad) {
       s.grad_defined = true;
     } else if (s.grad_defined) {
-      Eigen::Map<Matrix<T>>(s.grad, n.shape.rows, n.shape.cols) += grad;
+      Eigen::Map<Matrix<T>>(s.grad, n.shape.rows(), n.shape.cols()) += grad;
     } else {
-      Eigen::Map<Matrix<T>>(s.grad, n.shape.rows, n.shape.cols) = grad;
+      Eigen::Map<Matrix<T>>(s.grad, n.shape.rows(), n.shape.cols()) = grad;
       s.grad_defined = true;
     }
   }

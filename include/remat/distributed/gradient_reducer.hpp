@@ -90,7 +90,7 @@ class GradientReducer {
     copied_.assign(storages_.size(), 0);
     std::size_t bytes = 0;
     for (std::size_t k = storages_.size(); k-- > 0;) {
-      const auto elements = static_cast<std::size_t>(shapes_[k].size());
+      const auto elements = static_cast<std::size_t>(shapes_[k].numel());
       if (elements >= static_cast<std::size_t>(INT_MAX))
         throw domain_error("GradientReducer: parameter " + std::to_string(k) + " " + to_string(shapes_[k]) +
                            " has more elements than one MPI message may carry (INT_MAX)");
@@ -247,7 +247,7 @@ class GradientReducer {
       if (bucket.data[bucket.values + s.member] == T(0)) continue;  // no rank had a gradient
       remat::detail::ParameterStorage<T>& p = *storages_[k];
       p.reserve_grad();
-      std::copy_n(bucket.data.data() + s.offset, static_cast<std::size_t>(shapes_[k].size()), p.grad);
+      std::copy_n(bucket.data.data() + s.offset, static_cast<std::size_t>(shapes_[k].numel()), p.grad);
       p.grad_defined = true;
     }
     for (Bucket& bucket : buckets_) bucket.pending = bucket.members.size();
@@ -296,7 +296,7 @@ class GradientReducer {
   /// Throws shape_error naming `who` if parameter k is no longer of the shape it had when the reducer was made.
   void check_shape(std::size_t k, const char* who) const {
     const remat::detail::ParameterStorage<T>& p = *storages_[k];
-    if (p.value.rows() != shapes_[k].rows || p.value.cols() != shapes_[k].cols)
+    if (p.value.rows() != shapes_[k].rows() || p.value.cols() != shapes_[k].cols())
       throw shape_error(std::string(who) + ": parameter " + std::to_string(k) + " is " +
                         to_string(Shape{p.value.rows(), p.value.cols()}) + " but was " + to_string(shapes_[k]) +
                         " when the reducer was made");
@@ -336,9 +336,9 @@ class GradientReducer {
     p.check_grad_size("GradientReducer");
     const Slot& s = slots_[k];
     Bucket& bucket = buckets_[s.bucket];
-    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> slot(bucket.data.data() + s.offset, shapes_[k].size());
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> slot(bucket.data.data() + s.offset, shapes_[k].numel());
     if (p.grad_defined) {
-      slot = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(p.grad, shapes_[k].size()) * static_cast<T>(weight_);
+      slot = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(p.grad, shapes_[k].numel()) * static_cast<T>(weight_);
       bucket.data[bucket.values + s.member] = T(1);
     } else {
       slot.setZero();

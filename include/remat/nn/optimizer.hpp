@@ -190,7 +190,7 @@ class Optimizer {
   /// Throws shape_error "<name>::step: the <state_name> of parameter k is [..] but the parameter is [..]"
   /// unless `state` has shape(k).
   void check_state_shape(std::size_t k, const Matrix<T>& state, const char* state_name) const {
-    if (state.rows() != shapes_[k].rows || state.cols() != shapes_[k].cols)
+    if (state.rows() != shapes_[k].rows() || state.cols() != shapes_[k].cols())
       throw shape_error(std::string(Derived::name) + "::step: the " + state_name + " of parameter " +
                         std::to_string(k) + " is " + to_string(Shape{state.rows(), state.cols()}) +
                         " but the parameter is " + to_string(shapes_[k]));
@@ -209,7 +209,7 @@ class Optimizer {
       if ((all || p.grad_defined) && p.being_read())
         p.check_not_read((std::string(Derived::name) + "::step: parameter " + std::to_string(k)).c_str());
       const Matrix<T>& value = parameters_[k]->value;
-      if (value.rows() != shapes_[k].rows || value.cols() != shapes_[k].cols)
+      if (value.rows() != shapes_[k].rows() || value.cols() != shapes_[k].cols())
         throw shape_error(std::string(Derived::name) + "::step: parameter " + std::to_string(k) + " is " +
                           to_string(Shape{value.rows(), value.cols()}) + " but was " + to_string(shapes_[k]) +
                           " when the optimizer was made");

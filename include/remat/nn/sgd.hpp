@@ -137,7 +137,7 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
     const T lambda = static_cast<T>(weight_decay_[k]);
     T* theta = this->storage(k).value.data();
     T* b = buffers_[k].data();  // null when μ = 0
-    const Index count = this->shape(k).size();
+    const Index count = this->shape(k).numel();
     // Blocks of 512 elements that stay in L1 across the two or three statements (one pass over memory).
     constexpr Index block = 512;
     for (Index i = 0; i < count; i += block) {

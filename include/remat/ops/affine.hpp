@@ -34,7 +34,7 @@ struct AffineOp : OpBase {
     const auto g = c.grad_out();
     add_grad_rows(c, 0, 1, [&](Index r0, Index n) { return scale * g.middleRows(r0, n).array(); });
   }
-  static double flops(const Shape*, int, const Shape& out) { return 2.0 * static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return 2.0 * static_cast<double>(out.numel()); }
 };
 
 template <class S>

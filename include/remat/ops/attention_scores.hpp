@@ -17,6 +17,8 @@ struct AttentionScoresOp : OpBase {
   /// dq reads k, dk reads q.
   static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Params& p) {
+    require_rank(name, "q", in[0], 2);
+    require_rank(name, "k", in[1], 2);
     check_same_shape(name, "q", in[0], "k", in[1]);
     const AttentionLayout l = attention_layout(name, "q", in[0], p);
     return {l.blocks() * l.seq_len, l.seq_len};
@@ -110,7 +112,8 @@ struct AttentionScoresOp : OpBase {
   /// 2·(B·S)·H·S: per block 2·S·S·d, over B·heads blocks (the dense count; causal tiles skip about
   /// 44 % of it at S = 512).
   static double flops(const Shape* in, int, const Shape& out) {
-    return 2.0 * static_cast<double>(in[0].rows) * static_cast<double>(in[0].cols) * static_cast<double>(out.cols);
+    return 2.0 * static_cast<double>(in[0].rows()) * static_cast<double>(in[0].cols()) *
+           static_cast<double>(out.cols());
   }
 };
 

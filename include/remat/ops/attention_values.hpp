@@ -20,8 +20,10 @@ struct AttentionValuesOp : OpBase {
     return attention_layout(name, "v", v, AttentionParams{p.heads, p.seq_len, false});
   }
   static Shape output_shape(const Shape* in, const Params& p) {
+    require_rank(name, "p", in[0], 2);
+    require_rank(name, "v", in[1], 2);
     const AttentionLayout l = layout(in[1], p);
-    if (in[0].rows != l.blocks() * l.seq_len || in[0].cols != l.seq_len)
+    if (in[0].rows() != l.blocks() * l.seq_len || in[0].cols() != l.seq_len)
       throw shape_error(std::string(name) + ": p is " + to_string(in[0]) + " but v " + to_string(in[1]) +
                         " with heads = " + std::to_string(p.heads) + ", seq_len = " + std::to_string(p.seq_len) +
                         " needs p of " + to_string(Shape{l.blocks() * l.seq_len, l.seq_len}));
@@ -75,7 +77,7 @@ struct AttentionValuesOp : OpBase {
   }
   /// 2·(B·S)·S·H: per block 2·S·S·d over B·heads blocks.
   static double flops(const Shape* in, int, const Shape& out) {
-    return 2.0 * static_cast<double>(out.rows) * static_cast<double>(in[0].cols) * static_cast<double>(out.cols);
+    return 2.0 * static_cast<double>(out.rows()) * static_cast<double>(in[0].cols()) * static_cast<double>(out.cols());
   }
 };
 

@@ -16,28 +16,30 @@ struct ConcatColsOp : OpBase {
   static constexpr OpKind kind = OpKind::data_movement;
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params&) {
-    if (in[0].rows != in[1].rows)
+    require_rank(name, "a", in[0], 2);
+    require_rank(name, "b", in[1], 2);
+    if (in[0].rows() != in[1].rows())
       throw shape_error("concat_cols: " + to_string(in[0]) + " and " + to_string(in[1]) +
                         " have different numbers of rows");
     Index cols;
-    if (__builtin_add_overflow(in[0].cols, in[1].cols, &cols))
+    if (__builtin_add_overflow(in[0].cols(), in[1].cols(), &cols))
       throw shape_error("concat_cols: " + to_string(in[0]) + " and " + to_string(in[1]) +
                         " have more columns together than an Index holds");
-    return {in[0].rows, cols};
+    return {in[0].rows(), cols};
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     auto y = c.out();
-    y.leftCols(c.in_shape(0).cols) = c.in(0);
-    y.rightCols(c.in_shape(1).cols) = c.in(1);
+    y.leftCols(c.in_shape(0).cols()) = c.in(0);
+    y.rightCols(c.in_shape(1).cols()) = c.in(1);
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     const auto g = c.grad_out();
-    if (c.wants_grad(0)) c.add_grad(0, g.leftCols(c.in_shape(0).cols));
-    if (c.wants_grad(1)) c.add_grad(1, g.rightCols(c.in_shape(1).cols));
+    if (c.wants_grad(0)) c.add_grad(0, g.leftCols(c.in_shape(0).cols()));
+    if (c.wants_grad(1)) c.add_grad(1, g.rightCols(c.in_shape(1).cols()));
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 /// The output shapes of the two-part records concat_range(parts, begin, end) makes, appended to `out`;
@@ -47,7 +49,7 @@ Shape concat_shapes(const std::vector<Var<T>>& parts, std::size_t begin, std::si
   if (end - begin == 1) return parts[begin].shape();
   const std::size_t middle = begin + (end - begin) / 2;
   const Shape left = concat_shapes(parts, begin, middle, out), right = concat_shapes(parts, middle, end, out);
-  out.push_back(Shape{left.rows, left.cols + right.cols});
+  out.push_back(Shape{left.rows(), left.cols() + right.cols()});
   return out.back();
 }
 
@@ -77,12 +79,12 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   Index columns = 0;  // every partial sum of the tree is at most this one
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const detail::Node<T>& n = parts[i].node("concat_cols");
-    if (__builtin_add_overflow(columns, n.shape.cols, &columns))
+    if (__builtin_add_overflow(columns, n.shape.cols(), &columns))
       throw shape_error("concat_cols: parts 0 to " + std::to_string(i) + " (part " + std::to_string(i) + " is " +
                         to_string(n.shape) + ") have more columns together than an Index holds");
     if (parts[i].state() != parts[0].state())
       throw tape_error("concat_cols: part " + std::to_string(i) + " belongs to another tape than part 0");
-    if (n.shape.rows != parts[0].rows())
+    if (n.shape.rows() != parts[0].rows())
       throw shape_error("concat_cols: part " + std::to_string(i) + " is " + to_string(n.shape) + " but part 0 is " +
                         to_string(parts[0].shape()) + "; every part needs the same number of rows");
     parts[i].state()->check_input("concat_cols", parts[i].id());
@@ -96,7 +98,7 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   std::vector<Shape> shapes;
   shapes.reserve(parts.size());
   detail::concat_shapes(parts, 0, parts.size(), shapes);
-  parts[0].state()->reserve_records(shapes.data(), shapes.size());
+  parts[0].state()->reserve_records("concat_cols", shapes.data(), shapes.size());
   return detail::concat_range(parts, 0, parts.size());
 }
 

@@ -15,17 +15,20 @@ struct CrossEntropyOp : OpBase {
   static constexpr OpKind kind = OpKind::loss;
   /// Its only residual is softmax(x), kept in its extra.
   static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_extra : reads_nothing; }
-  static Shape output_shape(const Shape*, const Params&) { return {1, 1}; }
+  static Shape output_shape(const Shape* in, const Params&) {
+    require_rank(name, "logits", in[0], 2);
+    return {1, 1};
+  }
   /// One label per row of the logits, each in [0, columns): shape_error, index_error.
   static void check_indices(const Shape* in, const int* labels, std::size_t count) {
     const Shape s = in[0];
-    if (static_cast<Index>(count) != s.rows)
+    if (static_cast<Index>(count) != s.rows())
       throw shape_error("cross_entropy: logits are " + to_string(s) + " but there are " + std::to_string(count) +
                         " labels; there must be one label per row");
     for (std::size_t i = 0; i < count; ++i)
-      if (labels[i] < 0 || labels[i] >= s.cols)
+      if (labels[i] < 0 || labels[i] >= s.cols())
         throw index_error("cross_entropy: label " + std::to_string(labels[i]) + " at row " + std::to_string(i) +
-                          " is outside [0, " + std::to_string(s.cols) + ") for logits " + to_string(s));
+                          " is outside [0, " + std::to_string(s.cols()) + ") for logits " + to_string(s));
   }
   static Shape extra_shape(const Shape* in, const Params&) { return in[0]; }
   template <class T>
@@ -59,7 +62,7 @@ struct CrossEntropyOp : OpBase {
       for (Index i = r0; i < r0 + n; ++i) d.map(i, labels[i]) -= scale;
     });
   }
-  static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return 15.0 * static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

@@ -19,7 +19,7 @@ struct DetachOp : OpBase {
   }
   template <class T>
   static void backward(const BackwardContext<T>&) {}
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

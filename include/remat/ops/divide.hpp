@@ -15,13 +15,22 @@ struct DivideOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    auto out = c.out();
-    broadcast_apply<T>(c.in(0), c.in(1), out, [](const auto& a, const auto& b) { return a / b; });
+    broadcast_apply<T>(c, [](const auto& a, const auto& b) { return a / b; });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
+    if (!matrix_broadcast_grads(c)) {
+      add_broadcast_grad<T>(
+          c, 0, 2u,
+          [](const auto& g, [[maybe_unused]] const auto& a, [[maybe_unused]] const auto& b) { return g / b; });
+      add_broadcast_grad<T>(c, 1, 3u,
+                            [](const auto& g, [[maybe_unused]] const auto& a, [[maybe_unused]] const auto& b) {
+                              return -(g * a) / b.square();
+                            });
+      return;
+    }
     const auto g = c.grad_out();
-    const Shape s{g.rows(), g.cols()};
+    const Shape s = c.out_shape();
     if (c.in_shape(0) == s && c.in_shape(1) == s) {
       const auto b = c.in(1);
       add_grad_rows(c, 0, 1,
@@ -39,7 +48,7 @@ struct DivideOp : OpBase {
     if (c.wants_grad(1))
       add_reduced_grad<T>(c, 1, (-(g.array() * broadcast_view(c.in(0), s).array()) / b.array().square()).matrix());
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

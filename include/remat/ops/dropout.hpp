@@ -40,8 +40,8 @@ struct DropoutOp : OpBase {
   template <class T>
   static void apply_mask(const Params& a, const T* in, T* out, const Shape& s, bool accumulate) {
     const T scale = T(1) / T(1 - a.p);
-    for_row_blocks(s.rows, s.cols, 10, [&](Index r0, Index n) {
-      for (Index k = r0 * s.cols; k < (r0 + n) * s.cols; ++k) {
+    for_row_blocks(s.rows(), s.cols(), 10, [&](Index r0, Index n) {
+      for (Index k = r0 * s.cols(); k < (r0 + n) * s.cols(); ++k) {
         const T v = keeps(a, static_cast<std::uint64_t>(k)) ? in[k] * scale : T(0);
         out[k] = accumulate ? out[k] + v : v;
       }
@@ -57,7 +57,7 @@ struct DropoutOp : OpBase {
     GradTarget<T> d = c.grad_target(0);
     apply_mask(params_of<Params>(c), c.grad_out().data(), d.map.data(), c.out_shape(), d.accumulate);
   }
-  static double flops(const Shape*, int, const Shape& out) { return 10.0 * static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return 10.0 * static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail
@@ -75,7 +75,7 @@ Var<T> dropout(const Var<T>& x, double p) {
   if (!state->training()) return x;
   const detail::DropoutOp::Params params{p, state->random_seed(), state->random_offset()};
   Var<T> y = apply_op<detail::DropoutOp>(params, x);
-  state->advance_random_offset(static_cast<std::uint64_t>(x.shape().size()));
+  state->advance_random_offset(static_cast<std::uint64_t>(x.shape().numel()));
   return y;
 }
 

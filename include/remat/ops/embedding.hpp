@@ -17,16 +17,19 @@ struct EmbeddingOp : OpBase {
   };
   /// The gradient scatters rows by id: it reads the ids (kept with the op), no tensor.
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Params& p) { return {p.rows, in[0].cols}; }
+  static Shape output_shape(const Shape* in, const Params& p) {
+    require_rank(name, "table", in[0], 2);
+    return {p.rows, in[0].cols()};
+  }
   /// At least one id, each in [0, rows of the table): shape_error, index_error.
   static void check_indices(const Shape* in, const int* ids, std::size_t count) {
     const Shape s = in[0];
     if (count == 0) throw shape_error("embedding: no ids (table " + to_string(s) + "); pass at least one");
     for (std::size_t i = 0; i < count; ++i)
-      if (ids[i] < 0 || ids[i] >= s.rows)
+      if (ids[i] < 0 || ids[i] >= s.rows())
         throw index_error("embedding: id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                          " is outside [0, " + std::to_string(s.rows) + ") for a table of " + std::to_string(s.rows) +
-                          " rows (V = " + std::to_string(s.rows) + ")");
+                          " is outside [0, " + std::to_string(s.rows()) + ") for a table of " +
+                          std::to_string(s.rows()) + " rows (V = " + std::to_string(s.rows()) + ")");
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -45,7 +48,7 @@ struct EmbeddingOp : OpBase {
     for (Index i = 0; i < g.rows(); ++i) d.map.row(ids[i]) += g.row(i);  // repeated ids accumulate
   }
   /// One per element moved (no arithmetic; the planners' cost of regenerating it).
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

@@ -21,7 +21,7 @@ struct FullLikeOp : OpBase {
   }
   template <class T>
   static void backward(const BackwardContext<T>&) {}  // no input: never asked for a gradient
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail
@@ -34,7 +34,7 @@ struct FullLikeOp : OpBase {
 template <class T>
 Var<T> full_like(const Var<T>& x, double value) {
   const Shape s = x.node("full_like").shape;
-  return apply_op_without_inputs<detail::FullLikeOp>(detail::FullLikeOp::Params{s.rows, s.cols, value}, x);
+  return apply_op_without_inputs<detail::FullLikeOp>(detail::FullLikeOp::Params{s.rows(), s.cols(), value}, x);
 }
 
 /// zeros of x's shape (full_like(x, 0)).

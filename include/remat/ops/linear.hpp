@@ -12,13 +12,17 @@ struct LinearOp : OpBase {
   /// dx reads W, dW reads x, db reads nothing.
   static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Params&) {
-    if (in[0].cols != in[1].rows)
+    if (in[0].rank() == 0) require_rank(name, "x", in[0], 1);
+    require_rank(name, "W", in[1], 2);
+    if (in[0].cols() != in[1].rows())
       throw shape_error("linear: x is " + to_string(in[0]) + " but W is " + to_string(in[1]) +
                         "; x.cols must equal W.rows");
-    if (in[2].rows != 1 || in[2].cols != in[1].cols)
+    if (in[2].rank() > 2 || in[2].rows() != 1 || in[2].cols() != in[1].cols())
       throw shape_error("linear: W is " + to_string(in[1]) + " but b is " + to_string(in[2]) + "; b must be [1," +
-                        std::to_string(in[1].cols) + "]");
-    return {in[0].rows, in[1].cols};
+                        std::to_string(in[1].cols()) + "] or [" + std::to_string(in[1].cols()) + "]");
+    Shape out = in[0];
+    out[out.rank() - 1] = in[1].cols();
+    return out;
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -36,16 +40,18 @@ struct LinearOp : OpBase {
     add_grad_column_sums(c, 2, g);
   }
   static double flops(const Shape* in, int, const Shape& out) {
-    return 2.0 * static_cast<double>(in[0].rows) * static_cast<double>(in[0].cols) * static_cast<double>(out.cols) +
-           static_cast<double>(out.size());
+    return 2.0 * static_cast<double>(in[0].rows()) * static_cast<double>(in[0].cols()) *
+               static_cast<double>(out.cols()) +
+           static_cast<double>(out.numel());
   }
 };
 
 }  // namespace detail
 
-/// y = x·W + b, the bias broadcast over rows. x: [m,k], W: [k,n], b: [1,n] → [m,n];
-/// dx = dy·Wᵀ, dW = xᵀ·dy, db = Σ_rows dy. Kind dot (dots_saveable saves it). 2mkn + mn FLOPs.
-/// Throws shape_error for mismatched shapes.
+/// y = x·W + b, the bias broadcast over rows. x: [m,k], W: [k,n], b: [1,n] or [n] → [m,n]; x may have any
+/// leading dimensions, [..., k] → [..., n], read as m = their product (torch.nn.functional.linear, but with
+/// W as [in, out], not PyTorch's [out, in]: W is what x multiplies). dx = dy·Wᵀ, dW = xᵀ·dy, db = Σ_rows dy.
+/// Kind dot (dots_saveable saves it). 2mkn + mn FLOPs. Throws shape_error for mismatched shapes or a scalar x.
 template <class T>
 Var<T> linear(const Var<T>& x, const Var<T>& w, const Var<T>& b) {
   return apply_op<detail::LinearOp>(x, w, b);

@@ -11,7 +11,10 @@ struct MaxRowsOp : OpBase {
   static constexpr OpKind kind = OpKind::reduction;
   /// dx finds each row's first maximum again from x and y.
   static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_input0 | reads_output : reads_nothing; }
-  static Shape output_shape(const Shape* in, const Params&) { return {in[0].rows, 1}; }
+  static Shape output_shape(const Shape* in, const Params&) {
+    require_rank(name, "x", in[0], 2);
+    return {in[0].rows(), 1};
+  }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const auto x = c.in(0);
@@ -36,7 +39,7 @@ struct MaxRowsOp : OpBase {
       }
     });
   }
-  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

@@ -10,7 +10,10 @@ struct MeanColsOp : OpBase {
   static constexpr const char* name = "mean_cols";
   static constexpr OpKind kind = OpKind::reduction;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Params&) { return {1, in[0].cols}; }
+  static Shape output_shape(const Shape* in, const Params&) {
+    require_rank(name, "x", in[0], 2);
+    return {1, in[0].cols()};
+  }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const auto x = c.in(0);
@@ -28,7 +31,7 @@ struct MeanColsOp : OpBase {
       for (Index i = r0; i < r0 + n; ++i) assign_or_add(d.map.row(i).array(), g, d.accumulate);
     });
   }
-  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size() + in[0].cols); }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].numel() + in[0].cols()); }
 };
 
 }  // namespace detail

@@ -27,12 +27,12 @@ struct MseLossOp : OpBase {
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     if (!c.wants_grad(0) && !c.wants_grad(1)) return;
-    const T scale = T(2) * c.grad_out()(0, 0) / static_cast<T>(c.in_shape(0).size());
+    const T scale = T(2) * c.grad_out()(0, 0) / static_cast<T>(c.in_shape(0).numel());
     const auto a = c.in(0), b = c.in(1);
     add_grad_rows(c, 0, 2, [&](Index r0, Index n) { return scale * (a.middleRows(r0, n) - b.middleRows(r0, n)); });
     add_grad_rows(c, 1, 2, [&](Index r0, Index n) { return scale * (b.middleRows(r0, n) - a.middleRows(r0, n)); });
   }
-  static double flops(const Shape* in, int, const Shape&) { return 3.0 * static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return 3.0 * static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

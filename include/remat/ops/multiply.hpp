@@ -15,13 +15,21 @@ struct MultiplyOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    auto out = c.out();
-    broadcast_apply<T>(c.in(0), c.in(1), out, [](const auto& a, const auto& b) { return a * b; });
+    broadcast_apply<T>(c, [](const auto& a, const auto& b) { return a * b; });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
+    if (!matrix_broadcast_grads(c)) {
+      add_broadcast_grad<T>(
+          c, 0, 2u,
+          [](const auto& g, [[maybe_unused]] const auto& a, [[maybe_unused]] const auto& b) { return g * b; });
+      add_broadcast_grad<T>(
+          c, 1, 1u,
+          [](const auto& g, [[maybe_unused]] const auto& a, [[maybe_unused]] const auto& b) { return g * a; });
+      return;
+    }
     const auto g = c.grad_out();
-    const Shape s{g.rows(), g.cols()};
+    const Shape s = c.out_shape();
     if (c.in_shape(0) == s && c.in_shape(1) == s) {
       if (c.wants_grad(0)) {
         const auto b = c.in(1);
@@ -38,7 +46,7 @@ struct MultiplyOp : OpBase {
     if (c.wants_grad(0)) add_reduced_grad<T>(c, 0, (g.array() * broadcast_view(c.in(1), s).array()).matrix());
     if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, (g.array() * broadcast_view(c.in(0), s).array()).matrix());
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

@@ -29,7 +29,7 @@ struct PowOp : UnaryElementwise<PowOp> {
   template <class T>
   static void backward(const BackwardContext<T>& c) {
     if (params_of<Params>(c).exponent == 0)
-      c.add_grad(0, Matrix<T>::Zero(c.out_shape().rows, c.out_shape().cols));
+      c.add_grad(0, Matrix<T>::Zero(c.out_shape().rows(), c.out_shape().cols()));
     else
       UnaryElementwise<PowOp>::backward(c);
   }

@@ -1,9 +1,12 @@
-// reshape: the same elements in row-major order, read as another shape.
+// reshape: the same elements in row-major order, read as another shape (a [rows, cols] matrix, or any shape as
+// torch.reshape).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "remat/detail/apply.hpp"
+#include "remat/detail/shape_ops.hpp"
 
 namespace remat {
 namespace detail {
@@ -17,14 +20,14 @@ struct ReshapeOp : OpBase {
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) {
     // By division: rows · cols may overflow (and wrap to m·n).
-    if (p.rows <= 0 || p.cols <= 0 || in[0].size() % p.rows != 0 || in[0].size() / p.rows != p.cols)
-      throw shape_error("reshape: x " + to_string(in[0]) + " has " + std::to_string(in[0].size()) +
+    if (p.rows <= 0 || p.cols <= 0 || in[0].numel() % p.rows != 0 || in[0].numel() / p.rows != p.cols)
+      throw shape_error("reshape: x " + to_string(in[0]) + " has " + std::to_string(in[0].numel()) +
                         " elements; it cannot be read as " + to_string(Shape{p.rows, p.cols}));
     return {p.rows, p.cols};
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    std::copy_n(c.in(0).data(), c.out_shape().size(), c.out().data());
+    std::copy_n(c.in(0).data(), c.out_shape().numel(), c.out().data());
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
@@ -33,7 +36,57 @@ struct ReshapeOp : OpBase {
     const ConstAlignedMap<T> g(c.grad_out().data(), d.map.rows(), d.map.cols());  // dy read as x's shape
     assign_or_add(d.map, g, d.accumulate);
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
+};
+
+/// `shape` with its one -1 inferred from x's elements (torch.reshape's rule): throws shape_error naming `op` for
+/// more than max_rank dimensions, more than one -1, a dimension below 1 other than -1, or another number of
+/// elements than x's.
+inline Shape resolve_shape(const char* op, const Shape& x, const std::vector<Index>& shape) {
+  const std::string asked = std::string(op) + ": x " + to_string(x) + " (" + std::to_string(x.numel()) +
+                            " elements) cannot be read as " + to_string_dims(shape);
+  if (shape.size() > static_cast<std::size_t>(Shape::max_rank))
+    throw shape_error(asked + ": " + std::to_string(shape.size()) + " dimensions; remat holds at most " +
+                      std::to_string(Shape::max_rank));
+  int inferred = -1;
+  Index known = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == -1) {
+      if (inferred >= 0) throw shape_error(asked + ": only one dimension may be -1 (inferred)");
+      inferred = static_cast<int>(d);
+    } else if (shape[d] < 1) {
+      throw shape_error(asked + ": dimension " + std::to_string(d) + " is " + std::to_string(shape[d]) +
+                        "; each must be at least 1, or -1 for the one inferred (remat has no empty tensors)");
+    } else if (__builtin_mul_overflow(known, shape[d], &known) || known > x.numel()) {
+      throw shape_error(asked + ": that has more elements than x; the dimensions' product must be " +
+                        std::to_string(x.numel()));
+    }
+  }
+  std::vector<Index> dims = shape;
+  if (inferred >= 0) {
+    if (x.numel() % known != 0)
+      throw shape_error(asked + ": " + std::to_string(x.numel()) + " is not a multiple of " + std::to_string(known) +
+                        ", the product of the other dimensions, so the -1 cannot be inferred");
+    dims[static_cast<std::size_t>(inferred)] = x.numel() / known;
+  } else if (known != x.numel()) {
+    throw shape_error(asked + ": that has " + std::to_string(known) + " elements; the dimensions' product must be " +
+                      std::to_string(x.numel()));
+  }
+  return Shape(dims);
+}
+
+/// reshape to any shape: its Params hold the target shape, -1 resolved.
+struct ReshapeNdOp : SameElementsOp {
+  static constexpr const char* name = "reshape";
+  struct Params {
+    PackedShape shape;
+  };
+  static Shape output_shape(const Shape* in, const Params& p) {
+    const Shape out = unpack(p.shape);
+    if (out.numel() != in[0].numel())
+      throw shape_error(std::string(name) + ": x " + to_string(in[0]) + " cannot be read as " + to_string(out));
+    return out;
+  }
 };
 
 }  // namespace detail
@@ -46,6 +99,18 @@ Var<T> reshape(const Var<T>& x, Index rows, Index cols) {
   return apply_op<detail::ReshapeOp>(detail::ReshapeOp::Params{rows, cols}, x);
 }
 
+/// torch.reshape: the elements of x in row-major order, read as `shape` (at most Shape::max_rank dimensions, one
+/// of which may be -1: inferred from x's number of elements; {} makes a scalar of a one-element x). x: any shape
+/// with as many elements → `shape`; dx is dy read back as x's shape. It COPIES x for now (PyTorch returns a view;
+/// a later change will make it share x's buffer). Throws shape_error naming reshape, x's shape and the shape asked
+/// for, for more than one -1, a dimension below 1 other than -1, or another number of elements.
+template <class T>
+Var<T> reshape(const Var<T>& x, const std::vector<Index>& shape) {
+  const Shape out = detail::resolve_shape(detail::ReshapeNdOp::name, x.shape(), shape);
+  return apply_op<detail::ReshapeNdOp>(detail::ReshapeNdOp::Params{detail::pack(out)}, x);
+}
+
 }  // namespace remat
 
 REMAT_OP_KERNELS(remat::detail::ReshapeOp)
+REMAT_OP_KERNELS(remat::detail::ReshapeNdOp)

@@ -33,7 +33,7 @@ struct ScalarDivideOp : OpBase {
       return -(g.middleRows(r0, n).array() * y.middleRows(r0, n).array()) / x.middleRows(r0, n).array();
     });
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

@@ -24,6 +24,9 @@ struct ScaledDotProductAttentionOp : OpBase {
     return wants(g, 2) ? reads_input0 | reads_input1 | reads_extra : reads_nothing;
   }
   static Shape output_shape(const Shape* in, const Params& p) {
+    require_rank(name, "q", in[0], 2);
+    require_rank(name, "k", in[1], 2);
+    require_rank(name, "v", in[2], 2);
     check_same_shape(name, "q", in[0], "k", in[1]);
     check_same_shape(name, "q", in[0], "v", in[2]);
     attention_layout(name, "q", in[0], p);
@@ -158,8 +161,8 @@ struct ScaledDotProductAttentionOp : OpBase {
   }
   /// 4·(B·S)·S·H for the two products (scores and values) + 5 per score (mask, exp, normalisation).
   static double flops(const Shape* in, int, const Shape&, const Params& p) {
-    const double rows = static_cast<double>(in[0].rows), S = static_cast<double>(p.seq_len);
-    return 4.0 * rows * S * static_cast<double>(in[0].cols) + 5.0 * rows * static_cast<double>(p.heads) * S;
+    const double rows = static_cast<double>(in[0].rows()), S = static_cast<double>(p.seq_len);
+    return 4.0 * rows * S * static_cast<double>(in[0].cols()) + 5.0 * rows * static_cast<double>(p.heads) * S;
   }
 };
 

@@ -16,17 +16,18 @@ struct SliceColsOp : OpBase {
   };
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) {
+    require_rank(name, "x", in[0], 2);
     // begin > cols − count, not begin + count > cols: the sum may overflow (count ≥ 1 here, so the
     // difference cannot).
-    if (p.begin < 0 || p.count <= 0 || p.begin > in[0].cols - p.count) {
+    if (p.begin < 0 || p.count <= 0 || p.begin > in[0].cols() - p.count) {
       Index end = 0;
       const std::string last = __builtin_add_overflow(p.begin, p.count, &end)
                                    ? std::to_string(p.begin) + " + " + std::to_string(p.count)
                                    : std::to_string(end);
       throw shape_error("slice_cols: columns [" + std::to_string(p.begin) + ", " + last + ") of x " + to_string(in[0]) +
-                        "; need 0 <= begin, count >= 1 and begin + count <= " + std::to_string(in[0].cols));
+                        "; need 0 <= begin, count >= 1 and begin + count <= " + std::to_string(in[0].cols()));
     }
-    return {in[0].rows, p.count};
+    return {in[0].rows(), p.count};
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
@@ -46,7 +47,7 @@ struct SliceColsOp : OpBase {
     d.map.middleCols(p.begin, p.count) = c.grad_out();
     d.map.rightCols(d.map.cols() - p.begin - p.count).setZero();
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

@@ -14,15 +14,21 @@ struct SubtractOp : OpBase {
   static Shape output_shape(const Shape* in, const Params&) { return broadcast_shape(name, in[0], in[1]); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
-    auto out = c.out();
-    broadcast_apply<T>(c.in(0), c.in(1), out, [](const auto& a, const auto& b) { return a - b; });
+    broadcast_apply<T>(c, [](const auto& a, const auto& b) { return a - b; });
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
+    if (!matrix_broadcast_grads(c)) {
+      add_broadcast_grad<T>(
+          c, 0, 0u, [](const auto& g, [[maybe_unused]] const auto& a, [[maybe_unused]] const auto& b) { return g; });
+      add_broadcast_grad<T>(
+          c, 1, 0u, [](const auto& g, [[maybe_unused]] const auto& a, [[maybe_unused]] const auto& b) { return -g; });
+      return;
+    }
     add_reduced_grad<T>(c, 0, c.grad_out());
     if (c.wants_grad(1)) add_reduced_grad<T>(c, 1, -c.grad_out());
   }
-  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.size()); }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
 }  // namespace detail

@@ -10,7 +10,10 @@ struct SumColsOp : OpBase {
   static constexpr const char* name = "sum_cols";
   static constexpr OpKind kind = OpKind::reduction;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Params&) { return {1, in[0].cols}; }
+  static Shape output_shape(const Shape* in, const Params&) {
+    require_rank(name, "x", in[0], 2);
+    return {1, in[0].cols()};
+  }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     assign_column_sums<T>(c.out(), c.in(0), false, 1);
@@ -20,7 +23,7 @@ struct SumColsOp : OpBase {
     const auto g = c.grad_out();
     add_grad_rows(c, 0, 1, [&](Index, Index n) { return g.replicate(n, 1); });
   }
-  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

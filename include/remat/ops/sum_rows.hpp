@@ -10,7 +10,10 @@ struct SumRowsOp : OpBase {
   static constexpr const char* name = "sum_rows";
   static constexpr OpKind kind = OpKind::reduction;
   static unsigned reads(GradInputs) { return reads_nothing; }
-  static Shape output_shape(const Shape* in, const Params&) { return {in[0].rows, 1}; }
+  static Shape output_shape(const Shape* in, const Params&) {
+    require_rank(name, "x", in[0], 2);
+    return {in[0].rows(), 1};
+  }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const auto x = c.in(0);
@@ -20,11 +23,11 @@ struct SumRowsOp : OpBase {
   }
   template <class T>
   static void backward(const BackwardContext<T>& c) {
-    const Index cols = c.in_shape(0).cols;
+    const Index cols = c.in_shape(0).cols();
     const auto g = c.grad_out();
     add_grad_rows(c, 0, 1, [&](Index r0, Index n) { return g.middleRows(r0, n).replicate(1, cols); });
   }
-  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].size()); }
+  static double flops(const Shape* in, int, const Shape&) { return static_cast<double>(in[0].numel()); }
 };
 
 }  // namespace detail

@@ -1,0 +1,296 @@
+// What the N-D data-movement ops share (remat/ops/reshape.hpp, view.hpp, flatten.hpp, squeeze.hpp, unsqueeze.hpp,
+// permute.hpp, transpose.hpp, concat.hpp, stack.hpp, slice.hpp, index_select.hpp, gather.hpp): a Shape packed into
+// an op's Params, the kernels of the ops that copy their input unchanged into another shape, a permuting copy that
+// moves contiguous runs, and copies of blocks. Every kernel is sequential and runs in a fixed order: its results are
+// the same bits at every thread count.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "remat/detail/apply.hpp"
+#include "remat/shape.hpp"
+
+namespace remat::detail {
+
+/// A Shape in 36 bytes, small enough for an op's Params (max_params_bytes = 40; a Shape takes 72): the low 32 bits
+/// of every dimension, and bits 32 to 47 of the one dimension that may reach 2^32 (a tensor has at most 2^48
+/// elements, so at most one of its dimensions does). Made by pack() from a shape that packable() accepts.
+struct PackedShape {
+  std::uint32_t low[Shape::max_rank] = {};
+  std::uint16_t high = 0;     ///< bits 32–47 of dimension high_dim
+  std::int8_t high_dim = -1;  ///< the dimension of 2^32 or more, -1 for none
+  std::int8_t rank = 0;
+};
+static_assert(sizeof(PackedShape) == 36, "PackedShape must leave 4 bytes of an op's Params");
+
+/// Whether pack(s) keeps every dimension of s: each in [1, 2^48), at most one of 2^32 or more. Every shape of a
+/// valid tensor (at most 2^48 elements) is.
+inline bool packable(const Shape& s) {
+  int large = 0;
+  for (Index d : s) {
+    if (d < 1 || d >= (Index{1} << 48)) return false;
+    if (d >= (Index{1} << 32)) ++large;
+  }
+  return large <= 1;
+}
+
+/// `s` packed; `s` must be packable().
+inline PackedShape pack(const Shape& s) {
+  PackedShape p;
+  p.rank = static_cast<std::int8_t>(s.rank());
+  for (int d = 0; d < s.rank(); ++d) {
+    const auto value = static_cast<std::uint64_t>(s[d]);
+    p.low[d] = static_cast<std::uint32_t>(value);
+    if (value >> 32) {
+      p.high = static_cast<std::uint16_t>(value >> 32);
+      p.high_dim = static_cast<std::int8_t>(d);
+    }
+  }
+  return p;
+}
+
+/// The shape of `rank` dimensions `dims` (0 ≤ rank ≤ Shape::max_rank), without allocating.
+inline Shape make_shape(const Index* d, int rank) {
+  switch (rank) {
+    case 0:
+      return Shape::scalar();
+    case 1:
+      return Shape{d[0]};
+    case 2:
+      return Shape{d[0], d[1]};
+    case 3:
+      return Shape{d[0], d[1], d[2]};
+    case 4:
+      return Shape{d[0], d[1], d[2], d[3]};
+    case 5:
+      return Shape{d[0], d[1], d[2], d[3], d[4]};
+    case 6:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
+    case 7:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+    default:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+  }
+}
+
+/// `s` with a dimension of size `n` inserted at `dim` (in [0, rank]); s has fewer than Shape::max_rank dimensions.
+inline Shape inserted(const Shape& s, int dim, Index n) {
+  Index d[Shape::max_rank];
+  for (int e = 0, k = 0; e <= s.rank(); ++e) d[e] = e == dim ? n : s[k++];
+  return make_shape(d, s.rank() + 1);
+}
+
+/// The shape pack() packed.
+inline Shape unpack(const PackedShape& p) {
+  Index dims[Shape::max_rank];
+  for (int d = 0; d < p.rank; ++d)
+    dims[d] = static_cast<Index>(p.low[d]) + (d == p.high_dim ? static_cast<Index>(p.high) << 32 : Index{0});
+  return make_shape(dims, p.rank);
+}
+
+/// "[2,-1,4]": a list of dimensions as given (any length, -1 kept), for error messages.
+inline std::string to_string_dims(const std::vector<Index>& dims) {
+  std::string text = "[";
+  for (std::size_t d = 0; d < dims.size(); ++d) text += (d ? "," : "") + std::to_string(dims[d]);
+  return text + "]";
+}
+
+/// `dim` of a rank-`rank` tensor as wrap_dim wraps it, except that a scalar takes dim 0 or -1 as PyTorch's
+/// squeeze, flatten and transpose do (its one "dimension"): throws index_error naming `op` otherwise.
+inline int wrap_dim_or_scalar(int dim, int rank, const char* op) {
+  return wrap_dim(dim, std::max(rank, 1), op);
+}
+
+/// Throws shape_error naming `op` for a scalar x: the op takes a dimension of x by its size.
+inline void require_not_scalar(const char* op, const Shape& s) {
+  if (s.rank() == 0)
+    throw shape_error(std::string(op) + ": x is a scalar (rank 0); " + op +
+                      " takes a tensor of rank 1 or more (unsqueeze or reshape it first)");
+}
+
+/// dst[0 … n) = src[0 … n), or += when `accumulate`.
+template <class T>
+void copy_or_add(const T* src, T* dst, Index n, bool accumulate) {
+  if (accumulate)
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(dst, n) +=
+        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src, n);
+  else
+    std::copy_n(src, n, dst);
+}
+
+/// Zeroes dst[0 … n).
+template <class T>
+void zero(T* dst, Index n) {
+  std::fill_n(dst, n, T(0));
+}
+
+/// The base of the ops whose output is their input's elements in the same order under another shape (reshape,
+/// view, flatten, squeeze, unsqueeze): Derived supplies name and output_shape. They copy; dx is dy read as x's
+/// shape. FLOPs: one per element moved, as every data-movement op declares.
+struct SameElementsOp : OpBase {
+  static constexpr OpKind kind = OpKind::data_movement;
+  static unsigned reads(GradInputs) { return reads_nothing; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    std::copy_n(c.in(0).data(), c.out_shape().numel(), c.out().data());
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    if (!c.wants_grad(0)) return;
+    GradTarget<T> d = c.grad_target(0);
+    copy_or_add(c.grad_out().data(), d.map.data(), d.map.size(), d.accumulate);
+  }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
+};
+
+/// Calls f(in_offset, out_offset) for every index of the `n` dimensions `sizes`, the last fastest, with the
+/// offsets Σ index·stride.
+template <class F>
+void for_each_offset(int n, const Index* sizes, const Index* in_strides, const Index* out_strides, F&& f) {
+  Index count[Shape::max_rank] = {};
+  Index in = 0, out = 0;
+  for (;;) {
+    f(in, out);
+    int d = n - 1;
+    for (; d >= 0; --d) {
+      in += in_strides[d];
+      out += out_strides[d];
+      if (++count[d] < sizes[d]) break;
+      in -= in_strides[d] * sizes[d];
+      out -= out_strides[d] * sizes[d];
+      count[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+/// dst = src permuted (or dst += it when `accumulate`): src has shape `in`, dst dimension k is src dimension
+/// perm[k] (torch.permute). Size-1 dimensions are dropped and dimensions that stay adjacent are merged first;
+/// then dst is written in contiguous runs when the innermost dimension stays innermost, else by 32 × 32 tiles
+/// of the two innermost dimensions (a blocked transpose). Sequential, in a fixed order.
+template <class T>
+void permute_copy(const T* src, const Shape& in, const int* perm, T* dst, bool accumulate) {
+  const int rank = in.rank();
+  Index in_stride[Shape::max_rank];
+  Index s = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    in_stride[d] = s;
+    s *= in[d];
+  }
+  // The output's dimensions, outermost first, without size-1 ones, adjacent ones merged.
+  Index size[Shape::max_rank], stride[Shape::max_rank];
+  int m = 0;
+  for (int k = 0; k < rank; ++k) {
+    const Index n = in[perm[k]], step = in_stride[perm[k]];
+    if (n == 1) continue;
+    if (m > 0 && stride[m - 1] == step * n) {
+      size[m - 1] *= n;
+      stride[m - 1] = step;
+    } else {
+      size[m] = n;
+      stride[m] = step;
+      ++m;
+    }
+  }
+  if (m == 0) {  // one element
+    copy_or_add(src, dst, 1, accumulate);
+    return;
+  }
+  Index out_stride[Shape::max_rank];
+  s = 1;
+  for (int d = m - 1; d >= 0; --d) {
+    out_stride[d] = s;
+    s *= size[d];
+  }
+  if (stride[m - 1] == 1) {  // runs of size[m-1] contiguous in both
+    const Index run = size[m - 1];
+    for_each_offset(m - 1, size, stride, out_stride,
+                    [&](Index i, Index o) { copy_or_add(src + i, dst + o, run, accumulate); });
+    return;
+  }
+  // The output's innermost dimension a (src stride stride[a], dst stride 1) and the dimension q that is innermost
+  // in src (stride 1; one exists, the last of src's dimensions above size 1): tiles of q × a.
+  const int a = m - 1;
+  int q = 0;
+  while (stride[q] != 1) ++q;
+  Index other_size[Shape::max_rank], other_in[Shape::max_rank], other_out[Shape::max_rank];
+  int others = 0;
+  for (int d = 0; d < m; ++d)
+    if (d != a && d != q) {
+      other_size[others] = size[d];
+      other_in[others] = stride[d];
+      other_out[others] = out_stride[d];
+      ++others;
+    }
+  const Index nq = size[q], na = size[a], sa = stride[a], tq = out_stride[q];
+  constexpr Index tile = 32;
+  for_each_offset(others, other_size, other_in, other_out, [&](Index i0, Index o0) {
+    for (Index qb = 0; qb < nq; qb += tile)
+      for (Index ab = 0; ab < na; ab += tile) {
+        const Index qe = std::min(nq, qb + tile), ae = std::min(na, ab + tile);
+        for (Index i = qb; i < qe; ++i) {
+          const T* from = src + i0 + i;
+          T* to = dst + o0 + i * tq;
+          if (accumulate)
+            for (Index j = ab; j < ae; ++j) to[j] += from[j * sa];
+          else
+            for (Index j = ab; j < ae; ++j) to[j] = from[j * sa];
+        }
+      }
+  });
+}
+
+/// A permutation of a shape's dimensions, by value (kernels must not allocate).
+struct Permutation {
+  int dims[Shape::max_rank] = {};
+  const int* data() const { return dims; }
+};
+
+/// The permutation `perm` of `count` dimensions (negative ones counted from the end) of `in` as dimensions in
+/// [0, rank): throws shape_error naming `op` for another count than in's rank, index_error for a dimension out of
+/// range or repeated.
+inline Permutation checked_permutation(const char* op, const Shape& in, const int* perm, int count) {
+  const int rank = in.rank();
+  if (count != rank)
+    throw shape_error(std::string(op) + ": " + std::to_string(count) + " dims for x " + to_string(in) + " of rank " +
+                      std::to_string(rank) + "; list each of its " + std::to_string(rank) +
+                      " dimensions once, in their new order");
+  Permutation p;
+  bool seen[Shape::max_rank] = {};
+  for (int k = 0; k < rank; ++k) {
+    const int d = wrap_dim(perm[k], rank, op);
+    if (seen[d])
+      throw index_error(std::string(op) + ": dim " + std::to_string(perm[k]) + " (dimension " + std::to_string(d) +
+                        " of x " + to_string(in) + ") appears twice in dims; list each dimension once");
+    seen[d] = true;
+    p.dims[k] = d;
+  }
+  return p;
+}
+
+/// The shape `in` permuted: dimension k is in's dimension perm[k].
+inline Shape permuted(const Shape& in, const Permutation& perm) {
+  Shape out = in;
+  for (int k = 0; k < in.rank(); ++k) out[k] = in[perm.dims[k]];
+  return out;
+}
+
+/// The inverse of `perm` (of `rank` dimensions).
+inline Permutation inverse(const Permutation& perm, int rank) {
+  Permutation inv;
+  for (int k = 0; k < rank; ++k) inv.dims[perm.dims[k]] = k;
+  return inv;
+}
+
+/// The product of dimensions [begin, end) of `s` (1 for none).
+inline Index product(const Shape& s, int begin, int end) {
+  Index n = 1;
+  for (int d = begin; d < end; ++d) n *= s[d];
+  return n;
+}
+
+}  // namespace remat::detail

@@ -1,0 +1,123 @@
+// The shape of a tensor: its dimensions, row-major and contiguous as PyTorch's default strides.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "remat/errors.hpp"
+
+namespace remat {
+
+using Index = Eigen::Index;
+
+/// The dimensions of a tensor, outermost first (torch.Size's role). Values are row-major and contiguous: the
+/// last dimension varies fastest. At most Shape::max_rank dimensions; rank 0 is a scalar with one element
+/// (Shape::scalar()). A shape with a zero dimension has no elements: `Shape{}` is [0,0], the empty shape, which an
+/// op's extra_shape or scratch_shape returns for "none" (as in remat's 2-D versions).
+///
+/// Every shape also reads as a matrix: rows() × cols() with cols() the last dimension and rows() the product of
+/// the others (1 × n for a vector, 1 × 1 for a scalar). That view is the same buffer, so an op that works on
+/// rows (softmax over the last dimension, layer_norm, linear) works on any rank through it.
+class Shape {
+ public:
+  static constexpr int max_rank = 8;  ///< the most dimensions a shape holds
+
+  /// [0,0]: no elements (an op recipe's "none").
+  constexpr Shape() = default;
+  /// Rank 0: a scalar, one element (torch.Size([])).
+  static Shape scalar() {
+    Shape s;
+    s.rank_ = 0;
+    return s;
+  }
+  /// The given dimensions, e.g. Shape{2, 3, 8, 8}. Throws shape_error for more than max_rank dimensions. Any
+  /// value is kept (ops check theirs: a negative dimension throws shape_error when an op is recorded).
+  Shape(std::initializer_list<Index> dims) { assign(dims.begin(), dims.end()); }
+  /// The dimensions in `dims`; throws as the list constructor does.
+  explicit Shape(const std::vector<Index>& dims) { assign(dims.data(), dims.data() + dims.size()); }
+
+  int rank() const { return rank_; }                            ///< the number of dimensions
+  Index operator[](int d) const { return dims_[d]; }            ///< dimension d, 0 ≤ d < rank()
+  Index& operator[](int d) { return dims_[d]; }                 ///< dimension d, 0 ≤ d < rank()
+  const Index* begin() const { return dims_; }                  ///< the first dimension
+  const Index* end() const { return dims_ + rank_; }            ///< one past the last dimension
+  std::vector<Index> dims() const { return {begin(), end()}; }  ///< the dimensions as a vector
+
+  /// The number of elements: the product of the dimensions (1 for a scalar).
+  Index numel() const {
+    if (rank_ == 2) return dims_[0] * dims_[1];  // most shapes: a product, not a loop, on every op's paths
+    Index n = 1;
+    for (int d = 0; d < rank_; ++d) n *= dims_[d];
+    return n;
+  }
+  /// The number of elements, as numel() (the name 2-D code used).
+  Index size() const { return numel(); }
+  /// Rows of the matrix view: the product of every dimension but the last (1 below rank 2).
+  Index rows() const {
+    if (rank_ == 2) return dims_[0];  // most shapes, read by every kernel's context
+    Index n = 1;
+    for (int d = 0; d + 1 < rank_; ++d) n *= dims_[d];
+    return n;
+  }
+  /// Columns of the matrix view: the last dimension (1 for a scalar).
+  Index cols() const { return rank_ == 0 ? 1 : dims_[rank_ - 1]; }
+
+  /// Same rank and dimensions.
+  friend bool operator==(const Shape& a, const Shape& b) {
+    return a.rank_ == b.rank_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+  /// Some dimension or the rank differs.
+  friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
+
+ private:
+  template <class It>
+  void assign(It first, It last) {
+    if (last - first > max_rank) throw_too_many(last - first);
+    std::int32_t rank = 0;
+    for (It it = first; it != last; ++it) dims_[rank++] = static_cast<Index>(*it);
+    rank_ = rank;
+  }
+  [[noreturn]] static void throw_too_many(std::ptrdiff_t rank) {
+    throw shape_error("Shape: " + std::to_string(rank) + " dimensions; remat holds at most " +
+                      std::to_string(max_rank));
+  }
+
+  // The rank first: what rows(), cols() and numel() read is then the shape's first bytes, one cache line with
+  // the outer dimensions (after the eight dimensions it was a line of its own for a node's shape).
+  std::int32_t rank_ = 2;
+  Index dims_[max_rank] = {};
+};
+
+/// "[2,3,8,8]" ("[]" for a scalar, "[0,0]" for Shape{}), the form every error message uses.
+inline std::string to_string(const Shape& s) {
+  std::string text = "[";
+  for (int d = 0; d < s.rank(); ++d) text += (d ? "," : "") + std::to_string(s[d]);
+  return text + "]";
+}
+
+/// Dimension `dim` of a rank-`rank` shape as an index in [0, rank): a negative `dim` counts from the end, as in
+/// PyTorch (-1 is the last). Throws index_error naming `op` for a dim outside [-rank, rank).
+inline int wrap_dim(int dim, int rank, const char* op) {
+  if (dim < -rank || dim >= rank)
+    throw index_error(std::string(op) + ": dim " + std::to_string(dim) + " is out of range for a rank-" +
+                      std::to_string(rank) + " tensor; it must be in [" + std::to_string(-rank) + ", " +
+                      std::to_string(rank - 1) + "]");
+  return dim < 0 ? dim + rank : dim;
+}
+
+namespace detail {
+/// Throws shape_error naming `op` and its operand `what` unless `s` has rank `rank`: for the ops whose
+/// arguments are matrices (or vectors) by definition.
+inline void require_rank(const char* op, const char* what, const Shape& s, int rank) {
+  if (s.rank() != rank)
+    throw shape_error(std::string(op) + ": " + what + " is " + to_string(s) + ", of rank " + std::to_string(s.rank()) +
+                      "; " + op + " takes a rank-" + std::to_string(rank) + " " + what);
+}
+}  // namespace detail
+
+}  // namespace remat
