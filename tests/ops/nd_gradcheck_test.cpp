@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gradcheck.hpp"
+#include "nd_gradcheck.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 
@@ -18,27 +19,10 @@ using remat::Shape;
 using remat::Tape;
 using V = remat::Var<double>;
 using Inputs = std::vector<V>;
+using remat_test::weighted_sum;
 
 /// Random values of `shape` as the matrix gradcheck perturbs (one row), in [low, high].
-remat::Matrix<double> values(const Shape& s, std::uint64_t seed, double low = -1, double high = 1) {
-  return remat_test::random_matrix<double>(1, s.numel(), seed, remat_test::Domain{low, high, 0});
-}
-
-::testing::AssertionResult check(const remat::LossFunction& f, const std::vector<Shape>& shapes, double low = -1,
-                                 double high = 1) {
-  std::vector<remat::Matrix<double>> inputs;
-  for (std::size_t k = 0; k < shapes.size(); ++k) inputs.push_back(values(shapes[k], 17 + k, low, high));
-  return remat_test::passes(remat::gradcheck(f, inputs, shapes));
-}
-
-/// sum(y ⊙ w) for a fixed w of y's shape, so that every output element has its own weight.
-V weighted_sum(Tape<double>& tape, const V& y) {
-  const Shape s = y.shape();
-  const remat::Matrix<double> w = values(s, 99);
-  return remat::sum(y * tape.constant(s, w.data()));
-}
-
-const std::vector<Shape> ranks{Shape{5}, Shape{2, 3, 4}, Shape{2, 1, 3, 2}};
+const std::vector<Shape>& ranks = remat_test::nd_ranks;
 
 TEST(NdGradcheck, UnaryOpsOnRanks1To4) {
   struct Unary {
@@ -55,8 +39,8 @@ TEST(NdGradcheck, UnaryOpsOnRanks1To4) {
   for (const Unary& op : ops)
     for (const Shape& s : ranks) {
       SCOPED_TRACE(std::string(op.name) + " " + remat::to_string(s));
-      EXPECT_TRUE(
-          check([&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, op.f(x[0])); }, {s}, op.low, op.high));
+      EXPECT_TRUE(remat_test::nd_check([&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, op.f(x[0])); },
+                                       {s}, op.low, op.high));
     }
 }
 
@@ -71,10 +55,14 @@ TEST(NdGradcheck, BinaryOpsBroadcastInEachDirection) {
                                                    {Shape{2, 3, 1}, Shape{2, 1, 4}}};
   for (const auto& [a, b] : pairs) {
     SCOPED_TRACE(remat::to_string(a) + " with " + remat::to_string(b));
-    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] + x[1]); }, {a, b}));
-    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] - x[1]); }, {a, b}));
-    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] * x[1]); }, {a, b}));
-    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] / x[1]); }, {a, b}, 0.5, 2));
+    EXPECT_TRUE(
+        remat_test::nd_check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] + x[1]); }, {a, b}));
+    EXPECT_TRUE(
+        remat_test::nd_check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] - x[1]); }, {a, b}));
+    EXPECT_TRUE(
+        remat_test::nd_check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] * x[1]); }, {a, b}));
+    EXPECT_TRUE(remat_test::nd_check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, x[0] / x[1]); },
+                                     {a, b}, 0.5, 2));
   }
 }
 
@@ -82,12 +70,13 @@ TEST(NdGradcheck, LinearTakesLeadingBatchDimensions) {
   for (const Shape& x : {Shape{4}, Shape{2, 3, 4}, Shape{2, 1, 3, 4}})
     for (const Shape& b : {Shape{5}, Shape{1, 5}}) {
       SCOPED_TRACE(remat::to_string(x) + " bias " + remat::to_string(b));
-      EXPECT_TRUE(
-          check([](Tape<double>& t, const Inputs& v) { return weighted_sum(t, remat::linear(v[0], v[1], v[2])); },
-                {x, Shape{4, 5}, b}));
+      EXPECT_TRUE(remat_test::nd_check(
+          [](Tape<double>& t, const Inputs& v) { return weighted_sum(t, remat::linear(v[0], v[1], v[2])); },
+          {x, Shape{4, 5}, b}));
     }
 }
 
+// matmul beyond two matrices records detail::GeneralMatmulOp (include/remat/ops/batched_matmul.hpp).
 TEST(NdGradcheck, MatmulWithTorchMatmulsRules) {
   const std::vector<std::pair<Shape, Shape>> pairs{{Shape{4}, Shape{4}},
                                                    {Shape{3, 4}, Shape{4}},
@@ -100,12 +89,12 @@ TEST(NdGradcheck, MatmulWithTorchMatmulsRules) {
                                                    {Shape{2, 3, 4}, Shape{4}}};
   for (const auto& [a, b] : pairs) {
     SCOPED_TRACE(remat::to_string(a) + " · " + remat::to_string(b));
-    EXPECT_TRUE(
-        check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::matmul(x[0], x[1])); }, {a, b}));
+    EXPECT_TRUE(remat_test::nd_check(
+        [](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::matmul(x[0], x[1])); }, {a, b}));
   }
   // One Var as both operands: its gradient is assigned by the first and added to by the second.
-  EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::matmul(x[0], x[0])); },
-                    {Shape{3, 4, 4}}));
+  EXPECT_TRUE(remat_test::nd_check(
+      [](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::matmul(x[0], x[0])); }, {Shape{3, 4, 4}}));
 }
 
 TEST(NdGradcheck, BatchedMatmulIsBitwiseEqualAtOneAndTwoThreads) {
@@ -144,8 +133,8 @@ TEST(NdAttention, CausalAttentionFromNdOpsEqualsTheFusedOp) {
     for (remat::Index j = 0; j < S; ++j) mask(i, j) = j > i ? -inf : 0.0;
   const Shape shape{B, heads, S, d};
   std::vector<remat::Matrix<double>> data;
-  for (int k = 0; k < 3; ++k) data.push_back(values(shape, 40 + static_cast<std::uint64_t>(k)));
-  const remat::Matrix<double> weights = values(shape, 50);
+  for (int k = 0; k < 3; ++k) data.push_back(remat_test::nd_values(shape, 40 + static_cast<std::uint64_t>(k)));
+  const remat::Matrix<double> weights = remat_test::nd_values(shape, 50);
   auto run = [&](bool fused) {
     Tape<double> tape;
     std::vector<V> in;

@@ -12,6 +12,7 @@
 
 #include "expect_error.hpp"
 #include "gradcheck.hpp"
+#include "nd_gradcheck.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 
@@ -21,26 +22,9 @@ using remat::Shape;
 using remat::Tape;
 using V = remat::Var<double>;
 using Inputs = std::vector<V>;
+using remat_test::weighted_sum;
 
-remat::Matrix<double> values(const Shape& s, std::uint64_t seed, double low = -1, double high = 1) {
-  return remat_test::random_matrix<double>(1, s.numel(), seed, remat_test::Domain{low, high, 0});
-}
-
-::testing::AssertionResult check(const remat::LossFunction& f, const std::vector<Shape>& shapes, double low = -1,
-                                 double high = 1) {
-  std::vector<remat::Matrix<double>> inputs;
-  for (std::size_t k = 0; k < shapes.size(); ++k) inputs.push_back(values(shapes[k], 17 + k, low, high));
-  return remat_test::passes(remat::gradcheck(f, inputs, shapes));
-}
-
-/// sum(y ⊙ w) for a fixed w of y's shape, so that every output element has its own weight.
-V weighted_sum(Tape<double>& tape, const V& y) {
-  const Shape s = y.shape();
-  const remat::Matrix<double> w = values(s, 99);
-  return remat::sum(y * tape.constant(s, w.data()));
-}
-
-const std::vector<Shape> ranks{Shape{5}, Shape{2, 3, 4}, Shape{2, 1, 3, 2}};
+const std::vector<Shape>& ranks = remat_test::nd_ranks;
 
 /// Dims lists for a rank: each single dim (and its negative form), pairs, and the empty list (every dim).
 std::vector<std::vector<int>> dims_lists(int rank) {
@@ -71,14 +55,14 @@ TEST(NdReductions, SumMeanMaxOverDimsGradcheckOnRanks1To4) {
       for (const auto& dims : dims_lists(s.rank()))
         for (bool keepdim : {false, true}) {
           SCOPED_TRACE(std::string(name) + " " + describe(s, dims, keepdim));
-          EXPECT_TRUE(check(
+          EXPECT_TRUE(remat_test::nd_check(
               [&, f = f](Tape<double>& t, const Inputs& x) { return weighted_sum(t, f(x[0], dims, keepdim)); }, {s}));
         }
 }
 
 TEST(NdReductions, OutputShapesFollowDimsAndKeepdim) {
   Tape<double> tape;
-  const remat::Matrix<double> v = values(Shape{2, 3, 1, 4}, 1);
+  const remat::Matrix<double> v = remat_test::nd_values(Shape{2, 3, 1, 4}, 1);
   const V x = tape.variable(Shape{2, 3, 1, 4}, v.data());
   EXPECT_EQ(remat::sum(x, {}).shape(), Shape::scalar());
   EXPECT_EQ(remat::mean(x, {}, true).shape(), (Shape{1, 1, 1, 1}));
@@ -144,25 +128,26 @@ TEST(NdReductions, MaximumMinimumGradcheckBroadcastingInEachDirection) {
       {Shape{2, 3}, Shape::scalar()}, {Shape{3, 1}, Shape{1, 4}}};
   for (const auto& [a, b] : pairs) {
     SCOPED_TRACE(remat::to_string(a) + " with " + remat::to_string(b));
-    EXPECT_TRUE(
-        check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::maximum(x[0], x[1])); }, {a, b}));
-    EXPECT_TRUE(
-        check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::minimum(x[0], x[1])); }, {a, b}));
+    EXPECT_TRUE(remat_test::nd_check(
+        [](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::maximum(x[0], x[1])); }, {a, b}));
+    EXPECT_TRUE(remat_test::nd_check(
+        [](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::minimum(x[0], x[1])); }, {a, b}));
   }
   // Ties by construction (x against itself): the central difference of max(x, x) is 1 = ½ + ½.
-  EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::maximum(x[0], x[0])); },
-                    {Shape{2, 1, 3, 2}}));
+  EXPECT_TRUE(
+      remat_test::nd_check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::maximum(x[0], x[0])); },
+                           {Shape{2, 1, 3, 2}}));
 }
 
 TEST(NdReductions, SoftmaxAndLogSoftmaxOverEveryDimGradcheck) {
   for (const Shape& s : ranks)
     for (int dim = -s.rank(); dim < s.rank(); ++dim) {
       SCOPED_TRACE(remat::to_string(s) + " dim " + std::to_string(dim));
-      EXPECT_TRUE(check([dim](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::softmax(x[0], dim)); },
-                        {s}, -2, 2));
-      EXPECT_TRUE(
-          check([dim](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::log_softmax(x[0], dim)); }, {s},
-                -2, 2));
+      EXPECT_TRUE(remat_test::nd_check(
+          [dim](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::softmax(x[0], dim)); }, {s}, -2, 2));
+      EXPECT_TRUE(remat_test::nd_check(
+          [dim](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::log_softmax(x[0], dim)); }, {s}, -2,
+          2));
     }
 }
 
@@ -175,7 +160,7 @@ TEST(NdReductions, SoftmaxOverTheLastDimIsTheOneArgumentFormBitwise) {
   for (const Shape& s : {Shape{7}, Shape{3, 4, 5}, Shape{2, 3, 1, 300}}) {
     SCOPED_TRACE(remat::to_string(s));
     for (bool log : {false, true}) {
-      const remat::Matrix<double> v = values(s, 5, -3, 3);
+      const remat::Matrix<double> v = remat_test::nd_values(s, 5, -3, 3);
       remat::Matrix<double> value[2], grad[2];
       for (int form = 0; form < 2; ++form) {
         Tape<double> tape;
@@ -205,7 +190,7 @@ TEST(NdReductions, WhereGradcheckWithABroadcastCondition) {
     SCOPED_TRACE(remat::to_string(c.cond) + " " + remat::to_string(c.a) + " " + remat::to_string(c.b));
     std::vector<double> cond(static_cast<std::size_t>(c.cond.numel()));
     for (std::size_t i = 0; i < cond.size(); ++i) cond[i] = i % 3 == 1 ? 0.0 : (i % 2 ? -2.5 : 1.0);
-    EXPECT_TRUE(check(
+    EXPECT_TRUE(remat_test::nd_check(
         [&](Tape<double>& t, const Inputs& x) {
           return weighted_sum(t, remat::where(t.constant(c.cond, cond.data()), x[0], x[1]));
         },
@@ -232,13 +217,14 @@ TEST(NdReductions, ClampLeakyReluSiluGradcheckOnRanks1To4) {
     const std::pair<std::optional<double>, std::optional<double>> bounds[] = {
         {-0.3, 0.4}, {-0.3, std::nullopt}, {std::nullopt, 0.4}};
     for (const auto& [lo, hi] : bounds)
-      EXPECT_TRUE(check(
+      EXPECT_TRUE(remat_test::nd_check(
           [lo = lo, hi = hi](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::clamp(x[0], lo, hi)); },
           {s}));
     for (double slope : {0.01, 0.2, -0.5})
-      EXPECT_TRUE(check(
+      EXPECT_TRUE(remat_test::nd_check(
           [slope](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::leaky_relu(x[0], slope)); }, {s}));
-    EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::silu(x[0])); }, {s}, -4, 4));
+    EXPECT_TRUE(remat_test::nd_check(
+        [](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::silu(x[0])); }, {s}, -4, 4));
   }
 }
 
@@ -260,16 +246,18 @@ TEST(NdReductions, LayerNormOverTrailingDimsGradcheck) {
                                            {Shape{2, 1, 3, 2}, Shape{1, 3, 2}}};
   for (const auto& [x, ns] : cases) {
     SCOPED_TRACE(remat::to_string(x) + " over " + remat::to_string(ns));
-    EXPECT_TRUE(
-        check([ns = ns](Tape<double>& t,
-                        const Inputs& v) { return weighted_sum(t, remat::layer_norm(v[0], ns, v[1], v[2], 1e-5)); },
-              {x, ns, ns}));
+    EXPECT_TRUE(remat_test::nd_check(
+        [ns = ns](Tape<double>& t, const Inputs& v) {
+          return weighted_sum(t, remat::layer_norm(v[0], ns, v[1], v[2], 1e-5));
+        },
+        {x, ns, ns}));
   }
 }
 
 TEST(NdReductions, LayerNormOverTheLastDimIsTheGainBiasFormBitwise) {
   const Shape s{3, 4, 40};
-  const remat::Matrix<double> v = values(s, 3), w = values(Shape{40}, 4, 0.5, 1.5), b = values(Shape{40}, 5);
+  const remat::Matrix<double> v = remat_test::nd_values(s, 3), w = remat_test::nd_values(Shape{40}, 4, 0.5, 1.5),
+                              b = remat_test::nd_values(Shape{40}, 5);
   remat::Matrix<double> out[2], grads[2][3];
   for (int form = 0; form < 2; ++form) {
     Tape<double> tape;
@@ -289,7 +277,7 @@ TEST(NdReductions, LayerNormOverTheLastDimIsTheGainBiasFormBitwise) {
 /// Values and gradient of build(x) on a large x, at `threads` threads.
 std::pair<remat::Matrix<double>, remat::Matrix<double>> run_at(int threads, const Shape& s, V (*build)(const V&)) {
   remat::set_num_threads(threads);
-  const remat::Matrix<double> v = values(s, 8, -3, 3);
+  const remat::Matrix<double> v = remat_test::nd_values(s, 8, -3, 3);
   Tape<double> tape;
   const V x = tape.variable(s, v.data());
   const V y = build(x);
@@ -329,7 +317,7 @@ TEST(NdReductions, TheSameBitsAtEveryThreadCount) {
 
 TEST(NdReductions, BadDimsThrowIndexErrorNamingTheOp) {
   Tape<double> tape;
-  const remat::Matrix<double> v = values(Shape{2, 3, 4}, 1);
+  const remat::Matrix<double> v = remat_test::nd_values(Shape{2, 3, 4}, 1);
   const V x = tape.variable(Shape{2, 3, 4}, v.data());
   using remat::index_error;
   using remat_test::expect_error_naming;
@@ -347,7 +335,7 @@ TEST(NdReductions, BadDimsThrowIndexErrorNamingTheOp) {
 
 TEST(NdReductions, BadShapesThrowShapeErrorNamingTheOp) {
   Tape<double> tape;
-  const remat::Matrix<double> v = values(Shape{2, 3, 4}, 1);
+  const remat::Matrix<double> v = remat_test::nd_values(Shape{2, 3, 4}, 1);
   const V x = tape.variable(Shape{2, 3, 4}, v.data());
   const V y = tape.variable(Shape{3, 3}, v.data());
   const V w = tape.variable(Shape{3, 4}, v.data());

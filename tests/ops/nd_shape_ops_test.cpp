@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gradcheck.hpp"
+#include "nd_gradcheck.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 
@@ -21,29 +22,14 @@ using remat::Shape;
 using remat::Tape;
 using V = remat::Var<double>;
 using Inputs = std::vector<V>;
-
-remat::Matrix<double> values(const Shape& s, std::uint64_t seed) {
-  return remat_test::random_matrix<double>(1, s.numel(), seed, remat_test::Domain{-1, 1, 0});
-}
-
-::testing::AssertionResult check(const remat::LossFunction& f, const std::vector<Shape>& shapes) {
-  std::vector<remat::Matrix<double>> inputs;
-  for (std::size_t k = 0; k < shapes.size(); ++k) inputs.push_back(values(shapes[k], 31 + k));
-  return remat_test::passes(remat::gradcheck(f, inputs, shapes));
-}
-
-/// sum(y ⊙ w) for a fixed w of y's shape.
-V weighted_sum(Tape<double>& tape, const V& y) {
-  const Shape s = y.shape();
-  const remat::Matrix<double> w = values(s, 99);
-  return remat::sum(y * tape.constant(s, w.data()));
-}
+using remat_test::weighted_sum;
 
 using Unary = std::function<V(const V&)>;
 
 void check_unary(const char* what, const Shape& s, const Unary& f) {
   SCOPED_TRACE(std::string(what) + " of " + remat::to_string(s));
-  EXPECT_TRUE(check([&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, f(x[0])); }, {s}));
+  EXPECT_TRUE(
+      remat_test::nd_check([&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, f(x[0])); }, {s}, -1, 1, 31));
 }
 
 const Shape rank1{6}, rank3{2, 3, 4}, rank4{2, 3, 1, 4};
@@ -66,14 +52,14 @@ TEST(NdShapeOps, ReshapeViewFlattenSqueezeUnsqueezeGradcheck) {
 
 TEST(NdShapeOpsShapes, ReshapeFamilyShapes) {
   Tape<double> tape;
-  const V x = tape.variable(rank3, values(rank3, 1).data());
+  const V x = tape.variable(rank3, remat_test::nd_values(rank3, 1).data());
   EXPECT_EQ(remat::reshape(x, {3, -1, 2}).shape(), (Shape{3, 4, 2}));
   EXPECT_EQ(remat::view(x, {24}).shape(), (Shape{24}));
   EXPECT_EQ(remat::flatten(x).shape(), (Shape{24}));
   EXPECT_EQ(remat::flatten(x, 0, 1).shape(), (Shape{6, 4}));
   EXPECT_EQ(remat::squeeze(x, 1).shape(), rank3) << "a dim of size 3 stays, as in PyTorch";
   EXPECT_EQ(remat::unsqueeze(x, 3).shape(), (Shape{2, 3, 4, 1}));
-  const V one = tape.variable(Shape{1, 1}, values(Shape{1, 1}, 2).data());
+  const V one = tape.variable(Shape{1, 1}, remat_test::nd_values(Shape{1, 1}, 2).data());
   EXPECT_EQ(remat::reshape(one, {}).shape(), Shape::scalar());
   EXPECT_EQ(remat::flatten(remat::reshape(one, {})).shape(), (Shape{1}));
   EXPECT_EQ(remat::squeeze(remat::reshape(one, {}), -1).shape(), Shape::scalar());
@@ -119,7 +105,7 @@ TEST(NdShapeOps, PermuteMatchesLoopsOnRunsTilesAndMergedDims) {
   for (const auto& [s, perm] : cases) {
     SCOPED_TRACE(remat::to_string(s));
     Tape<double> tape;
-    const remat::Matrix<double> m = values(s, 5);
+    const remat::Matrix<double> m = remat_test::nd_values(s, 5);
     const std::vector<double> x(m.data(), m.data() + m.size());
     const V y = remat::permute(tape.variable(s, m.data()), perm);
     const auto v = y.value();
@@ -144,18 +130,21 @@ TEST(NdShapeOps, ConcatStackGradcheckAndTrees) {
       SCOPED_TRACE(std::to_string(parts) + " parts of " + remat::to_string(s));
       const std::vector<Shape> shapes(static_cast<std::size_t>(parts), s);
       for (int dim : {0, -1}) {
-        EXPECT_TRUE(
-            check([&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::concat(x, dim)); }, shapes));
-        EXPECT_TRUE(
-            check([&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::stack(x, dim)); }, shapes));
+        EXPECT_TRUE(remat_test::nd_check(
+            [&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::concat(x, dim)); }, shapes, -1, 1,
+            31));
+        EXPECT_TRUE(remat_test::nd_check(
+            [&](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::stack(x, dim)); }, shapes, -1, 1,
+            31));
       }
     }
   }
   // Parts of different sizes along dim, and stack in a middle dimension.
-  EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::concat(x, 1)); },
-                    {Shape{2, 1, 3}, Shape{2, 4, 3}, Shape{2, 2, 3}, Shape{2, 3, 3}}));
-  EXPECT_TRUE(check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::stack(x, 2)); },
-                    {rank4, rank4, rank4, rank4}));
+  EXPECT_TRUE(
+      remat_test::nd_check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::concat(x, 1)); },
+                           {Shape{2, 1, 3}, Shape{2, 4, 3}, Shape{2, 2, 3}, Shape{2, 3, 3}}, -1, 1, 31));
+  EXPECT_TRUE(remat_test::nd_check([](Tape<double>& t, const Inputs& x) { return weighted_sum(t, remat::stack(x, 2)); },
+                                   {rank4, rank4, rank4, rank4}, -1, 1, 31));
 }
 
 TEST(NdShapeOps, ConcatAndStackValuesOfManyParts) {
@@ -237,7 +226,7 @@ void expect_throw(const std::function<void()>& f, std::initializer_list<std::str
 
 TEST(NdShapeOpsErrors, BadDimsThrowIndexErrorNamingTheOp) {
   Tape<double> tape;
-  const V x = tape.variable(rank3, values(rank3, 1).data());
+  const V x = tape.variable(rank3, remat_test::nd_values(rank3, 1).data());
   using E = remat::index_error;
   expect_throw<E>([&] { remat::flatten(x, 3); }, {"flatten:", "dim 3"});
   expect_throw<E>([&] { remat::flatten(x, 2, 1); }, {"flatten:", "start_dim"});
@@ -258,8 +247,8 @@ TEST(NdShapeOpsErrors, BadDimsThrowIndexErrorNamingTheOp) {
 
 TEST(NdShapeOpsErrors, BadShapesThrowShapeErrorNamingTheOpAndShapes) {
   Tape<double> tape;
-  const V x = tape.variable(rank3, values(rank3, 1).data());
-  const V y = tape.variable(Shape{2, 5, 4}, values(Shape{2, 5, 4}, 2).data());
+  const V x = tape.variable(rank3, remat_test::nd_values(rank3, 1).data());
+  const V y = tape.variable(Shape{2, 5, 4}, remat_test::nd_values(Shape{2, 5, 4}, 2).data());
   using E = remat::shape_error;
   expect_throw<E>([&] { remat::reshape(x, {5, 5}); }, {"reshape:", "[2,3,4]", "[5,5]"});
   expect_throw<E>([&] { remat::reshape(x, {-1, -1}); }, {"reshape:", "only one"});
@@ -290,7 +279,7 @@ TEST(NdShapeOpsErrors, BadShapesThrowShapeErrorNamingTheOpAndShapes) {
 
 TEST(NdShapeOpsErrors, IndicesOutOfRangeThrowIndexErrorNamingTheOp) {
   Tape<double> tape;
-  const V x = tape.variable(rank3, values(rank3, 1).data());
+  const V x = tape.variable(rank3, remat_test::nd_values(rank3, 1).data());
   using E = remat::index_error;
   expect_throw<E>([&] { remat::slice(x, 2, 4, 1); }, {"slice:", "begin 4", "[2,3,4]"});
   expect_throw<E>([&] { remat::slice(x, 2, -5, 1); }, {"slice:", "begin -5"});
@@ -303,8 +292,8 @@ TEST(NdShapeOpsErrors, IndicesOutOfRangeThrowIndexErrorNamingTheOp) {
 
 TEST(NdShapeOpsErrors, AFailedConcatOrStackRecordsNothing) {
   Tape<double> tape;
-  const V x = tape.variable(rank3, values(rank3, 1).data());
-  const V y = tape.variable(Shape{2, 3, 5}, values(Shape{2, 3, 5}, 2).data());
+  const V x = tape.variable(rank3, remat_test::nd_values(rank3, 1).data());
+  const V y = tape.variable(Shape{2, 3, 5}, remat_test::nd_values(Shape{2, 3, 5}, 2).data());
   const std::size_t before = tape.size();
   std::vector<V> parts(6, x);
   parts.push_back(y);  // the last part does not fit: the trees over the first six must not be recorded
