@@ -40,6 +40,7 @@
 
 #include "remat/detail/buffers.hpp"
 #include "remat/detail/eviction_classes.hpp"
+#include "remat/detail/levels.hpp"
 #include "remat/detail/node.hpp"
 
 namespace remat::detail {

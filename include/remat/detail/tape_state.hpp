@@ -14,8 +14,10 @@
 
 #include "remat/detail/buffers.hpp"
 #include "remat/detail/eviction.hpp"
+#include "remat/detail/levels.hpp"
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
+#include "remat/detail/non_finite.hpp"
 #include "remat/detail/parameter_check.hpp"
 #include "remat/detail/recorder.hpp"
 #include "remat/detail/sweep.hpp"
