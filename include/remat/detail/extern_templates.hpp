@@ -17,6 +17,7 @@
   declaration class ::remat::detail::Reports<T>;           \
   declaration class ::remat::detail::Recorder<T>;          \
   declaration class ::remat::detail::Evictor<T>;           \
+  declaration class ::remat::detail::EvictorChoice<T>;     \
   declaration class ::remat::detail::Buffers<T>;           \
   declaration class ::remat::detail::Pool<T>;              \
   declaration class ::remat::detail::Lifetime<T>;          \
