@@ -16,6 +16,7 @@
   declaration class ::remat::detail::TapeState<T>;         \
   declaration class ::remat::detail::Reports<T>;           \
   declaration class ::remat::detail::Recorder<T>;          \
+  declaration class ::remat::detail::RegionRecorder<T>;    \
   declaration class ::remat::detail::Evictor<T>;           \
   declaration class ::remat::detail::EvictorChoice<T>;     \
   declaration class ::remat::detail::Buffers<T>;           \
