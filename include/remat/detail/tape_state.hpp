@@ -1,6 +1,7 @@
 // TapeState<T>: what a Tape and its Vars share. It composes the graph (node.hpp), the buffers
-// (buffers.hpp), the lifetime rule (lifetime.hpp), recording (recorder.hpp) and the sweep (sweep.hpp),
-// and offers the narrow interface that Tape, Var, apply<Op>, checkpoint() and the schedules use.
+// (buffers.hpp), the lifetime rule (lifetime.hpp), recording (recorder.hpp), the sweep (sweep.hpp) and the
+// reports on what is kept (reports.hpp), and offers the narrow interface that Tape, Var, apply<Op>,
+// checkpoint() and the schedules use.
 #pragma once
 
 #include <algorithm>
@@ -467,7 +468,7 @@ class TapeState {
     buffers_.trim();
   }
 
-  /// Backwards that skipped their dry run as redundant (detail/sweep.hpp; tests).
+  /// Backwards that skipped their dry run as redundant (detail/dry_run_cache.hpp; tests).
   std::size_t dry_runs_skipped() const { return sweep_.dry_runs_skipped(); }
 
   MemoryStats memory() const {
