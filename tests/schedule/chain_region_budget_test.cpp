@@ -102,7 +102,7 @@ TEST(ChainRegionBudget, RuntimeMemoryBudgetWithAChainRegion) {
 // backward ran"; the plain tape passes every budget). B_2 reads layer_norm's row statistics (its extra), which were
 // freed. Diagnosis (traced with assertions on): under the budget x_3 (tanh) and its linear were evicted, each holding a
 // regeneration read on its input, down to x_2 = layer_norm's output (also evicted, its extra kept for B_2 as part of
-// x̄_2 from Fall2). After B3, run_chain → release_activation(plan, 3) (include/remat/detail/sweep.hpp:470-480) lowers
+// x̄_2 from Fall2). After B3, run_chain → release_activation(plan, 3) (include/remat/detail/chain_schedule.hpp) lowers
 // the lifetime level to depth − 1 and releases x_3's schedule hold; settle(x_3) → forget_eviction →
 // release_regen_read(linear) → settle → forget_eviction → release_regen_read(x_2) → settle(x_2) (lifetime.hpp:55-60,
 // 75-79, 144-149) all run at that lowered level, where extra_wanted(x_2) is false (level 1 > 0), so x_2's extra is

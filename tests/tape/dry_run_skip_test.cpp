@@ -1,4 +1,4 @@
-// The backward's dry run is skipped only when it is redundant (detail/sweep.hpp): a training loop that
+// The backward's dry run is skipped only when it is redundant (detail/dry_run_cache.hpp): a training loop that
 // records the same graph every step skips it from its third step on, and any change that changes what the
 // sweep allocates — the policy's saved set with the same ops, the shapes, a Parameter whose gradient is
 // defined, gradient() instead of backward(), a pool emptied in between — runs it again. Each step's memory()

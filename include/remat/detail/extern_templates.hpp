@@ -8,9 +8,17 @@
 
 #define REMAT_DETAIL_CLASS_TEMPLATES(declaration, T)       \
   declaration class ::remat::detail::Sweep<T>;             \
+  declaration class ::remat::detail::DryRunCache<T>;       \
+  declaration class ::remat::detail::ChainSchedule<T>;     \
+  declaration class ::remat::detail::Replays<T>;           \
+  declaration class ::remat::detail::GradientDelivery<T>;  \
+  declaration class ::remat::detail::SweepState<T>;        \
   declaration class ::remat::detail::TapeState<T>;         \
+  declaration class ::remat::detail::Reports<T>;           \
   declaration class ::remat::detail::Recorder<T>;          \
+  declaration class ::remat::detail::RegionRecorder<T>;    \
   declaration class ::remat::detail::Evictor<T>;           \
+  declaration class ::remat::detail::EvictorChoice<T>;     \
   declaration class ::remat::detail::Buffers<T>;           \
   declaration class ::remat::detail::Pool<T>;              \
   declaration class ::remat::detail::Lifetime<T>;          \

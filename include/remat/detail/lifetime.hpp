@@ -7,7 +7,7 @@
 //
 // "At the current nesting level": a value's residence level is the depth of the deepest enclosing
 // region whose policy drops it (0: none); a reader reads it at that level, or, outside a region that
-// returned it, at the level of the regions enclosing both (node.hpp: read_level, a value's "tiers").
+// returned it, at the level of the regions enclosing both (levels.hpp: read_level, a value's "tiers").
 // Outside the backward sweep the level is 0, so only values read at level 0 are kept for readers; while
 // the sweep is inside a region of depth d (after that region replayed), values read at a level ≤ d are. A
 // value read only at levels > 0 therefore lives in the forward pass only as long as a handle refers to it,
@@ -40,6 +40,7 @@
 
 #include "remat/detail/buffers.hpp"
 #include "remat/detail/eviction_classes.hpp"
+#include "remat/detail/levels.hpp"
 #include "remat/detail/node.hpp"
 
 namespace remat::detail {
@@ -132,7 +133,7 @@ class Lifetime {
   bool saved_value(const Node<T>& n) const {
     return n.value && n.value_owned() && (n.regen_reads > 0 || n.schedule_holds > 0 || read_at_this_level(n));
   }
-  /// A pending reader needs n at the current level (node.hpp: read_at_or_below).
+  /// A pending reader needs n at the current level (levels.hpp: read_at_or_below).
   bool read_at_this_level(const Node<T>& n) const { return read_at_or_below(graph_, n, level_); }
   bool saved_extra(const Node<T>& n) const { return n.extra && n.extra_read && n.level <= level_; }
 
@@ -145,7 +146,7 @@ class Lifetime {
     if (n.extra && !extra_wanted(n)) free_extra(n);
   }
   /// Settles node `id` as if the level were `level` (below the current one: a chain region done with one
-  /// layer's values, detail/sweep.hpp), but what that releases — an evicted node's regeneration reads of its
+  /// layer's values, detail/chain_schedule.hpp), but what that releases — an evicted node's regeneration reads of its
   /// inputs — settles at the current level: those inputs may belong to a tape the chain still keeps.
   /// Never throws.
   void settle_at(std::int32_t id, int level) noexcept {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "remat/detail/levels.hpp"
 #include "remat/detail/node.hpp"
 
 namespace remat::detail {

@@ -240,7 +240,7 @@ namespace detail {
 /// that are not Parameters, of tape variables recorded inside the layer (both stay until the sweep passes
 /// them, after the chain), and of Parameters whose first consumer is an op before the layer (a weight shared
 /// with earlier layers). A Parameter's gradient goes to the Parameter once its first consumer's backward has
-/// run (Tape::backward, detail/sweep.hpp): when that op is in the layer, in o_b, not in g.
+/// run (Tape::backward, detail/gradient_delivery.hpp): when that op is in the layer, in o_b, not in g.
 /// The layer's output (its value may be held by a handle) and, in a layer with checkpoint regions of its
 /// own (whose replays hold values too), every residual are taken to stay until the end of B_i: an upper
 /// bound either way.
@@ -299,7 +299,7 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
   std::int64_t live = static_cast<std::int64_t>(output.bytes(state, begin, end)), peak = live;  // δ_i, then B_i's
   std::uint64_t input_gradient = 0;  // bit k: δ_{i−1}'s value input.ids[k] allocated (a state has ≤ 64 Vars)
   // A Parameter's gradient goes to the Parameter after the backward of the earliest op that reads it and
-  // receives a gradient (detail/sweep.hpp). Taken here to be its earliest consumer that requires one: no
+  // receives a gradient (detail/gradient_delivery.hpp). Taken here to be its earliest consumer that requires one: no
   // later in the sweep than that op (a probe's op stands for the layer's; an op before the chain may
   // receive no gradient, and then the gradient is taken to stay: an upper bound).
   const auto completed_by = [&](std::int32_t w) {
