@@ -91,7 +91,8 @@ class Model {
       for (Parameter<float>& p : *list) p.zero_grad();
     V loss = record(run, tape_.constant(data_.x));
     std::size_t ops = 0;
-    for (std::int32_t i = 0; i < loss.state()->size(); ++i) ops += loss.state()->node(i).is_leaf() ? 0 : 1;
+    for (std::int32_t i = 0; i < remat::detail::VarAccess::state(loss)->size(); ++i)
+      ops += remat::detail::VarAccess::state(loss)->node(i).is_leaf() ? 0 : 1;
     tape_.backward(loss);
     return ops;
   }
@@ -161,7 +162,8 @@ class GptModel {
     for (Parameter<float>* p : model_.parameters()) p->zero_grad();
     V loss = model_.loss(tape_, data_.ids, data_.targets, gpt::Attention::unfused, run);
     std::size_t ops = 0;
-    for (std::int32_t i = 0; i < loss.state()->size(); ++i) ops += loss.state()->node(i).is_leaf() ? 0 : 1;
+    for (std::int32_t i = 0; i < remat::detail::VarAccess::state(loss)->size(); ++i)
+      ops += remat::detail::VarAccess::state(loss)->node(i).is_leaf() ? 0 : 1;
     tape_.backward(loss);
     return ops;
   }

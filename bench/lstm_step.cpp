@@ -91,7 +91,8 @@ class Lstm {
     for (Parameter<float>* p : parameters()) p->zero_grad();
     V loss = record(run);
     std::size_t ops = 0;
-    for (std::int32_t i = 0; i < loss.state()->size(); ++i) ops += loss.state()->node(i).is_leaf() ? 0 : 1;
+    for (std::int32_t i = 0; i < remat::detail::VarAccess::state(loss)->size(); ++i)
+      ops += remat::detail::VarAccess::state(loss)->node(i).is_leaf() ? 0 : 1;
     forward_ = tape_.memory();
     tape_.backward(loss);
     return ops;
@@ -141,8 +142,9 @@ class Lstm {
       for (std::size_t t = 0; t < x.size(); ++t) layers.push_back(layer(t));
       std::tuple<V, V> s{h, c};
       h = c = {};
-      s = run.kind == Runner::schedule ? remat::run_schedule(layers, *run.planned, std::move(s))
-                                       : remat::checkpoint_sequential_auto(layers, std::move(s), run.budget, run.report);
+      s = run.kind == Runner::schedule
+              ? remat::run_schedule(layers, *run.planned, std::move(s))
+              : remat::checkpoint_sequential_auto(layers, std::move(s), run.budget, run.report);
       x.clear();
       std::tie(h, c) = s;
     }

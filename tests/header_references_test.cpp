@@ -1,8 +1,7 @@
 // What the public headers' comments point a user to must exist and say what the comment promises: a file
 // named in a comment exists, a section "docs/x.md §N" or "RESULTS.md §N" is a heading of that file, and
-// custom_op.hpp, the op recipe's reference, sends the reader to the section that holds the complete example
-// and lists every member an op may declare. (custom_op.hpp named docs/design.md §4 for the example, which is
-// in §5, and did not list scratch_shape or stops_gradient.)
+// op.hpp, the op recipe's reference, sends the reader to the section that holds the complete example
+// and lists every member an op may declare.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -93,32 +92,51 @@ TEST(HeaderReferences, NamedSectionsExist) {
 }
 
 TEST(HeaderReferences, CustomOpPointsToTheCompleteExample) {
-  const std::string text = read(source_dir / "include/remat/custom_op.hpp");
+  const std::string text = read(source_dir / "include/remat/op.hpp");
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(text, m, std::regex("docs/design\\.md §([0-9.]+) has a complete example \\(swiglu\\)")))
-      << "custom_op.hpp no longer names the section of its complete example";
-  const std::string example = section(read(source_dir / "docs/design.md"), m[1]);
-  EXPECT_NE(example.find("struct SwigluOp : remat::OpBase"), std::string::npos)
-      << "custom_op.hpp says docs/design.md §" << m[1] << " has the complete swiglu example; it does not";
-  EXPECT_NE(example.find("tests/ops/custom_op_test.cpp"), std::string::npos);
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("(docs/[a-z-]+\\.md) has a complete example \\(swiglu\\)")))
+      << "op.hpp no longer names the page of its complete example";
+  const std::string page = read(source_dir / m[1].str());
+  EXPECT_NE(page.find("struct SwigluOp : remat::OpBase"), std::string::npos)
+      << "op.hpp says " << m[1] << " has the complete swiglu example; it does not";
+}
+
+TEST(HeaderReferences, TheCustomOpPageShowsTheCodeTheTestsCompile) {
+  // Every C++ block of docs/custom-ops.md that defines an op struct is, line for line, in the test that checks it.
+  const std::string page = read(source_dir / "docs/custom-ops.md");
+  const std::string tests =
+      read(source_dir / "tests/ops/custom_op_test.cpp") + read(source_dir / "tests/ops/random_op_test.cpp");
+  int checked = 0;
+  const std::string open = "```cpp\n";
+  for (std::size_t at = page.find(open); at != std::string::npos; at = page.find(open, at)) {
+    const std::size_t begin = at + open.size();
+    at = page.find("```", begin);  // not std::regex: it recurses once per character of a block
+    ASSERT_NE(at, std::string::npos) << "an unclosed code block in docs/custom-ops.md";
+    const std::string code = page.substr(begin, at - begin);
+    at += 3;
+    if (code.find("struct ") == std::string::npos && code.find("static double noise(") == std::string::npos) continue;
+    EXPECT_NE(tests.find(code), std::string::npos) << "docs/custom-ops.md shows code no test compiles:\n" << code;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
 }
 
 TEST(HeaderReferences, CustomOpListsEveryMemberOfOpBase) {
-  // The optional members OpBase (detail/apply.hpp) gives defaults for, which an op may declare.
-  const std::string apply = read(source_dir / "include/remat/detail/apply.hpp");
+  // The optional members OpBase gives defaults for, which an op may declare.
+  const std::string apply = read(source_dir / "include/remat/op.hpp");
   const std::size_t begin = apply.find("struct OpBase {");
   ASSERT_NE(begin, std::string::npos);
   const std::string base = apply.substr(begin, apply.find("\n};", begin) - begin);
   std::set<std::string> members;
-  const std::regex member("(?:static (?:constexpr )?[A-Za-z:]+ |struct )([A-Za-z_]+)");
+  const std::regex member("(?:static (?:constexpr )?[A-Za-z0-9_:]+ |struct )([A-Za-z_]+)");
   for (std::sregex_iterator it(base.begin(), base.end(), member), end; it != end; ++it)
     if ((*it)[1] != "OpBase") members.insert((*it)[1]);
-  EXPECT_GE(members.size(), 6u);
-  // custom_op.hpp's comment, before its first include.
-  const std::string text = read(source_dir / "include/remat/custom_op.hpp");
+  EXPECT_GE(members.size(), 8u);
+  // op.hpp's comment, before #pragma once.
+  const std::string text = read(source_dir / "include/remat/op.hpp");
   const std::string comment = text.substr(0, text.find("#pragma once"));
   for (const std::string& name : members)
-    EXPECT_NE(comment.find(name), std::string::npos) << "custom_op.hpp does not list OpBase's " << name;
+    EXPECT_NE(comment.find(name), std::string::npos) << "op.hpp does not list OpBase's " << name;
 }
 
 }  // namespace header_references

@@ -77,7 +77,7 @@ class CapturedStep {
         throw tape_error(
             "CapturedStep: anomaly detection is on (Tape::set_detect_anomaly), and replay() checks no value; find "
             "the NaN or inf by recording the step on a Tape, then capture it with anomaly detection off");
-      if (!loss_.valid() || loss_.state() != &state)
+      if (!loss_.valid() || detail::VarAccess::state(loss_) != &state)
         throw tape_error("CapturedStep: the step function must return a Var recorded on the tape it was given");
       check_log();  // before the backward: the Parameters are unchanged if it throws
       last_loss_ = loss_.item();
@@ -108,11 +108,11 @@ class CapturedStep {
       if (!d.storage->grad_defined) d.storage->reserve_grad();  // before anything changes
     detail::Graph<T>& graph = tape_state().captured_graph();
     save_states(graph);
-    trace_.run(graph, wanted_.data(), loss_.id(), last_loss_);
+    trace_.run(graph, wanted_.data(), detail::VarAccess::id(loss_), last_loss_);
     restore_states(graph);
     // The loss's buffer, held by loss_, has this run's value; a leaf loss (a Parameter, a constant) has no
     // forward for the run to read it from. Unless a budget evicted it: then the run read it after its forward.
-    const detail::Node<T>& loss = graph[loss_.id()];
+    const detail::Node<T>& loss = graph[detail::VarAccess::id(loss_)];
     if (loss.value) last_loss_ = loss.value[0];
     return last_loss_;
   }
@@ -237,9 +237,10 @@ class CapturedStep {
   }
 
   std::int32_t own_id(const char* op, const Var<T>& v) const {
-    v.node(op);
-    if (v.state() != &tape_state()) throw tape_error(std::string(op) + ": the Var was not recorded by this step");
-    return v.id();
+    detail::VarAccess::node(v, op);
+    if (detail::VarAccess::state(v) != &tape_state())
+      throw tape_error(std::string(op) + ": the Var was not recorded by this step");
+    return detail::VarAccess::id(v);
   }
   Matrix<T>& leaf_data(const char* op, const Var<T>& leaf) {
     const std::int32_t id = own_id(op, leaf);

@@ -20,8 +20,8 @@ struct is_var<Var<T>> : std::true_type {};
 template <class A, class... Rest>
 auto region_tape(const A& a, const Rest&... rest) {
   if constexpr (is_var<std::decay_t<A>>::value) {
-    a.node("checkpoint");
-    return a.state();
+    detail::VarAccess::node(a, "checkpoint");
+    return detail::VarAccess::state(a);
   } else {
     static_assert(sizeof...(Rest) > 0, "checkpoint: the checkpointed function needs at least one remat::Var argument");
     return region_tape(rest...);
@@ -44,7 +44,7 @@ struct var_count<std::tuple<Vs...>>
 
 template <class T>
 void collect_outputs(const TapeState<T>* state, std::vector<std::int32_t>& ids, const Var<T>& v) {
-  if (v.state() == state && v.valid()) ids.push_back(v.id());
+  if (detail::VarAccess::state(v) == state && v.valid()) ids.push_back(detail::VarAccess::id(v));
 }
 template <class T, class... Vs>
 void collect_outputs(const TapeState<T>* state, std::vector<std::int32_t>& ids, const std::tuple<Vs...>& t) {

@@ -1,5 +1,5 @@
 // gradcheck: compares remat's reverse-mode gradient of a loss with central finite differences, in double
-// (like torch.autograd.gradcheck). Use it to verify a custom op's backward (remat/custom_op.hpp):
+// (like torch.autograd.gradcheck). Use it to verify a custom op's backward (remat/op.hpp):
 //
 //   auto result = remat::gradcheck(
 //       [](remat::Tape<double>&, const std::vector<remat::Var<double>>& v) { return remat::sum(my_op(v[0])); },

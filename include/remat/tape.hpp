@@ -98,7 +98,7 @@ class Tape {
   /// a backward or replay reads it, that throws stale_value_error. The tape shares p's storage, so `p`
   /// may be moved or destroyed before backward. Throws shape_error for an empty parameter or one of more than 2^48
   /// bytes.
-  Var<T> variable(Parameter<T>& p) { return Var<T>::adopt(state_, state_->add_parameter(p)); }
+  Var<T> variable(Parameter<T>& p) { return detail::VarAccess::adopt(state_, state_->add_parameter(p)); }
   /// A temporary Parameter would take its gradient with it: record a named one.
   Var<T> variable(Parameter<T>&& p) = delete;
 
@@ -180,10 +180,10 @@ class Tape {
     for (const Var<T>& v : wrt) {
       check_own("gradient", v);
       if (!v.requires_grad())
-        throw tape_error("gradient: node #" + std::to_string(v.id()) + " (" + state_->node_name(v.id()) + " " +
-                         to_string(v.shape()) +
+        throw tape_error("gradient: node #" + std::to_string(detail::VarAccess::id(v)) + " (" +
+                         state_->node_name(detail::VarAccess::id(v)) + " " + to_string(v.shape()) +
                          ") does not depend on any variable; record it with tape.variable() to differentiate by it");
-      targets.push_back(v.id());
+      targets.push_back(detail::VarAccess::id(v));
       result.emplace_back(v.rows(), v.cols());
     }
     state_->gradient(id, targets, retain_graph, result);
@@ -239,9 +239,9 @@ class Tape {
   std::vector<CheckpointDiagnostic> diagnostics() const { return state_->diagnostics(state_->size() - 1); }
   /// The same, for a backward from `loss`.
   std::vector<CheckpointDiagnostic> diagnostics(const Var<T>& loss) const {
-    loss.node("diagnostics");
-    if (loss.state() != state_) throw tape_error("diagnostics: the loss belongs to another tape");
-    return state_->diagnostics(loss.id());
+    detail::VarAccess::node(loss, "diagnostics");
+    if (detail::VarAccess::state(loss) != state_) throw tape_error("diagnostics: the loss belongs to another tape");
+    return state_->diagnostics(detail::VarAccess::id(loss));
   }
   /// Writes diagnostics(), one message per line (nothing when there is none).
   void diagnose(std::ostream& os) const {
@@ -349,7 +349,7 @@ class Tape {
   Var<T> leaf(const Eigen::MatrixBase<Derived>& value, bool variable) {
     const Shape s{value.rows(), value.cols()};
     const std::int32_t id = state_->add_leaf(s, variable);
-    if (state_->shapes_only()) return Var<T>::adopt(state_, id);  // a placeholder: nothing to copy
+    if (state_->shapes_only()) return detail::VarAccess::adopt(state_, id);  // a placeholder: nothing to copy
     try {
       AlignedMap<T>(state_->leaf_value(id), s.rows(), s.cols()) = value.template cast<T>();
       state_->check_leaf_finite(id, variable ? "variable" : "constant");  // anomaly detection
@@ -358,12 +358,12 @@ class Tape {
       throw;
     }
     state_->leaf_filled(id);
-    return Var<T>::adopt(state_, id);
+    return detail::VarAccess::adopt(state_, id);
   }
 
   Var<T> leaf(const Shape& s, const T* data, bool variable) {
     const std::int32_t id = state_->add_leaf(s, variable);
-    if (state_->shapes_only()) return Var<T>::adopt(state_, id);
+    if (state_->shapes_only()) return detail::VarAccess::adopt(state_, id);
     std::copy_n(data, s.numel(), state_->leaf_value(id));
     try {
       state_->check_leaf_finite(id, variable ? "variable" : "constant");
@@ -372,12 +372,12 @@ class Tape {
       throw;
     }
     state_->leaf_filled(id);
-    return Var<T>::adopt(state_, id);
+    return detail::VarAccess::adopt(state_, id);
   }
 
   void check_own(const char* op, const Var<T>& v) const {
-    v.node(op);
-    if (v.state() != state_) throw tape_error(std::string(op) + ": the Var belongs to another tape");
+    detail::VarAccess::node(v, op);
+    if (detail::VarAccess::state(v) != state_) throw tape_error(std::string(op) + ": the Var belongs to another tape");
   }
 
   std::int32_t check_loss(const char* op, const Var<T>& loss, bool to_parameters) const {
@@ -388,8 +388,8 @@ class Tape {
     if (s.rows() != 1 || s.cols() != 1)
       throw shape_error(std::string(op) + ": the loss must be [1,1] but is " + to_string(s) +
                         "; reduce it with sum() or mean() first");
-    state_->check_sweepable(op, to_parameters, loss.id());
-    return loss.id();
+    state_->check_sweepable(op, to_parameters, detail::VarAccess::id(loss));
+    return detail::VarAccess::id(loss);
   }
 
   friend class CapturedStep<T>;

@@ -11,6 +11,33 @@ namespace remat {
 
 template <class T>
 class Tape;
+template <class T>
+class Var;
+
+namespace detail {
+/// The tape's and the library's access to a Var's internals (its tape state, node id and node), which are not
+/// part of the public API: an op reaches the tape only through the op recipe (remat/op.hpp).
+struct VarAccess {
+  template <class T>
+  static TapeState<T>* state(const Var<T>& v) {
+    return v.state_;
+  }
+  template <class T>
+  static std::int32_t id(const Var<T>& v) {
+    return v.id_;
+  }
+  /// The node `v` refers to; throws tape_error (empty or stale handle) or freed_value_error naming `op`.
+  template <class T>
+  static const Node<T>& node(const Var<T>& v, const char* op) {
+    return v.node(op);
+  }
+  /// A handle to node `id`, whose handle count already includes it (right after recording).
+  template <class T>
+  static Var<T> adopt(TapeState<T>* state, std::int32_t id) {
+    return Var<T>::adopt(state, id);
+  }
+};
+}  // namespace detail
 
 /// Handle to one value on a tape (a leaf or an op's output). Copying a Var is cheap (two counter
 /// increments). While any handle to a value exists the tape keeps the value; once the last handle is
@@ -111,8 +138,9 @@ class Var {
     state_->zero_variable_grad(id_);
   }
 
-  /// The value's shape. Throws tape_error for an empty or stale handle, as rows() and cols() do.
-  Shape shape() const { return node("shape").shape; }
+  /// The value's shape. Throws tape_error for an empty or stale handle, as rows() and cols() do; its message
+  /// starts with `op` (an op's public function passes its own name).
+  Shape shape(const char* op = "shape") const { return node(op).shape; }
   Index rows() const { return shape().rows(); }  ///< shape().rows(): rows of the matrix view
   Index cols() const { return shape().cols(); }  ///< shape().cols(): the last dimension
   int dim() const { return shape().rank(); }     ///< the number of dimensions (torch.Tensor.dim())
@@ -127,10 +155,14 @@ class Var {
   /// True when the value depends on a variable.
   bool requires_grad() const { return node("requires_grad").requires_grad; }
 
-  /// Internal: the tape's state this handle refers into (null when empty), for ops and the tape.
-  detail::TapeState<T>* state() const { return state_; }
-  /// Internal: the node's id on its tape (recording order), for ops and the tape.
-  std::int32_t id() const { return id_; }
+  /// Whether both handles refer to the same value (torch.Tensor.is_same): an op that returns its input as it is
+  /// (dropout in evaluation, concat of one part) returns a handle for which this is true.
+  bool is_same(const Var& other) const {
+    return valid() && other.valid() && state_ == other.state_ && id_ == other.id_;
+  }
+
+ private:
+  friend struct detail::VarAccess;
 
   /// The node this handle refers to. Throws tape_error for an empty Var or one whose tape was cleared or
   /// destroyed, freed_value_error if its value was freed (an evicted value is not: it is regenerated when
@@ -153,7 +185,6 @@ class Var {
     return v;
   }
 
- private:
   [[noreturn]] void throw_invalid(const char* op) const {
     if (!state_) throw tape_error(std::string(op) + ": empty Var (default-constructed or moved from)");
     throw tape_error(std::string(op) + ": the Var's tape was cleared or destroyed after the Var was recorded");

@@ -159,7 +159,7 @@ class Driver {
     } else {
       R r = f();
       if constexpr (std::is_same_v<R, V>) {
-        if (r.state()) state_ = r.state();
+        if (auto* s = remat::detail::VarAccess::state(r)) state_ = s;
       }
       return r;
     }

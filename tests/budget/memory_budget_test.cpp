@@ -37,7 +37,7 @@ bool bitwise_equal(const Matrix<T>& a, const Matrix<T>& b) {
 
 template <class T>
 bool evicted(const Var<T>& v) {
-  return v.state()->node(v.id()).evicted;
+  return remat::detail::VarAccess::state(v)->node(remat::detail::VarAccess::id(v)).evicted;
 }
 
 // ---- a chain of unary ops ----
@@ -278,7 +278,7 @@ LiftedRun lifted_budget_step(bool shapes, std::size_t budget, int mode, bool reg
   LiftedRun r;
   r.forward = tape.memory();
   for (std::int32_t i = 0; i < static_cast<std::int32_t>(tape.size()); ++i) {
-    const auto& n = x.state()->node(i);
+    const auto& n = remat::detail::VarAccess::state(x)->node(i);
     if (!n.evicted) continue;
     ++r.evicted_ops;
     r.evicted_bytes += static_cast<std::size_t>(n.shape.numel()) * sizeof(double);

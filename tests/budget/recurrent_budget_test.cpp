@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "random.hpp"
-#include "remat/custom_op.hpp"
+#include "remat/op.hpp"
 #include "remat/remat.hpp"
 
 namespace recurrent_budget_test {
@@ -162,7 +162,7 @@ Result lstm_step(int steps, std::size_t budget, EvictionHeuristic h) {
   h_t = {};
   Result r;
   for (std::size_t i = 0; i < tape.size(); ++i)
-    r.ops += loss.state()->node(static_cast<std::int32_t>(i)).is_leaf() ? 0 : 1;
+    r.ops += remat::detail::VarAccess::state(loss)->node(static_cast<std::int32_t>(i)).is_leaf() ? 0 : 1;
   tape.backward(loss);
   r.memory = tape.memory();
   for (Parameter<double>* p : w.all()) r.grads.emplace_back(p->grad());

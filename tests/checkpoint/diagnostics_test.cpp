@@ -62,7 +62,7 @@ TEST(CheckpointDiagnostics, TheLastCheckpointedLayerBeforeTheLossIsReportedAndOn
   EXPECT_EQ(d.depth, 1);
   EXPECT_EQ(d.replay_bytes, layer_replay_bytes);
   EXPECT_EQ(d.freed_before_replay, 0u);
-  EXPECT_EQ(d.loss, loss.id());
+  EXPECT_EQ(d.loss, remat::detail::VarAccess::id(loss));
   EXPECT_NE(d.message.find("checkpoint region #2"), std::string::npos) << d.message;
   EXPECT_NE(d.message.find("last region before the loss"), std::string::npos) << d.message;
   EXPECT_NE(d.message.find("384 bytes"), std::string::npos) << d.message;

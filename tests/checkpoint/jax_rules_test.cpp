@@ -9,7 +9,7 @@
 
 #include "checkpoint_support.hpp"
 #include "memory.hpp"
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 #include "remat/remat.hpp"
 
 namespace jax_rules_test {
@@ -23,7 +23,7 @@ inline int evaluations = 0;
 
 /// JAX's test primitive add_one: y = x + 1, whose derivative rule reads its own output (JAX: pout * t), counted
 /// on every forward evaluation (the first pass and replays alike).
-struct AddOneOp : remat::detail::UnaryElementwise<AddOneOp> {
+struct AddOneOp : remat::UnaryElementwise<AddOneOp> {
   static constexpr const char* name = "add_one";
   static constexpr unsigned residuals = remat::reads_output;
   static constexpr double flops_per_element = 1;

@@ -337,7 +337,7 @@ class Recorder {
   /// the innermost open region: its policies are asked again with the name), else an identity op.
   Value name(const Value& a, const std::string& tag) {
     Var<T> v = remat::checkpoint_name(a.var, tag);
-    if (v.id() != a.var.id()) return op("checkpoint_name", {&a}, a.shape, {}, tag, std::move(v));
+    if (!v.is_same(a.var)) return op("checkpoint_name", {&a}, a.shape, {}, tag, std::move(v));
     if (describe_) retag(a.id, tag);
     return {std::move(v), a.id, a.shape};
   }

@@ -1,4 +1,4 @@
-// The op recipe's contract (remat/custom_op.hpp: OpBase, OpCall, apply_op, the contexts' params, indices and
+// The op recipe's contract (remat/op.hpp: OpBase, OpCall, apply_op, the contexts' params, indices and
 // scratch) from the user's side: a forward that throws is not recorded, Params of the maximum size, indices
 // copied at record time, tags and the name policies, output/extra/temporary shapes that are empty or negative, a
 // temporary counted in the peak, three inputs with some requiring gradients, batch dims and the dot policies.

@@ -1,4 +1,4 @@
-// A user-defined op written against the public op recipe only (remat/custom_op.hpp), as docs/design.md
+// A user-defined op written against the public op recipe only (remat/op.hpp), as docs/design.md
 // §4.1 shows it: swiglu(a, b) = silu(a) ⊙ b (Shazeer 2020, "GLU Variants Improve Transformer"). It is
 // gradchecked with the public remat::gradcheck, checkpointed under every policy (bitwise equal to no
 // checkpoint), and its residuals by need are counted in exact bytes.
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gradcheck.hpp"
+#include "nd_gradcheck.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 
@@ -47,6 +48,53 @@ struct SwigluOp : remat::OpBase {
 template <class T>
 remat::Var<T> swiglu(const remat::Var<T>& a, const remat::Var<T>& b) {
   return remat::apply_op<SwigluOp>(a, b);
+}
+
+/// RMSNorm over the last dimension of a value of any rank (Zhang & Sennrich 2019, without the gain):
+/// y = x / sqrt(mean(x², -1) + eps); dx = (g − y · mean(g ⊙ y, -1)) / sqrt(mean(x², -1) + eps).
+/// The contexts' matrix view folds every dimension but the last into rows, so the kernels are row loops.
+struct RmsNormOp : remat::OpBase {
+  static constexpr const char* name = "rms_norm";
+  static constexpr remat::OpKind kind = remat::OpKind::normalization;
+  struct Params {
+    double eps = 1e-6;
+  };
+  static unsigned reads(remat::GradInputs) { return remat::reads_input0; }
+  static remat::Shape output_shape(const remat::Shape* in, const Params&) { return in[0]; }
+  template <class T>
+  static T inverse_rms(const remat::ConstAlignedMap<T>& x, remat::Index r, double eps) {
+    return T(1) / std::sqrt(x.row(r).squaredNorm() / T(x.cols()) + T(eps));
+  }
+  template <class T>
+  static void forward(const remat::ForwardContext<T>& c) {
+    const auto x = c.in(0);  // [rows, n]
+    const double eps = remat::params_of<Params>(c).eps;
+    for (remat::Index r = 0; r < x.rows(); ++r) c.out().row(r) = x.row(r) * inverse_rms(x, r, eps);
+  }
+  template <class T>
+  static void backward(const remat::BackwardContext<T>& c) {
+    if (!c.wants_grad(0)) return;
+    const auto x = c.in(0);
+    const auto g = c.grad_out();
+    const double eps = remat::params_of<Params>(c).eps;
+    remat::GradTarget<T> d = c.grad_target(0);
+    for (remat::Index r = 0; r < x.rows(); ++r) {
+      const T inv = inverse_rms(x, r, eps);
+      const T mean_gy = g.row(r).dot(x.row(r)) * inv / T(x.cols());
+      if (d.accumulate)
+        d.map.row(r) += inv * (g.row(r) - x.row(r) * (inv * mean_gy));
+      else
+        d.map.row(r) = inv * (g.row(r) - x.row(r) * (inv * mean_gy));
+    }
+  }
+  static double flops(const remat::Shape*, int, const remat::Shape& out) {
+    return 3.0 * static_cast<double>(out.numel());
+  }
+};
+
+template <class T>
+remat::Var<T> rms_norm(const remat::Var<T>& x, double eps = 1e-6) {
+  return remat::apply_op<RmsNormOp>(RmsNormOp::Params{eps}, x);
 }
 
 }  // namespace user_code
@@ -182,6 +230,50 @@ TEST(CustomOp, ItsResidualsByNeedAreCountedExactly) {
   tape.backward(loss);
   const float silu = 0.5f / (1.0f + std::exp(-0.5f));
   EXPECT_EQ(b.grad()(2, 3), silu);
+}
+
+TEST(CustomOp, AnNdOpPassesTheGradcheckOnRanks1To4) {
+  for (const remat::Shape& s : {remat::Shape{5}, remat::Shape{2, 3, 4}, remat::Shape{2, 1, 3, 2}}) {
+    EXPECT_TRUE(remat_test::nd_check(
+        [](Tape<double>& tape, const std::vector<Var<double>>& v) {
+          return remat_test::weighted_sum(tape, user_code::rms_norm(v[0], 0.1));
+        },
+        {s}))
+        << remat::to_string(s);
+  }
+}
+
+TEST(CustomOp, AnNdOpEqualsTheSameFormulaWrittenWithBuiltInOps) {
+  Tape<double> tape;
+  const remat::Shape s{2, 3, 4};
+  const Matrix<double> values = remat_test::nd_values(s, 5);
+  Var<double> x = tape.constant(s, values.data());
+  const Matrix<double> user = user_code::rms_norm(x, 0.1).value();
+  const Matrix<double> built_in = (x / remat::sqrt(remat::mean(x * x, {-1}, true) + 0.1)).value();
+  EXPECT_EQ(user_code::rms_norm(x).shape(), s);
+  EXPECT_LT((user - built_in).cwiseAbs().maxCoeff(), 1e-14);
+}
+
+/// dL/dx of sum(tanh(rms_norm(x·W reshaped to [2,3,4]))) ⊙ w), the norm checkpointed under `policy` or not.
+template <class Policy>
+Matrix<float> nd_block_gradient(bool plain, const Policy& policy) {
+  Tape<float> tape;
+  Var<float> x = tape.variable(remat_test::random_matrix<float>({6, 5}, 21, remat_test::Domain{-1, 1, 0}));
+  Var<float> w = tape.variable(remat_test::random_matrix<float>({5, 4}, 22, remat_test::Domain{-1, 1, 0}));
+  auto block = [&](const Var<float>& in) {
+    return remat::tanh(user_code::rms_norm(remat::reshape(remat::matmul(in, w), {2, 3, 4})));
+  };
+  Var<float> y = plain ? block(x) : remat::checkpoint(block, policy)(x);
+  const Matrix<float> weights = remat_test::random_matrix<float>({1, 24}, 23, remat_test::Domain{-1, 1, 0});
+  tape.backward(remat::sum(y * tape.constant(remat::Shape{2, 3, 4}, weights.data())));
+  return x.grad();
+}
+
+TEST(CustomOp, ACheckpointedNdOpGivesThePlainGradientsBitwise) {
+  const Matrix<float> plain = nd_block_gradient(true, remat::policies::nothing_saveable);
+  EXPECT_EQ(nd_block_gradient(false, remat::policies::nothing_saveable), plain);
+  EXPECT_EQ(nd_block_gradient(false, remat::policies::everything_saveable), plain);
+  EXPECT_EQ(nd_block_gradient(false, remat::policies::dots_saveable), plain);
 }
 
 }  // namespace custom_op_test

@@ -281,7 +281,7 @@ TEST(Errors, BackwardOfAStepRecordedWithoutClear) {
   const Matrix<double> first = w.grad();
   const auto next = remat::sum(remat::square(remat::matmul(x, w)));  // the next step, no clear() before it
   const std::size_t size = tape.size();
-  const std::string loss_node = "node #" + std::to_string(next.id());
+  const std::string loss_node = "node #" + std::to_string(remat::detail::VarAccess::id(next));
   expect_throw<remat::freed_value_error>(
       [&] { tape.backward(next); },
       {"backward", loss_node, "recorded after", "without clear()", "clear()", "retain_graph = true"});

@@ -289,7 +289,7 @@ TEST(OpList, CoversEveryPublicOp) {
 // ---- the checker itself can fail ----
 
 // tanh with a wrong derivative (1 − y instead of 1 − y²): the gradcheck must reject it.
-struct WrongTanhOp : remat::detail::UnaryElementwise<WrongTanhOp> {
+struct WrongTanhOp : remat::UnaryElementwise<WrongTanhOp> {
   static constexpr const char* name = "wrong_tanh";
   static constexpr unsigned residuals = remat::reads_output;
   static constexpr double flops_per_element = 1;

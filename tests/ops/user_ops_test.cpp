@@ -1,4 +1,4 @@
-// User-defined ops (remat/custom_op.hpp) through the rest of the library: invalid output and extra shapes, a
+// User-defined ops (remat/op.hpp) through the rest of the library: invalid output and extra shapes, a
 // forward that throws at record time, a three-input op with a constant under every policy, random programs of
 // user ops estimated by remat::estimate_memory (remat/estimate.hpp) and checkpointed, ops an estimate must refuse,
 // a NaN FLOP count under a memory budget, a shapes-only tape under a budget. Oracles are closed forms computed by

@@ -4,14 +4,14 @@
 #include <cstddef>
 #include <vector>
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat_test {
 
 /// evaluations[i]: forward evaluations of layer_counting_tanh(x, i) since the vector was last reset.
 inline std::vector<int> evaluations;
 
-struct LayerCountingTanhOp : remat::detail::UnaryElementwise<LayerCountingTanhOp> {
+struct LayerCountingTanhOp : remat::UnaryElementwise<LayerCountingTanhOp> {
   static constexpr const char* name = "layer_counting_tanh";
   static constexpr unsigned residuals = remat::reads_output;
   static constexpr double flops_per_element = 10;

@@ -103,10 +103,10 @@ TEST(ProbeMeasure, BothPeaksAreThoseOfTheTapeRunningTheLayer) {
     remat::detail::Buffers<float>::Measure measured;
     V y = remat::checkpoint(
         [&](V h) {
-          before = h.state()->live_bytes();
-          const auto saved = h.state()->begin_peak_measure();
+          before = remat::detail::VarAccess::state(h)->live_bytes();
+          const auto saved = remat::detail::VarAccess::state(h)->begin_peak_measure();
           V out = c.layer(h, w);
-          measured = h.state()->end_peak_measure(saved);
+          measured = remat::detail::VarAccess::state(h)->end_peak_measure(saved);
           return out;
         },
         remat::policies::nothing_saveable)(x);
@@ -141,7 +141,7 @@ TEST(ProbeMeasure, StretchesNest) {
   remat::detail::Buffers<float>::Measure outer, inner;
   V y = remat::checkpoint(
       [&](V h) {
-        auto* state = h.state();
+        auto* state = remat::detail::VarAccess::state(h);
         before = state->live_bytes();
         const auto saved_outer = state->begin_peak_measure();
         V mid = first(h, w);

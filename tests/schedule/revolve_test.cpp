@@ -19,7 +19,7 @@ namespace revolve_test {
 // tanh that counts its forward evaluations (first sweep and replays alike).
 long tanh_evaluations = 0;
 
-struct CountingTanhOp : remat::detail::UnaryElementwise<CountingTanhOp> {
+struct CountingTanhOp : remat::UnaryElementwise<CountingTanhOp> {
   static constexpr const char* name = "counting_tanh";
   static constexpr unsigned residuals = remat::reads_output;
   static constexpr double flops_per_element = 10;

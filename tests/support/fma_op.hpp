@@ -1,9 +1,9 @@
-// A three-input user op for tests of the custom-op recipe (remat/custom_op.hpp): y = a ⊙ b + c.
+// A three-input user op for tests of the custom-op recipe (remat/op.hpp): y = a ⊙ b + c.
 #pragma once
 
 #include <string>
 
-#include "remat/custom_op.hpp"
+#include "remat/op.hpp"
 #include "remat/remat.hpp"
 
 namespace remat_test {

@@ -1,4 +1,4 @@
-// Two user ops written against the public op recipe (remat/custom_op.hpp) for tests that need an op with
+// Two user ops written against the public op recipe (remat/op.hpp) for tests that need an op with
 // recorded indices or a temporary: gather_cols (GatherColsOp, y column j = x column idx[j]) and ScratchOp
 // (y = 2x through a temporary larger than x). tests/ops/custom_op_contract_test.cpp tests them;
 // tests/checkpoint/transformer_regions_test.cpp uses them in regions under every policy.
@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "remat/custom_op.hpp"
+#include "remat/op.hpp"
 #include "remat/remat.hpp"
 
 namespace remat_test {

@@ -64,7 +64,7 @@ V record(Tape<double>& tape, Model& m, const Step& s, V* w1_out = nullptr) {
 }
 
 std::size_t skipped(const V& loss) {
-  return loss.state()->dry_runs_skipped();
+  return remat::detail::VarAccess::state(loss)->dry_runs_skipped();
 }
 
 /// The figures that do not depend on the pool's history (cached_bytes does).

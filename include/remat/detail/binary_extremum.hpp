@@ -2,8 +2,8 @@
 // the operand that wins, half to each at a tie (as PyTorch's maximum and minimum).
 #pragma once
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/broadcast.hpp"
+#include "remat/op.hpp"
 
 namespace remat::detail {
 

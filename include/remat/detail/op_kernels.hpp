@@ -9,7 +9,7 @@
 // Nothing else changes: the same tables, the same code, the same results (remat/detail/extern_templates.hpp
 // does the same for the tape's class templates). All translation units must share one -march level: Eigen's
 // vector types and alignment depend on it. Ops defined outside the
-// library (remat/custom_op.hpp) are compiled where they are used, as before. Every op header ends with
+// library (remat/op.hpp) are compiled where they are used, as before. Every op header ends with
 // REMAT_OP_KERNELS(its op struct); a new built-in op adds that line too.
 #pragma once
 #define REMAT_DETAIL_OP_KERNELS_INCLUDED

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 #include "remat/shape.hpp"
 
 namespace remat::detail {

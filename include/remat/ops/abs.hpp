@@ -1,7 +1,7 @@
 // abs: elementwise y = |x|.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

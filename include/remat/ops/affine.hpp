@@ -5,8 +5,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/number_text.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

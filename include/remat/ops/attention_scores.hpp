@@ -3,8 +3,8 @@
 
 #include <limits>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/attention_layout.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -1,8 +1,8 @@
 // attention_values: per (sequence, head), p_bh·v_bh: attention probabilities applied to the values.
 #pragma once
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/attention_layout.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/broadcast.hpp"
 #include "remat/detail/direct_gemm.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -39,8 +39,8 @@ struct CheckpointNameOp : OpBase {
 template <class T>
 Var<T> checkpoint_name(const Var<T>& x, std::string_view name) {
   if (name.empty()) throw domain_error("checkpoint_name: the name must not be empty");
-  x.node("checkpoint_name");  // a valid handle of a live tape
-  if (x.state()->name_in_place(x.id(), name)) return x;
+  detail::VarAccess::node(x, "checkpoint_name");  // a valid handle of a live tape
+  if (detail::VarAccess::state(x)->name_in_place(detail::VarAccess::id(x), name)) return x;
   OpCall<detail::CheckpointNameOp> call;
   call.tag = name;
   return apply_op<detail::CheckpointNameOp>(call, x);

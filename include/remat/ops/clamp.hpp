@@ -5,8 +5,8 @@
 #include <optional>
 #include <string>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/number_text.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -162,7 +162,7 @@ struct JoinTree {
 template <class Op, class T>
 Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stack) {
   if (parts.empty()) throw shape_error(std::string(op) + ": no parts; pass at least one");
-  const Shape first = parts[0].node(op).shape;
+  const Shape first = detail::VarAccess::node(parts[0], op).shape;
   const int rank = first.rank() + (stack ? 1 : 0);
   if (rank == 0)
     throw shape_error(std::string(op) + ": part 0 is a scalar; " + op +
@@ -174,8 +174,8 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
   const int d = wrap_dim(dim, rank, op);
   Index total = 0;  // along d
   for (std::size_t i = 0; i < parts.size(); ++i) {
-    const Shape s = parts[i].node(op).shape;
-    if (parts[i].state() != parts[0].state())
+    const Shape s = detail::VarAccess::node(parts[i], op).shape;
+    if (detail::VarAccess::state(parts[i]) != detail::VarAccess::state(parts[0]))
       throw tape_error(std::string(op) + ": part " + std::to_string(i) + " belongs to another tape than part 0");
     bool same = s.rank() == first.rank();
     for (int e = 0; same && e < s.rank(); ++e) same = s[e] == first[e] || (!stack && e == d);
@@ -188,7 +188,7 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
     if (__builtin_add_overflow(total, stack ? Index{1} : s[d], &total))
       throw shape_error(std::string(op) + ": parts 0 to " + std::to_string(i) + " have more elements along dim " +
                         std::to_string(dim) + " together than an Index holds");
-    parts[i].state()->check_input(op, parts[i].id());
+    detail::VarAccess::state(parts[i])->check_input(op, detail::VarAccess::id(parts[i]));
   }
   Shape whole = first;
   if (stack)
@@ -204,7 +204,7 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
   std::vector<Shape> shapes;
   tree.shapes(0, parts.size(), shapes);
   // Room for every record of the tree first: a std::bad_alloc must not leave the records made before it.
-  if (!shapes.empty()) parts[0].state()->reserve_records(op, shapes.data(), shapes.size());
+  if (!shapes.empty()) detail::VarAccess::state(parts[0])->reserve_records(op, shapes.data(), shapes.size());
   return tree.record(0, parts.size());
 }
 

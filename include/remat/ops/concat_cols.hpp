@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -78,16 +78,16 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   // concatenations recorded before it on the tape.
   Index columns = 0;  // every partial sum of the tree is at most this one
   for (std::size_t i = 0; i < parts.size(); ++i) {
-    const detail::Node<T>& n = parts[i].node("concat_cols");
+    const detail::Node<T>& n = detail::VarAccess::node(parts[i], "concat_cols");
     if (__builtin_add_overflow(columns, n.shape.cols(), &columns))
       throw shape_error("concat_cols: parts 0 to " + std::to_string(i) + " (part " + std::to_string(i) + " is " +
                         to_string(n.shape) + ") have more columns together than an Index holds");
-    if (parts[i].state() != parts[0].state())
+    if (detail::VarAccess::state(parts[i]) != detail::VarAccess::state(parts[0]))
       throw tape_error("concat_cols: part " + std::to_string(i) + " belongs to another tape than part 0");
     if (n.shape.rows() != parts[0].rows())
       throw shape_error("concat_cols: part " + std::to_string(i) + " is " + to_string(n.shape) + " but part 0 is " +
                         to_string(parts[0].shape()) + "; every part needs the same number of rows");
-    parts[i].state()->check_input("concat_cols", parts[i].id());
+    detail::VarAccess::state(parts[i])->check_input("concat_cols", detail::VarAccess::id(parts[i]));
   }
   // The whole concatenation must be a valid tensor: every partial one of the tree is then valid too, so no
   // record of it throws a shape_error after the first was recorded.
@@ -98,7 +98,7 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   std::vector<Shape> shapes;
   shapes.reserve(parts.size());
   detail::concat_shapes(parts, 0, parts.size(), shapes);
-  parts[0].state()->reserve_records("concat_cols", shapes.data(), shapes.size());
+  detail::VarAccess::state(parts[0])->reserve_records("concat_cols", shapes.data(), shapes.size());
   return detail::concat_range(parts, 0, parts.size());
 }
 

@@ -1,7 +1,7 @@
 // cos: elementwise y = cos x.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -1,7 +1,7 @@
 // detach: the value of x with no gradient flowing back (jax.lax.stop_gradient, torch.Tensor.detach).
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

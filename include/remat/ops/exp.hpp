@@ -1,7 +1,7 @@
 // exp: elementwise y = eˣ.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -1,7 +1,7 @@
 // full_like, zeros_like, ones_like: a constant of another value's shape, recorded as an op that reads no tensor.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -33,7 +33,7 @@ struct FullLikeOp : OpBase {
 /// nothing_saveable saves nothing). It requires no gradient. Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> full_like(const Var<T>& x, double value) {
-  const Shape s = x.node("full_like").shape;
+  const Shape s = x.shape("full_like");
   return apply_op_without_inputs<detail::FullLikeOp>(detail::FullLikeOp::Params{s.rows(), s.cols(), value}, x);
 }
 

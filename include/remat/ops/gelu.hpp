@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -7,8 +7,8 @@
 #include <limits>
 #include <string>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/number_text.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -140,7 +140,7 @@ Var<T> layer_norm(const Var<T>& x, const Var<T>& gain, const Var<T>& bias, doubl
 template <class T>
 Var<T> layer_norm(const Var<T>& x, const Shape& normalized_shape, const Var<T>& weight, const Var<T>& bias,
                   double eps = 1e-5) {
-  const Shape xs = x.node("layer_norm").shape;
+  const Shape xs = x.shape("layer_norm");
   const int k = normalized_shape.rank();
   if (k == 0 || k > xs.rank() || !std::equal(normalized_shape.begin(), normalized_shape.end(), xs.end() - k))
     throw shape_error("layer_norm: normalized_shape " + to_string(normalized_shape) +

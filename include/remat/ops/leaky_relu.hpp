@@ -1,7 +1,7 @@
 // leaky_relu: elementwise y = x for x > 0, negative_slope · x otherwise (F.leaky_relu).
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

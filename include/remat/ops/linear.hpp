@@ -1,7 +1,7 @@
 // linear: x·W + b with the bias added in the same pass over the output.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

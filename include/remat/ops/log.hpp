@@ -1,7 +1,7 @@
 // log: elementwise y = ln x (NaN for x < 0 and −inf at 0, as std::log).
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

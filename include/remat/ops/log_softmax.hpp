@@ -2,8 +2,8 @@
 // with the maximum).
 #pragma once
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/reduce_dims.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -107,7 +107,7 @@ Var<T> log_softmax(const Var<T>& x) {
 /// dim outside [−rank, rank) (a rank-0 x takes 0 or −1).
 template <class T>
 Var<T> log_softmax(const Var<T>& x, int dim) {
-  const int rank = x.node("log_softmax").shape.rank();
+  const int rank = x.shape("log_softmax").rank();
   const int d = wrap_dim(dim, rank == 0 ? 1 : rank, "log_softmax");
   return apply_op<detail::LogSoftmaxOp>(detail::LogSoftmaxOp::Params{d}, x);
 }

@@ -1,7 +1,7 @@
 // matmul: matrix product through Eigen's GEMM (OpenBLAS when REMAT_USE_BLAS is on).
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 #include "remat/ops/batched_matmul.hpp"
 
 namespace remat {
@@ -47,7 +47,7 @@ struct MatmulOp : OpBase {
 /// scalar; tape_error for invalid Vars or Vars of different tapes.
 template <class T>
 Var<T> matmul(const Var<T>& a, const Var<T>& b) {
-  const Shape sa = a.node("matmul").shape, sb = b.node("matmul").shape;  // errors name matmul
+  const Shape sa = a.shape("matmul"), sb = b.shape("matmul");  // errors name matmul
   if (sa.rank() == 2 && sb.rank() == 2) return apply_op<detail::MatmulOp>(a, b);
   if (sa.rank() > 2 || sb.rank() > 2) return apply_op<detail::GeneralMatmulOp<true>>(a, b);
   return apply_op<detail::GeneralMatmulOp<false>>(a, b);

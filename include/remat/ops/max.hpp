@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/reduce_dims.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -66,7 +66,7 @@ struct MaxDimsOp : OpBase {
 /// given twice.
 template <class T>
 Var<T> max(const Var<T>& x, const std::vector<int>& dims, bool keepdim = false) {
-  return apply_op<detail::MaxDimsOp>(detail::reduce_dims_params("max", dims, x.node("max").shape.rank(), keepdim), x);
+  return apply_op<detail::MaxDimsOp>(detail::reduce_dims_params("max", dims, x.shape("max").rank(), keepdim), x);
 }
 
 }  // namespace remat

@@ -1,7 +1,7 @@
 // max_rows: the largest element of each row.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

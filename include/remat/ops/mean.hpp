@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/reduce_dims.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -83,8 +83,7 @@ Var<T> mean(const Var<T>& x) {
 /// or given twice.
 template <class T>
 Var<T> mean(const Var<T>& x, const std::vector<int>& dims, bool keepdim = false) {
-  return apply_op<detail::MeanDimsOp>(detail::reduce_dims_params("mean", dims, x.node("mean").shape.rank(), keepdim),
-                                      x);
+  return apply_op<detail::MeanDimsOp>(detail::reduce_dims_params("mean", dims, x.shape("mean").rank(), keepdim), x);
 }
 
 }  // namespace remat

@@ -1,7 +1,7 @@
 // mean_cols: the mean of each column.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

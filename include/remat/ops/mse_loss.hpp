@@ -1,7 +1,7 @@
 // mse_loss: mean squared error.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -1,8 +1,8 @@
 // multiply: elementwise (Hadamard) product with broadcasting.
 #pragma once
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/broadcast.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

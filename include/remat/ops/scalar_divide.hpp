@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 #include "remat/ops/affine.hpp"
 
 namespace remat {

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/attention_layout.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

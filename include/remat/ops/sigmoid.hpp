@@ -1,7 +1,7 @@
 // sigmoid: elementwise y = 1 / (1 + e^(−x)).
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

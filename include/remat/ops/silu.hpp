@@ -1,7 +1,7 @@
 // silu: elementwise y = x · sigmoid(x) (F.silu, the swish of Ramachandran et al. 2017).
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -1,7 +1,7 @@
 // sin: elementwise y = sin x.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

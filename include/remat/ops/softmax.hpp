@@ -1,8 +1,8 @@
 // softmax: softmax over one dimension (the last by default), stabilised by subtracting the maximum.
 #pragma once
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/reduce_dims.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -103,7 +103,7 @@ Var<T> softmax(const Var<T>& x) {
 /// outside [−rank, rank) (a rank-0 x takes 0 or −1).
 template <class T>
 Var<T> softmax(const Var<T>& x, int dim) {
-  const int rank = x.node("softmax").shape.rank();
+  const int rank = x.shape("softmax").rank();
   const int d = wrap_dim(dim, rank == 0 ? 1 : rank, "softmax");
   return apply_op<detail::SoftmaxOp>(detail::SoftmaxOp::Params{d}, x);
 }

@@ -1,7 +1,7 @@
 // softplus: elementwise y = ln(1 + eˣ), evaluated as max(x, 0) + ln(1 + e^(−|x|)) so that it never overflows.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

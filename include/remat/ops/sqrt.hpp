@@ -1,7 +1,7 @@
 // sqrt: elementwise y = √x (NaN for x < 0).
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

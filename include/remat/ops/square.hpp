@@ -1,7 +1,7 @@
 // square: elementwise y = x².
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

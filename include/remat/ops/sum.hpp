@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/reduce_dims.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {
@@ -79,7 +79,7 @@ Var<T> sum(const Var<T>& x) {
 /// index_error naming sum for a dim out of [−r, r) or given twice.
 template <class T>
 Var<T> sum(const Var<T>& x, const std::vector<int>& dims, bool keepdim = false) {
-  return apply_op<detail::SumDimsOp>(detail::reduce_dims_params("sum", dims, x.node("sum").shape.rank(), keepdim), x);
+  return apply_op<detail::SumDimsOp>(detail::reduce_dims_params("sum", dims, x.shape("sum").rank(), keepdim), x);
 }
 
 }  // namespace remat

@@ -1,7 +1,7 @@
 // sum_cols: the sum of each column.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

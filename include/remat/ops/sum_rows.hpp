@@ -1,7 +1,7 @@
 // sum_rows: the sum of each row.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

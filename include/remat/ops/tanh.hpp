@@ -1,7 +1,7 @@
 // tanh: elementwise y = tanh x.
 #pragma once
 
-#include "remat/detail/apply.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

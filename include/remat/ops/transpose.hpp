@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/shape_ops.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

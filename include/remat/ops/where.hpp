@@ -1,8 +1,8 @@
 // where: elementwise selection between two broadcast operands by a condition (torch.where).
 #pragma once
 
-#include "remat/detail/apply.hpp"
 #include "remat/detail/broadcast.hpp"
+#include "remat/op.hpp"
 
 namespace remat {
 namespace detail {

@@ -56,9 +56,9 @@ auto chain_tape(const S& s, const char* op) {
   using T = typename chain_state<S>::scalar;
   TapeState<T>* state = nullptr;
   for_each_var(s, [&](std::size_t k, const Var<T>& v) {
-    v.node(op);  // throws tape_error for an empty or stale handle
-    if (!state) state = v.state();
-    if (v.state() != state)
+    detail::VarAccess::node(v, op);  // throws tape_error for an empty or stale handle
+    if (!state) state = detail::VarAccess::state(v);
+    if (detail::VarAccess::state(v) != state)
       throw tape_error(std::string(op) + ": Var " + std::to_string(k) +
                        " of the state is on another tape than Var 0; record the whole state on one tape");
   });

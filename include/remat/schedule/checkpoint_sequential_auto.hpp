@@ -151,8 +151,9 @@ S run_chain_schedule(const Layers& layers, const Schedule& schedule, S x) {
     ~Release() { s->drop_ref(); }
   } release{state};
   try {
-    for_each_var(
-        x, [&](std::size_t k, const Var<T>& v) { state->chain_plan(index).output(0, static_cast<int>(k)) = v.id(); });
+    for_each_var(x, [&](std::size_t k, const Var<T>& v) {
+      state->chain_plan(index).output(0, static_cast<int>(k)) = detail::VarAccess::id(v);
+    });
     for (int i = 1; i <= L; ++i) {
       state->chain_plan(index).layer_begin[static_cast<std::size_t>(i - 1)] = state->size();
       save = state->chain_plan(index).tapes[static_cast<std::size_t>(i)] != 0;
@@ -161,22 +162,23 @@ S run_chain_schedule(const Layers& layers, const Schedule& schedule, S x) {
       if (!state->region_is_innermost(region, generation))
         throw tape_error("run_schedule: the tape was cleared or destroyed while a layer ran");
       for_each_var(x, [&](std::size_t, const Var<T>& v) {
-        if (v.state() != state)
+        if (detail::VarAccess::state(v) != state)
           throw tape_error("run_schedule: layer " + std::to_string(i) + " returned a Var of another tape");
-        v.node("run_schedule");
+        detail::VarAccess::node(v, "run_schedule");
       });
       const bool held = state->chain_plan(index).held[static_cast<std::size_t>(i)] != 0;
       for_each_var(x, [&](std::size_t k, const Var<T>& v) {
-        state->chain_plan(index).output(i, static_cast<int>(k)) = v.id();
+        state->chain_plan(index).output(i, static_cast<int>(k)) = detail::VarAccess::id(v);
         if (!held) return;
-        state->add_schedule_hold(v.id());
-        holds.push_back(v.id());  // within capacity
+        state->add_schedule_hold(detail::VarAccess::id(v));
+        holds.push_back(detail::VarAccess::id(v));  // within capacity
       });
     }
     state->chain_plan(index).layer_begin[static_cast<std::size_t>(L)] = state->size();
     std::vector<std::int32_t>& outputs = state->output_scratch();
     outputs.clear();
-    for_each_var(x, [&](std::size_t, const Var<T>& v) { outputs.push_back(v.id()); });  // within capacity
+    for_each_var(
+        x, [&](std::size_t, const Var<T>& v) { outputs.push_back(detail::VarAccess::id(v)); });  // within capacity
     state->close_region(outputs);
     return x;
   } catch (...) {
@@ -460,7 +462,7 @@ S checkpoint_sequential_auto(const Layers& layers, S x, std::size_t budget_bytes
   std::vector<std::int32_t> state_ids;
   state_ids.reserve(static_cast<std::size_t>((L + 1) * width));
   const auto push_ids = [&state_ids](const S& v) {
-    detail::for_each_var(v, [&](std::size_t, const Var<T>& var) { state_ids.push_back(var.id()); });
+    detail::for_each_var(v, [&](std::size_t, const Var<T>& var) { state_ids.push_back(detail::VarAccess::id(var)); });
   };
   const auto ids_of = [&state_ids](int i) { return detail::StateIds{state_ids.data() + i * width, width}; };
   push_ids(x);

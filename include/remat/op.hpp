@@ -1,0 +1,253 @@
+// The op recipe: how an op is written, built-in or a user's, with its own forward and backward (the role of
+// jax.custom_vjp and torch.autograd.Function). Every op of remat/ops/ is written with it and nothing else of the
+// tape, so checkpoint policies, replay, memory accounting and the schedules treat a user's op exactly like a
+// built-in one.
+//
+// An op is a struct deriving from remat::OpBase with:
+//   static constexpr const char* name;            reported in errors, OpInfo::name and print_saved_residuals
+//                                                 (non-empty: a null or empty name does not compile)
+//   static constexpr remat::OpKind kind;          what policies see (dot, elementwise, ...)
+//   struct Params { ... };                        optional: its attributes, trivially copyable, ≤ 40 bytes
+//                                                 (≤ 24 bytes for a random op: max_random_params_bytes)
+//   static constexpr bool batch_dims;             optional: a dot with batch dimensions
+//   static constexpr bool stops_gradient;         optional: its output requires no gradient (detach); the
+//                                                 sweep never runs its backward
+//   static constexpr bool estimable;              optional, default true: false if the program depends, at
+//                                                 record time, on what its forward computes (a shapes-only
+//                                                 tape, remat::estimate_memory, then refuses it: shapes_only_error)
+//   static constexpr bool training_only;          optional, default false: true for an op that exists only in
+//                                                 training (dropout): in evaluation mode apply_op records nothing
+//                                                 and returns the first input
+//   static std::uint64_t random_draws(const remat::Shape* in, const remat::Shape& out, const Params&);
+//       optional, for kind OpKind::random: draws of c.random() the forward uses (default out.numel())
+//   static unsigned reads(remat::GradInputs g);   what its backward reads for the gradients in g:
+//                                                 reads_input0..2, reads_output, reads_extra (residuals by need)
+//   static remat::Shape output_shape(const remat::Shape* in, const Params&);    throws remat::shape_error
+//   static remat::Shape extra_shape(const remat::Shape* in, const Params&);     optional extra residual
+//   static remat::Shape scratch_shape(const remat::Shape* in, const Params&);   optional temporary of its
+//       forward and backward (c.scratch()), from the tape's pool, never saved: the kernels must not allocate
+//       (apply_op throws shape_error naming the op for an output without a row or column, or an extra or
+//       scratch shape that is neither [0,0], none, nor at least [1,1], or of more than 2^48 bytes)
+//   template <class T> static void forward(const remat::ForwardContext<T>& c);  writes c.out() (and c.extra());
+//       an op of kind OpKind::random draws from c.random(), a counter-based RandomStream that is the same at
+//       every replay, so the draws are never stored
+//   template <class T> static void backward(const remat::BackwardContext<T>& c);
+//       for each k with c.wants_grad(k): c.add_grad(k, expression) or writes every element of
+//       c.grad_target(k); reads only what reads() declared (the rest may have been freed)
+//   static double flops(const remat::Shape* in, int arity, const remat::Shape& out);   forward FLOPs
+//       (or flops(in, arity, out, const Params&) for a cost that depends on the attributes)
+//
+// and is recorded with remat::apply_op<Op>(inputs...), apply_op<Op>(params, inputs...) or
+// apply_op<Op>(OpCall<Op>{params, indices, count, tag}, inputs...) (at most remat::max_inputs inputs,
+// all on one tape). The forward must be deterministic (a replay must reproduce it bitwise) and should
+// not throw; if it does while it is recorded, the op is not recorded. The backward, and the forward when
+// a checkpoint replay re-runs it, must not throw: the sweep cannot stop halfway, so an exception from them
+// ends the program (std::terminate). Verify the backward with remat::gradcheck
+// (remat/gradcheck.hpp). docs/custom-ops.md has a complete example (swiglu), which
+// tests/ops/custom_op_test.cpp checks.
+//
+// The op's public function checks its arguments (x.shape("op") names the op in the error for a bad handle),
+// then returns apply_op's Var. The contexts' kernels may run on remat's thread team with for_row_blocks and
+// add_grad_rows; a one-input elementwise op derives from UnaryElementwise and gives only its value and
+// derivative.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "remat/detail/apply.hpp"
+#include "remat/detail/parallel.hpp"
+#include "remat/op_context.hpp"
+#include "remat/op_info.hpp"
+#include "remat/var.hpp"
+
+namespace remat {
+
+/// Defaults an op struct may override.
+struct OpBase {
+  /// The op's own attributes, stored by value in each recorded node (trivially copyable, at most
+  /// max_params_bytes): an op with attributes declares its own `struct Params`.
+  struct Params {};
+  /// Shape of the op-specific residual its backward reads (empty: none).
+  template <class P>
+  static Shape extra_shape(const Shape* /*inputs*/, const P& /*params*/) {
+    return {};
+  }
+  /// Shape of a temporary its forward and backward use (ForwardContext::scratch(); empty: none). It comes
+  /// from the tape's pool while the kernel runs and counts in peak_bytes, never in saved_bytes.
+  template <class P>
+  static Shape scratch_shape(const Shape* /*inputs*/, const P& /*params*/) {
+    return {};
+  }
+  /// A dot with batch dimensions (a batched product); dots_with_no_batch_dims_saveable does not save it.
+  static constexpr bool batch_dims = false;
+  /// Its output requires no gradient whatever its inputs (detach): the sweep never runs its backward.
+  static constexpr bool stops_gradient = false;
+  /// A shapes-only tape (remat::estimate_memory) may record it without running its forward. Every op that
+  /// keeps to the recipe is: its buffers follow from its shapes. Declare false for an op whose forward the
+  /// program depends on at record time (it writes, through a pointer in its Params, something the program
+  /// reads to decide what to record next, such as a data-dependent size): an estimate would go on without
+  /// it, so recording it there throws shapes_only_error naming the op.
+  static constexpr bool estimable = true;
+  /// Exists only in training, as dropout: in evaluation mode (Tape::set_training(false)) apply_op records
+  /// nothing and returns its first input as it is (so the op's output shape must be its first input's).
+  static constexpr bool training_only = false;
+  /// For an op of kind OpKind::random: how many draws of its RandomStream (ForwardContext::random()) it uses.
+  /// The tape's random offset advances by that much when the op is recorded, so the next random op draws new
+  /// numbers. Default: one per output element.
+  template <class P>
+  static std::uint64_t random_draws(const Shape* /*inputs*/, const Shape& output, const P& /*params*/) {
+    return static_cast<std::uint64_t>(output.numel());
+  }
+};
+
+/// Everything a recorded op carries besides its inputs: its Params, integer data copied to the tape
+/// (token ids, class labels: read back with the contexts' indices()), and a name tag for the name
+/// policies (OpInfo::tag; checkpoint_name sets it).
+template <class Op>
+struct OpCall {
+  typename Op::Params params{};  ///< the op's attributes
+  const int* indices = nullptr;  ///< integer data copied to the tape (null for none)
+  std::size_t index_count = 0;   ///< entries of indices
+  std::string_view tag{};        ///< a name for the name policies (copied; empty for none)
+};
+
+namespace detail {
+
+/// For an op of kind OpKind::random: keeps the tape's current (seed, offset) in the op's node (its RandomStream)
+/// and returns how far the tape's offset must advance once the op is recorded. 0 for any other op.
+template <class Op, class T, class P>
+std::uint64_t take_random_stream(const TapeState<T>& state, const Shape* inputs, const Shape& output, const P& params,
+                                 Attributes& attributes) {
+  if constexpr (Op::kind == OpKind::random) {
+    static_assert(sizeof(P) <= max_random_params_bytes,
+                  "a random op's Params must fit in max_random_params_bytes: its RandomStream takes the rest");
+    store_random_stream(attributes, RandomStream(state.random_seed(), state.random_offset()));
+    return Op::random_draws(inputs, output, params);
+  } else {
+    return 0;
+  }
+}
+
+}  // namespace detail
+
+/// Checks the inputs, infers the shape (Op::output_shape throws shape_error), records Op and runs its
+/// forward (not on a shapes-only tape). Throws tape_error for an empty, stale or foreign input,
+/// shapes_only_error for an op declaring estimable = false on a shapes-only tape, what output_shape throws, shape_error
+/// naming the op for an output shape without a row or a column, an extra or temporary shape that is
+/// neither [0,0] (none) nor at least [1,1], or a shape of more than 2^48 bytes (detail::max_value_bytes), and
+/// std::bad_alloc; the tape is unchanged then.
+template <class Op, class T, class... Rest>
+Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest) {
+  constexpr std::size_t arity = 1 + sizeof...(Rest);
+  static_assert(arity <= max_inputs, "an op takes at most max_inputs inputs");
+  const Var<T>* vars[arity] = {&first, &rest...};
+  using detail::VarAccess;
+  detail::TapeState<T>* state = detail::common_tape(Op::name, vars);
+  if constexpr (Op::training_only)
+    if (!state->training()) return first;
+  if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
+  // Valid handles (common_tape checked them).
+  const std::int32_t ids[arity] = {VarAccess::id(first), VarAccess::id(rest)...};
+  // Copied as they are (not a default Shape then assigned: a Shape is 72 bytes), contiguous for the op's recipe.
+  const Shape shapes[arity] = {state->node(VarAccess::id(first)).shape, state->node(VarAccess::id(rest)).shape...};
+  const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
+                                   Op::scratch_shape(shapes, call.params)};
+  detail::check_op_shapes<T>(Op::name, op_shapes);
+  detail::Attributes attributes;
+  attributes.set_params(call.params);
+  if (!call.tag.empty()) attributes.tag = state->intern_tag(call.tag);
+  const std::uint64_t draws = detail::take_random_stream<Op>(*state, shapes, op_shapes.output, call.params, attributes);
+  const std::int32_t id = state->record(detail::op_table_of<Op, T>(), ids, static_cast<int>(arity), attributes,
+                                        op_shapes, call.indices, call.index_count);
+  state->advance_random_offset(draws);  // only once the op is recorded: a refused op draws nothing
+  return VarAccess::adopt(state, id);
+}
+
+/// Records an op that reads no tensor (arity 0: its output is written from its Params alone, as full_like's)
+/// on the tape of `on_tape_of`, whose value it does not read: nothing the op computes depends on a value, so a
+/// checkpoint's replay regenerates it from nothing, and it never keeps a value alive. Its output requires no
+/// gradient. Throws what apply_op throws.
+template <class Op, class T>
+Var<T> apply_op_without_inputs(const typename Op::Params& params, const Var<T>& on_tape_of) {
+  using detail::VarAccess;
+  VarAccess::node(on_tape_of, Op::name);
+  detail::TapeState<T>* state = VarAccess::state(on_tape_of);
+  if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
+  const detail::OpShapes op_shapes{Op::output_shape(nullptr, params), Op::extra_shape(nullptr, params),
+                                   Op::scratch_shape(nullptr, params)};
+  detail::check_op_shapes<T>(Op::name, op_shapes);
+  detail::Attributes attributes;
+  attributes.set_params(params);
+  const std::uint64_t draws = detail::take_random_stream<Op>(*state, nullptr, op_shapes.output, params, attributes);
+  const std::int32_t id = state->record(detail::op_table_of<Op, T>(), nullptr, 0, attributes, op_shapes, nullptr, 0);
+  state->advance_random_offset(draws);
+  return VarAccess::adopt(state, id);
+}
+
+/// apply_op with Params only.
+template <class Op, class T, class... Rest>
+Var<T> apply_op(const typename Op::Params& params, const Var<T>& first, const Rest&... rest) {
+  OpCall<Op> call;
+  call.params = params;
+  return apply_op<Op>(call, first, rest...);
+}
+
+/// apply_op with default Params.
+template <class Op, class T, class... Rest>
+Var<T> apply_op(const Var<T>& first, const Rest&... rest) {
+  return apply_op<Op>(OpCall<Op>{}, first, rest...);
+}
+
+/// Base of one-input elementwise ops: Derived supplies name, residuals (reads_input0, reads_output or
+/// reads_nothing: what its derivative reads), flops_per_element, value(x, params) and derivative(x, y, g, params)
+/// on Eigen arrays (y = output, g = dL/dy).
+template <class Derived>
+struct UnaryElementwise : OpBase {
+  static constexpr OpKind kind = OpKind::elementwise;  ///< what policies see
+  /// The input's shape.
+  template <class P>
+  static Shape output_shape(const Shape* in, const P&) {
+    return in[0];
+  }
+  /// Derived::residuals when the input's gradient is asked for, else nothing.
+  static unsigned reads(GradInputs g) { return wants(g, 0) ? Derived::residuals : reads_nothing; }
+  /// y = value(x) by row blocks on remat's team.
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    const auto x = c.in(0);
+    auto y = c.out();
+    const auto p = params_of<typename Derived::Params>(c);
+    detail::for_row_blocks(y.rows(), y.cols(), Derived::flops_per_element, [&](Index r0, Index n) {
+      y.middleRows(r0, n).array() = Derived::value(x.middleRows(r0, n).array(), p);
+    });
+  }
+  /// Row blocks of the one residual the derivative reads (it is passed as both x and y: the other one may
+  /// have been freed), of dL/dy itself when it reads none.
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    static_assert(
+        Derived::residuals == reads_output || Derived::residuals == reads_input0 || Derived::residuals == reads_nothing,
+        "a UnaryElementwise derivative reads its input, its output or neither");
+    const auto p = params_of<typename Derived::Params>(c);
+    const auto g = c.grad_out();
+    const auto r = Derived::residuals == reads_output ? c.out() : Derived::residuals == reads_input0 ? c.in(0) : g;
+    detail::add_grad_rows(c, 0, Derived::flops_per_element, [&](Index r0, Index n) {
+      return Derived::derivative(r.middleRows(r0, n).array(), r.middleRows(r0, n).array(), g.middleRows(r0, n).array(),
+                                 p);
+    });
+  }
+  /// flops_per_element per output element.
+  static double flops(const Shape*, int, const Shape& out) {
+    return Derived::flops_per_element * static_cast<double>(out.numel());
+  }
+};
+
+/// f(begin, count) over the row blocks of a [rows, cols] matrix view on remat's thread team (remat::set_num_threads),
+/// `cost` FLOPs per element deciding whether it is worth splitting: an op's forward writes each block of rows.
+using detail::for_row_blocks;
+/// BackwardContext::add_grad(k, e) by row blocks on remat's team: make(begin, count) returns rows
+/// [begin, begin + count) of the gradient's Eigen expression (not a matrix product).
+using detail::add_grad_rows;
+
+}  // namespace remat
