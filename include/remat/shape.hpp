@@ -65,7 +65,10 @@ class Shape {
     return n;
   }
   /// Columns of the matrix view: the last dimension (1 for a scalar).
-  Index cols() const { return rank_ == 0 ? 1 : dims_[rank_ - 1]; }
+  Index cols() const {
+    if (rank_ == 2) return dims_[1];  // most shapes: a load, not an index computed from the rank
+    return rank_ == 0 ? 1 : dims_[rank_ - 1];
+  }
 
   /// Same rank and dimensions.
   friend bool operator==(const Shape& a, const Shape& b) {

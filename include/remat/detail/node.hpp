@@ -61,7 +61,16 @@ constexpr std::size_t max_value_bytes = std::size_t{1} << 48;
 /// Whether every dimension of `shape` is at least 1 (or, when `may_be_none`, every one is 0: Shape{} or [0,0],
 /// "none") and it holds at most max_value_bytes (2^48) bytes of `element_bytes` each.
 inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t element_bytes) {
-  // The usual shape passes in one loop that stops at the first dimension below 1; only then is "none" looked
+  // Rank 2 (most shapes, and Shape{}, an op's "none") without the loops: two tests and one product, as before
+  // shapes were N-D (W0 checks three shapes an op and one a leaf, and the loops cost it instructions).
+  if (shape.rank() == 2) {
+    const Index rows = shape[0], cols = shape[1];
+    Index elements = 0;
+    if (rows < 1 || cols < 1 || __builtin_mul_overflow(rows, cols, &elements))
+      return may_be_none && rows == 0 && cols == 0;
+    return static_cast<std::size_t>(elements) <= max_value_bytes / element_bytes;
+  }
+  // Another rank passes in one loop that stops at the first dimension below 1; only then is "none" looked
   // for (Shape{} stops at its first dimension). It runs on every op's three shapes and every leaf's.
   Index elements = 1;
   for (Index d : shape)
