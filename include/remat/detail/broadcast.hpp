@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/contexts.hpp"
+#include "remat/op_context.hpp"
 #include "remat/detail/parallel.hpp"
 #include "remat/errors.hpp"
 

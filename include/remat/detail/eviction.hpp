@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
-#include "remat/detail/contexts.hpp"
+#include "remat/op_context.hpp"
 #include "remat/detail/eviction_choice.hpp"
 #include "remat/detail/eviction_classes.hpp"
 #include "remat/detail/lifetime.hpp"

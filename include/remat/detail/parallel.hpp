@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "remat/detail/contexts.hpp"
+#include "remat/op_context.hpp"
 #include "remat/matrix.hpp"
 #include "remat/threads.hpp"
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
-#include "remat/detail/contexts.hpp"
+#include "remat/op_context.hpp"
 #include "remat/detail/dry_run_cache.hpp"
 #include "remat/detail/eviction.hpp"
 #include "remat/detail/levels.hpp"

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "remat/detail/contexts.hpp"
+#include "remat/op_context.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/matrix.hpp"
 
