@@ -88,15 +88,15 @@ bool starts_with(const std::string& s, const char* prefix) {
 }
 
 /// An N-D shape set made large: the first dim of its shapes of the highest rank (they align there, so
-/// broadcasting, batch dims and inner dims still match) multiplied so that the largest holds at least 60000
-/// elements, about two grains' worth. Empty where that first dim is 1 (the size-1 sets stay tiny).
+/// broadcasting, batch dims and inner dims still match) multiplied so that the largest holds at least 40000
+/// elements, above the grain as [800,45] is. Empty where that first dim is 1 (the size-1 sets stay tiny).
 ShapeSet large_nd(const ShapeSet& tiny) {
   int rank = 0;
   Index most = 1;
   for (const Shape& s : tiny) rank = std::max(rank, s.rank());
   for (const Shape& s : tiny) most = std::max(most, s.numel());
   ShapeSet set = tiny;
-  const Index factor = (60000 + most - 1) / most;
+  const Index factor = (40000 + most - 1) / most;
   bool scaled = false;
   for (Shape& s : set)
     if (s.rank() == rank && s[0] > 1) {
@@ -112,11 +112,15 @@ std::vector<ShapeSet> large_shape_sets(const OpCase& op) {
   if (starts_with(op.name, "attention_scores") || starts_with(op.name, "scaled_dot_product_attention"))
     return {ShapeSet(static_cast<std::size_t>(op.arity), large_q)};
   std::vector<ShapeSet> sets;
+  if (remat_test::is_nd(op.shape_sets.back())) {  // an N-D entry: at most 4 of its sets made large, spread over them
+    std::vector<ShapeSet> all;
+    for (const ShapeSet& tiny : op.shape_sets)
+      if (ShapeSet set = large_nd(tiny); !set.empty()) all.push_back(set);
+    const std::size_t n = all.size(), keep = std::min<std::size_t>(n, 4);
+    for (std::size_t k = 0; k < keep; ++k) sets.push_back(all[keep == 1 ? 0 : k * (n - 1) / (keep - 1)]);
+    return sets;
+  }
   for (const ShapeSet& tiny : op.shape_sets) {
-    if (remat_test::is_nd(tiny)) {
-      if (ShapeSet set = large_nd(tiny); !set.empty()) sets.push_back(set);
-      continue;
-    }
     ShapeSet set;
     for (const Shape& s : tiny) set.push_back({large(s.rows()), large(s.cols())});
     sets.push_back(set);
