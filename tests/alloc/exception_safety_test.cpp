@@ -359,20 +359,20 @@ V record_ops(remat::Tape<float>& tape, Driver& d, OpsRecording& rec, std::size_t
       const std::size_t kind = k == 0 ? j % 2 : (j + k) % 3;
       V leaf;
       if (kind == 0) {
-        leaf = d("variable", [&] { return tape.variable(values[k]); });
+        leaf = d("variable", [&] { return remat_test::leaf(tape, values[k], shapes[k]); });
         Pause pause;
         rec.variables.push_back(leaf);
       } else if (kind == 1) {
         remat::Parameter<float>* p;
         {
           Pause pause;
-          rec.parameters.emplace_back(values[k]);
+          rec.parameters.push_back(remat_test::parameter(values[k], shapes[k]));
           p = &rec.parameters.back();
           d.track(*p);
         }
         leaf = d("variable (Parameter)", [&] { return tape.variable(*p); });
       } else {
-        leaf = d("constant", [&] { return tape.constant(values[k]); });
+        leaf = d("constant", [&] { return remat_test::leaf(tape, values[k], shapes[k], /*variable=*/false); });
       }
       if (internal) leaf = d("affine", [&] { return remat::affine(leaf, 1.0, 0.0); });
       Pause pause;
@@ -389,7 +389,7 @@ V record_ops(remat::Tape<float>& tape, Driver& d, OpsRecording& rec, std::size_t
       Pause pause;
       weights = remat_test::loss_weights<float>(out.shape(), 7 + j);
     }
-    V w = d("constant", [&] { return tape.constant(weights); });
+    V w = d("constant", [&] { return remat_test::leaf(tape, weights, out.shape(), /*variable=*/false); });
     V weighted = d("multiply", [&] { return out * w; });
     V term = d("sum", [&] { return remat::sum(weighted); });
     total = total.valid() ? d("add", [&] { return total + term; }) : term;

@@ -28,16 +28,7 @@ std::vector<Matrix<T>> recorded(const Program& program, std::size_t budget) {
   Recorder<T> rec(tape, /*checkpoint=*/true, /*describe=*/false);
   std::vector<std::unique_ptr<Parameter<T>>> parameters;
   std::vector<typename Recorder<T>::Value> leaves;
-  for (const LeafSpec& l : program.leaves) {
-    if (l.kind == remat_oracle::Leaf::constant) {
-      leaves.push_back(rec.constant(l.data.cast<T>()));
-    } else if (l.kind == remat_oracle::Leaf::variable) {
-      leaves.push_back(rec.variable(l.data.cast<T>()));
-    } else {
-      parameters.push_back(std::make_unique<Parameter<T>>(l.data.cast<T>()));
-      leaves.push_back(rec.parameter(*parameters.back()));
-    }
-  }
+  for (const LeafSpec& l : program.leaves) leaves.push_back(record_leaf(rec, l, parameters));
   const Var<T> loss = Executor<T>(program, rec).run(leaves).var;
   std::vector<Matrix<T>> out{Matrix<T>(loss.value())};
   tape.backward(loss);
@@ -57,8 +48,7 @@ class Captured {
  public:
   Captured(const Program& program, std::size_t budget) : program_(program) {
     for (const LeafSpec& l : program.leaves)
-      if (l.kind == remat_oracle::Leaf::parameter)
-        parameters_.push_back(std::make_unique<Parameter<T>>(l.data.cast<T>()));
+      if (l.kind == remat_oracle::Leaf::parameter) parameters_.push_back(make_parameter<T>(l.shape, l.data.cast<T>()));
     step_ = std::make_unique<remat::CapturedStep<T>>([&](Tape<T>& tape) {
       tape.set_training(false);
       if (budget) tape.set_memory_budget(budget);
@@ -67,11 +57,11 @@ class Captured {
       std::size_t p = 0;
       for (const LeafSpec& l : program.leaves) {
         if (l.kind == remat_oracle::Leaf::constant)
-          leaves.push_back(rec.constant(l.data.cast<T>()));
+          leaves.push_back(rec.constant(l.shape, l.data.cast<T>()));
         else if (l.kind == remat_oracle::Leaf::variable)
-          leaves.push_back(rec.variable(l.data.cast<T>()));
+          leaves.push_back(rec.variable(l.shape, l.data.cast<T>()));
         else
-          leaves.push_back(rec.parameter(*parameters_[p++]));
+          leaves.push_back(rec.parameter(*parameters_[p++], l.shape));
         leaves_.push_back(leaves.back().var);
       }
       return Executor<T>(program, rec).run(leaves).var;
@@ -145,15 +135,7 @@ void run_programs(bool budgeted) {
       Recorder<T> rec(probe_tape, true, false);
       std::vector<typename Recorder<T>::Value> leaves;
       std::vector<std::unique_ptr<Parameter<T>>> parameters;
-      for (const LeafSpec& l : program.leaves) {
-        if (l.kind == remat_oracle::Leaf::parameter) {
-          parameters.push_back(std::make_unique<Parameter<T>>(l.data.cast<T>()));
-          leaves.push_back(rec.parameter(*parameters.back()));
-        } else {
-          leaves.push_back(l.kind == remat_oracle::Leaf::constant ? rec.constant(l.data.cast<T>())
-                                                                  : rec.variable(l.data.cast<T>()));
-        }
-      }
+      for (const LeafSpec& l : program.leaves) leaves.push_back(record_leaf(rec, l, parameters));
       const Var<T> loss = Executor<T>(program, rec).run(leaves).var;
       probe_tape.backward(loss);
       budget = probe_tape.memory().peak_bytes * 4 / 5;

@@ -5,10 +5,10 @@
 // describes each graph it records in a Graph and compares tape.memory() with compute(graph).
 //
 // What a Graph says, per node: the op name (as in the spec's table), which inputs it reads, its output
-// and extra shapes, whether it is a leaf and of which kind, its innermost region, and the decision of
-// every enclosing region's policy (evaluated by the caller: the policies of docs/checkpointing.md §4). Per region: its
-// parent and the node ids its function returned. Plus the loss. Everything else (requires-grad, residence levels, what
-// is read, replay sets) is derived here.
+// and extra shapes (N-D: their element counts make the bytes), whether it is a leaf and of which kind, its innermost
+// region, and the decision of every enclosing region's policy (evaluated by the caller: the policies of
+// docs/checkpointing.md §4). Per region: its parent and the node ids its function returned. Plus the loss. Everything
+// else (requires-grad, residence levels, what is read, replay sets) is derived here.
 #pragma once
 
 #include <algorithm>
@@ -24,15 +24,15 @@ namespace remat_oracle {
 enum class Leaf { none, constant, variable, parameter };  // none = an op node
 
 struct Node {
-  std::string op;                       // op name, e.g. "tanh", "matmul" (ignored for leaves)
-  std::string tag;                      // checkpoint_name tag, for printing only
-  Leaf leaf = Leaf::none;               // constant / tape variable / Parameter for leaves
-  std::vector<int> inputs;              // ids of earlier nodes (at most 3)
-  long rows = 0, cols = 0;              // output shape
-  long extra_rows = 0, extra_cols = 0;  // the op's extra buffer; 0 x 0 = none
-  int region = -1;                      // innermost enclosing region, -1 = outside every region
-  std::vector<bool> saved_by;           // op nodes: saved_by[d-1] = the policy of the enclosing region at
-                                        // depth d says "may save" (one entry per enclosing region)
+  std::string op;              // op name, e.g. "tanh", "matmul" (ignored for leaves)
+  std::string tag;             // checkpoint_name tag, for printing only
+  Leaf leaf = Leaf::none;      // constant / tape variable / Parameter for leaves
+  std::vector<int> inputs;     // ids of earlier nodes (at most 3)
+  std::vector<long> shape;     // output shape, outermost dimension first (empty: a rank-0 scalar)
+  std::vector<long> extra;     // the op's extra buffer's shape; empty = none
+  int region = -1;             // innermost enclosing region, -1 = outside every region
+  std::vector<bool> saved_by;  // op nodes: saved_by[d-1] = the policy of the enclosing region at
+                               // depth d says "may save" (one entry per enclosing region)
 };
 
 struct Region {
@@ -40,6 +40,17 @@ struct Region {
   std::vector<int> outputs;  // node ids the region's function returned
   std::string label;         // e.g. the policy, for printing only
 };
+
+/// The number of elements of a shape: the product of its dimensions (1 for rank 0).
+inline long numel(const std::vector<long>& shape) {
+  long n = 1;
+  for (long d : shape) n *= d;
+  return n;
+}
+/// The elements of a node's extra buffer (0: it has none).
+inline long extra_numel(const Node& x) {
+  return x.extra.empty() ? 0 : numel(x.extra);
+}
 
 struct Graph {
   std::vector<Node> nodes;      // in recording order
@@ -75,6 +86,8 @@ inline Reads backward_reads(const std::string& op, bool r0, bool r1, bool r2) {
     r.input[0] = r.output = r0;
   } else if (is({"neg", "affine", "checkpoint_name", "sum", "mean", "sum_rows", "add", "subtract", "dropout",
                  "full_like"})) {
+    // (sum and mean over a list of dims too: dx is dy broadcast back over the reduced dims, divided by their
+    // size for mean; nothing is read.)
     // nothing
   } else if (is({"multiply"})) {
     r.input[0] = r1;
@@ -96,14 +109,17 @@ inline Reads backward_reads(const std::string& op, bool r0, bool r1, bool r2) {
     r.extra = r0 || r1;
   } else if (is({"cross_entropy"})) {
     r.extra = r0;
-  } else if (is({"embedding", "slice_cols", "concat_cols", "transpose", "reshape", "sum_cols", "mean_cols"})) {
-    // Data movement and column sums: dx is dy scattered by id, placed in its columns, transposed, read as
-    // x's shape or broadcast over the rows; the ids and shapes are attributes, no tensor is read.
+  } else if (is({"embedding", "slice_cols", "concat_cols", "transpose", "reshape", "sum_cols", "mean_cols",
+                 "permute"})) {
+    // Data movement and column sums: dx is dy scattered by id, placed in its columns, transposed (permuted
+    // back by the inverse permutation), read as x's shape or broadcast over the rows; the ids, shapes and
+    // permutations are attributes, no tensor is read.
   } else if (is({"detach"})) {
     // dy/dx = 0 and its node never requires grad (stops_gradient below): never asked, reads nothing.
-  } else if (is({"max_rows"})) {
+  } else if (is({"max_rows", "max"})) {
     // dx_ij = dy_i if j is the first column with x_ij = y_i, else 0: the indicator compares x with y (as
-    // JAX's reduce_max rule compares operand and answer).
+    // JAX's reduce_max rule compares operand and answer). max over dims (torch.amax): dy shared by the
+    // elements equal to their maximum, found by the same comparison of x with y.
     r.input[0] = r.output = r0;
   } else if (is({"attention_scores"})) {
     // S_bh = q_bh k_bh^T / sqrt(d): dq_bh = dS_bh k_bh / sqrt(d) needs k, dk_bh = dS_bh^T q_bh / sqrt(d)
@@ -248,8 +264,7 @@ inline Result compute(const Graph& g) {
       if (reads.input[k]) read_levels[static_cast<std::size_t>(x.inputs[k])].push_back(e(x.inputs[k], v));
     if (reads.output) read_levels[static_cast<std::size_t>(v)].push_back(L(v));
     if (reads.extra) {
-      if (x.extra_rows * x.extra_cols == 0)
-        fail("op #" + std::to_string(v) + " (" + x.op + ") reads an extra it lacks");
+      if (extra_numel(x) == 0) fail("op #" + std::to_string(v) + " (" + x.op + ") reads an extra it lacks");
       extra_read[static_cast<std::size_t>(v)] = true;
     }
   }
@@ -345,7 +360,7 @@ inline Result compute(const Graph& g) {
     for (int m : rr.members) {
       const Node& x = node(m);
       ++res.replayed_ops;
-      res.replayed_bytes += static_cast<std::size_t>(x.rows * x.cols + x.extra_rows * x.extra_cols) * g.scalar_bytes;
+      res.replayed_bytes += static_cast<std::size_t>(numel(x.shape) + extra_numel(x)) * g.scalar_bytes;
     }
   }
 
@@ -355,11 +370,11 @@ inline Result compute(const Graph& g) {
     const Node& x = node(v);
     if (read_at(v, 0)) {
       res.saved_values.push_back(v);
-      if (x.leaf != Leaf::parameter) res.saved_bytes += static_cast<std::size_t>(x.rows * x.cols) * g.scalar_bytes;
+      if (x.leaf != Leaf::parameter) res.saved_bytes += static_cast<std::size_t>(numel(x.shape)) * g.scalar_bytes;
     }
     if (extra_read[static_cast<std::size_t>(v)] && L(v) == 0) {
       res.saved_extras.push_back(v);
-      res.saved_bytes += static_cast<std::size_t>(x.extra_rows * x.extra_cols) * g.scalar_bytes;
+      res.saved_bytes += static_cast<std::size_t>(extra_numel(x)) * g.scalar_bytes;
     }
   }
   return res;
@@ -368,6 +383,11 @@ inline Result compute(const Graph& g) {
 /// The graph and the oracle's sets as text, for a failure report.
 inline std::string describe(const Graph& g, const Result& r) {
   std::ostringstream os;
+  auto dims = [](const std::vector<long>& shape) {
+    std::string s = "[";
+    for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? "," : "") + std::to_string(shape[d]);
+    return s + "]";
+  };
   auto list = [&](const std::vector<int>& ids) {
     std::string s;
     for (int v : ids) s += (s.empty() ? "#" : " #") + std::to_string(v);
@@ -381,8 +401,8 @@ inline std::string describe(const Graph& g, const Result& r) {
     os << "  #" << v << " = " << (x.leaf == Leaf::none ? x.op : leaf_names[static_cast<int>(x.leaf)]);
     if (!x.inputs.empty()) os << "(" << list(x.inputs) << ")";
     if (!x.tag.empty()) os << " '" << x.tag << "'";
-    os << " [" << x.rows << "," << x.cols << "]";
-    if (x.extra_rows * x.extra_cols > 0) os << " extra [" << x.extra_rows << "," << x.extra_cols << "]";
+    os << " " << dims(x.shape);
+    if (extra_numel(x) > 0) os << " extra " << dims(x.extra);
     if (x.region >= 0) os << " region " << x.region;
     if (!x.saved_by.empty()) {
       os << " saved_by ";

@@ -7,7 +7,9 @@
 // transpose, reshape, slice_cols, concat_cols, embedding, sum_cols, mean_cols, max_rows, detach, attention
 // unfused and fused, whose batch dimensions dots_with_no_batch_dims_saveable must not save; constants, tape
 // variables and remat::Parameter leaves, constant (frozen) weights; regions nested up to three deep, several
-// per graph, with every library policy and random custom ones, one or two arguments, one or two outputs).
+// per graph, with every library policy and random custom ones, one or two arguments, one or two outputs; a third
+// of them N-D: ranks 1 to 4, broadcasting across ranks and size-1 dims, batched matmul, reductions over dims,
+// softmax over a middle dim, permute, reshape, whose bytes the oracle counts from the shapes it was told).
 // Each graph is recorded on a tape while a Graph description is built next to it (op names, inputs, shapes,
 // the policy decisions evaluated there from what the test knows of each op); every handle but the loss and the
 // leaves is released; then saved_bytes after the forward pass and replayed_ops / replayed_bytes after
@@ -137,7 +139,7 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
   int differ = 0, reports = 0, threw = 0, gradient_failures = 0;
   const int limit = report_limit();
   Program coverage;
-  int replaying_graphs = 0, batch_dot_decisions = 0;
+  int replaying_graphs = 0, batch_dot_decisions = 0, nd_programs = 0, nd_replaying = 0;
   std::vector<int> programs_with(transformer_op_count, 0);  // programs recording each transformer op
   const int only = only_graph();
   for (int i = 0; i < graph_count; ++i) {
@@ -149,6 +151,9 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
     coverage.tuple_regions += program.tuple_regions;
     for (int k = 0; k < policy_kinds; ++k)
       coverage.policies[static_cast<std::size_t>(k)] += program.policies[static_cast<std::size_t>(k)];
+    nd_programs += program.nd;
+    for (int k = 0; k < nd_feature_count; ++k)
+      coverage.nd_features[static_cast<std::size_t>(k)] += program.nd_features[static_cast<std::size_t>(k)];
     const std::uint64_t tape_seed = 0xC0FFEE + static_cast<std::uint64_t>(i);
     try {
       const Recording<T> plain = run_program<T>(program, tape_seed, false);
@@ -156,6 +161,7 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
       const remat_oracle::Result expected = remat_oracle::compute(ckpt.graph);
       const Numbers oracle = oracle_numbers(expected);
       if (oracle.ops > 0) ++replaying_graphs;
+      if (oracle.ops > 0 && program.nd) ++nd_replaying;
       batch_dot_decisions += ckpt.batch_dot_decisions;
       for (int k = 0; k < transformer_op_count; ++k)
         programs_with[static_cast<std::size_t>(k)] +=
@@ -203,6 +209,11 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
     EXPECT_GT(programs_with[static_cast<std::size_t>(k)], graph_count / 20) << transformer_ops[k];
   // Where dots_with_no_batch_dims_saveable and dots_saveable part: a batched product in a region of the former.
   EXPECT_GT(batch_dot_decisions, graph_count / 10);
+  // A third of the programs are N-D (Generator::nd_program), replay, and draw each N-D feature.
+  EXPECT_EQ(nd_programs, graph_count / 3);
+  EXPECT_GT(nd_replaying, graph_count / 10);
+  for (int k = 0; k < nd_feature_count; ++k)
+    EXPECT_GT(coverage.nd_features[static_cast<std::size_t>(k)], graph_count / 20) << nd_feature_names[k];
   std::cout << "[ coverage ] " << coverage.regions << " regions (" << coverage.stacks << " layer stacks, "
             << coverage.tuple_regions << " with two outputs), " << replaying_graphs << " of " << graph_count
             << " graphs replay; " << differ << " differ from the oracle\n";
@@ -210,6 +221,10 @@ TYPED_TEST(OracleGraphs, SavedAndReplayedEqualTheOracleAndGradientsAreBitwiseEqu
   for (int k = 0; k < transformer_op_count; ++k)
     std::cout << " " << transformer_ops[k] << " " << programs_with[static_cast<std::size_t>(k)];
   std::cout << "; " << batch_dot_decisions << " batched dots asked by dots_with_no_batch_dims_saveable\n";
+  std::cout << "[ coverage ] " << nd_programs << " N-D programs (" << nd_replaying << " replay), steps drawn:";
+  for (int k = 0; k < nd_feature_count; ++k)
+    std::cout << (k ? ", " : " ") << nd_feature_names[k] << " " << coverage.nd_features[static_cast<std::size_t>(k)];
+  std::cout << "\n";
 }
 
 // ---------------------------------------------------------------------------------------------------

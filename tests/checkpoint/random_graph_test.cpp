@@ -115,8 +115,12 @@ std::size_t check_graph(const Program& program, int index, Request request, bool
     // The differentiable leaves are gradcheck's inputs (Parameters become tape variables there); the
     // constants stay the program's.
     std::vector<Matrix<double>> inputs;
+    std::vector<Shape> shapes;
     for (const LeafSpec& l : program.leaves)
-      if (l.kind != remat_oracle::Leaf::constant) inputs.push_back(l.data);
+      if (l.kind != remat_oracle::Leaf::constant) {
+        inputs.push_back(l.data);
+        shapes.push_back(l.shape);
+      }
     Recorder<double>::FrozenDetach frozen;
     const auto result = remat_test::gradcheck(
         [&](Tape<double>& tape, const std::vector<Var<double>>& vars) {
@@ -130,10 +134,11 @@ std::size_t check_graph(const Program& program, int index, Request request, bool
           std::vector<Recorder<double>::Value> leaves;
           std::size_t next = 0;
           for (const LeafSpec& l : program.leaves)
-            leaves.push_back(l.kind == remat_oracle::Leaf::constant ? rec.constant(l.data) : rec.input(vars[next++]));
+            leaves.push_back(l.kind == remat_oracle::Leaf::constant ? rec.constant(l.shape, l.data)
+                                                                    : rec.input(vars[next++], l.shape));
           return Executor<double>(program, rec).run(leaves).var;
         },
-        inputs, remat_test::GradcheckOptions{1e-6, tape_seed});
+        inputs, shapes, remat_test::GradcheckOptions{1e-6, tape_seed});
     // The central difference's rounding error is about 2.2e-16 |L| / h = 2.2e-10 |L|: a loss beyond 10^3
     // (the generator's products of (x²+1)^1.5, layer_norm gains from column sums and squares reach 10^6)
     // needs a tolerance above it.

@@ -8,7 +8,10 @@
 // inside regions; the transformer ops (transpose, reshape, slice_cols, concat_cols, embedding, sum_cols,
 // mean_cols, max_rows, detach, attention unfused and fused, causal or not); leaves that are constants, tape
 // variables or remat::Parameters; regions nested up to three deep, with every library policy and random
-// custom ones, one or two arguments, one or two outputs.
+// custom ones, one or two arguments, one or two outputs. A third of the seeds (Generator::nd_program) draw N-D
+// programs: the same plus leaves of rank 1, 3 and 4 with size-1 dims, NumPy broadcasting between any ranks, batched
+// and vector matmul, sum/mean/max over dims with keepdim, softmax and log_softmax over any dim, permute, reshape,
+// layer_norm over trailing dims, linear on N-D x; the other seeds draw the 2-D programs they always drew.
 // Generator draws one from a seed; Executor records it on a Recorder; Run records it on a tape of its own.
 #pragma once
 
@@ -21,6 +24,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -48,10 +52,11 @@ inline Kind kind_of(const std::string& op) {
   if (op == "matmul" || op == "linear" || op == "attention_scores" || op == "attention_values" ||
       op == "scaled_dot_product_attention")
     return Kind::dot;
-  if (op == "sum" || op == "mean" || op == "sum_rows" || op == "sum_cols" || op == "mean_cols" || op == "max_rows")
+  if (op == "sum" || op == "mean" || op == "sum_rows" || op == "sum_cols" || op == "mean_cols" || op == "max_rows" ||
+      op == "max")
     return Kind::reduction;
   if (op == "embedding" || op == "slice_cols" || op == "concat_cols" || op == "transpose" || op == "reshape" ||
-      op == "detach")
+      op == "detach" || op == "permute")
     return Kind::data_movement;
   if (op == "softmax" || op == "log_softmax" || op == "layer_norm") return Kind::normalization;
   if (op == "cross_entropy" || op == "mse_loss") return Kind::loss;
@@ -81,28 +86,27 @@ inline Kind kind_of(remat::OpKind k) {
 }
 
 /// Whether a dot has batch dimensions (dot_general's sense, checkpointing.md §4): the attention products
-/// are one product per (sequence, head); matmul and linear have none.
-inline bool batch_dims_of(const std::string& op) {
-  return op == "attention_scores" || op == "attention_values" || op == "scaled_dot_product_attention";
+/// are one product per (sequence, head); a matmul has them when an operand has more than two dimensions (its
+/// dims before the last two are batch dimensions, torch.matmul's rule; `batched` says so); linear has none.
+inline bool batch_dims_of(const std::string& op, bool batched = false) {
+  return op == "attention_scores" || op == "attention_values" || op == "scaled_dot_product_attention" ||
+         (op == "matmul" && batched);
 }
 
-/// What a policy may look at: name, kind, batch dimensions, tag, output shape, bytes.
+/// What a policy may look at: name, kind, batch dimensions, tag, output shape (all its dims), bytes.
 struct OpView {
   std::string name;
   Kind kind = Kind::elementwise;
   bool batch_dims = false;
   std::string tag;
-  long rows = 0, cols = 0;
+  std::vector<long> shape;
   std::size_t bytes = 0;
 };
+inline std::vector<long> dims_of(const Shape& s) {
+  return std::vector<long>(s.begin(), s.end());
+}
 inline OpView view_of(const OpInfo& op) {
-  return {std::string(op.name),
-          kind_of(op.kind),
-          op.batch_dims,
-          std::string(op.tag),
-          static_cast<long>(op.shape.rows()),
-          static_cast<long>(op.shape.cols()),
-          op.bytes};
+  return {std::string(op.name), kind_of(op.kind), op.batch_dims, std::string(op.tag), dims_of(op.shape), op.bytes};
 }
 
 enum class PolicyKind {
@@ -163,8 +167,13 @@ inline bool hash_coin(std::uint64_t seed, const OpView& op) {
   };
   for (char c : op.name) mix(static_cast<unsigned char>(c));
   for (char c : op.tag) mix(static_cast<unsigned char>(c));
-  mix(static_cast<std::uint64_t>(op.rows));
-  mix(static_cast<std::uint64_t>(op.cols));
+  if (op.shape.size() == 2) {  // rows and columns, as before N-D shapes (the 2-D programs' decisions unchanged)
+    mix(static_cast<std::uint64_t>(op.shape[0]));
+    mix(static_cast<std::uint64_t>(op.shape[1]));
+  } else {  // every dimension, and the rank: a policy that saw only the matrix view would decide otherwise
+    mix(0x5eed0000ULL + op.shape.size());
+    for (long d : op.shape) mix(static_cast<std::uint64_t>(d));
+  }
   h ^= h >> 29;
   return ((h * 0xbf58476d1ce4e5b9ULL) >> 63) != 0;
 }
@@ -241,6 +250,48 @@ std::function<bool(const OpInfo&)> library_policy(const PolicySpec& p) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Shape rules, the test's own (NumPy broadcasting, torch.matmul), on remat::Shape as a list of dims.
+
+/// The product of the dims (1 for rank 0; 0 for Shape{}, the [0,0] "none").
+inline remat::Index elements(const Shape& s) {
+  remat::Index n = 1;
+  for (remat::Index d : s) n *= d;
+  return n;
+}
+/// NumPy broadcasting: aligned at the last dim, the shorter padded with 1s in front, each pair equal or 1.
+inline bool broadcastable_nd(const Shape& a, const Shape& b) {
+  for (int k = 1; k <= std::min(a.rank(), b.rank()); ++k) {
+    const remat::Index x = a[a.rank() - k], y = b[b.rank() - k];
+    if (x != y && x != 1 && y != 1) return false;
+  }
+  return true;
+}
+inline Shape broadcast_shape(const Shape& a, const Shape& b) {
+  const int rank = std::max(a.rank(), b.rank());
+  std::vector<remat::Index> out(static_cast<std::size_t>(rank));
+  for (int k = 1; k <= rank; ++k) {
+    const remat::Index x = k <= a.rank() ? a[a.rank() - k] : 1, y = k <= b.rank() ? b[b.rank() - k] : 1;
+    out[static_cast<std::size_t>(rank - k)] = std::max(x, y);
+  }
+  return Shape(out);
+}
+/// torch.matmul's result, or Shape{} ([0,0]) where it refuses: a [k] vector is [1,k] on the left and [k,1] on the
+/// right, the added dim removed from the result; dims before the last two broadcast.
+inline Shape matmul_shape(const Shape& a, const Shape& b) {
+  if (a.rank() == 0 || b.rank() == 0) return Shape{};
+  const remat::Index m = a.rank() == 1 ? 1 : a[a.rank() - 2], k = a[a.rank() - 1];
+  const remat::Index kb = b.rank() == 1 ? b[0] : b[b.rank() - 2], n = b.rank() == 1 ? 1 : b[b.rank() - 1];
+  if (k != kb) return Shape{};
+  const Shape a_batch(std::vector<remat::Index>(a.begin(), a.end() - std::min(a.rank(), 2)));
+  const Shape b_batch(std::vector<remat::Index>(b.begin(), b.end() - std::min(b.rank(), 2)));
+  if (!broadcastable_nd(a_batch, b_batch)) return Shape{};
+  std::vector<remat::Index> out = broadcast_shape(a_batch, b_batch).dims();
+  if (a.rank() > 1) out.push_back(m);
+  if (b.rank() > 1) out.push_back(n);
+  return Shape(out);
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Recorder: records ops on a tape through remat's public API and, next to it, describes each node for the
 // oracle (its op name, inputs, shapes, leaf kind, region and the policy decisions). Shapes are inferred here
 // from the op, not read from the tape (a mismatch is reported: it would mean the test's model of an op is
@@ -279,13 +330,30 @@ class Recorder {
   };
   FrozenDetach* frozen = nullptr;
 
-  Value constant(const Matrix<T>& m) { return leaf(remat_oracle::Leaf::constant, tape_.constant(m)); }
-  Value variable(const Matrix<T>& m) { return leaf(remat_oracle::Leaf::variable, tape_.variable(m)); }
-  Value parameter(Parameter<T>& p) { return leaf(remat_oracle::Leaf::parameter, tape_.variable(p)); }
-  /// A leaf made by someone else on this tape (gradcheck's variables and constants).
-  Value input(Var<T> v) {
+  Value constant(const Matrix<T>& m) {
+    return leaf(remat_oracle::Leaf::constant, tape_.constant(m), Shape{m.rows(), m.cols()});
+  }
+  Value variable(const Matrix<T>& m) {
+    return leaf(remat_oracle::Leaf::variable, tape_.variable(m), Shape{m.rows(), m.cols()});
+  }
+  /// N-D leaves: `m` holds shape's elements row-major (its matrix view); rank 2 takes the matrix path above.
+  Value constant(const Shape& shape, const Matrix<T>& m) {
+    if (shape.rank() == 2) return constant(m);
+    return leaf(remat_oracle::Leaf::constant, tape_.constant(shape, m.data()), shape);
+  }
+  Value variable(const Shape& shape, const Matrix<T>& m) {
+    if (shape.rank() == 2) return variable(m);
+    return leaf(remat_oracle::Leaf::variable, tape_.variable(shape, m.data()), shape);
+  }
+  /// `shape`: the shape the test made the Parameter with (not read from the tape).
+  Value parameter(Parameter<T>& p, const Shape& shape) {
+    return leaf(remat_oracle::Leaf::parameter, tape_.variable(p), shape);
+  }
+  Value parameter(Parameter<T>& p) { return parameter(p, Shape{p.value().rows(), p.value().cols()}); }
+  /// A leaf made by someone else on this tape (gradcheck's variables and constants), of `shape`.
+  Value input(Var<T> v, const Shape& shape) {
     const auto kind = v.is_variable() ? remat_oracle::Leaf::variable : remat_oracle::Leaf::constant;
-    return leaf(kind, std::move(v));
+    return leaf(kind, std::move(v), shape);
   }
 
   // One-input elementwise ops: same shape.
@@ -316,20 +384,56 @@ class Recorder {
     return op("multiply", {&a, &b}, bcast(a, b), {}, "", a.var * b.var);
   }
   Value divide(const Value& a, const Value& b) { return op("divide", {&a, &b}, bcast(a, b), {}, "", a.var / b.var); }
-  // Dots.
+  // Dots. matmul: torch.matmul (a vector promoted, batch dimensions broadcast), which has batch dimensions when
+  // an operand has more than two dimensions; linear: x's last dimension becomes W's columns.
   Value matmul(const Value& a, const Value& b) {
-    return op("matmul", {&a, &b}, {a.shape.rows(), b.shape.cols()}, {}, "", remat::matmul(a.var, b.var));
+    const bool batched = a.shape.rank() > 2 || b.shape.rank() > 2;
+    return op("matmul", {&a, &b}, matmul_shape(a.shape, b.shape), {}, "", remat::matmul(a.var, b.var), batched);
   }
   Value linear(const Value& x, const Value& w, const Value& b) {
-    return op("linear", {&x, &w, &b}, {x.shape.rows(), w.shape.cols()}, {}, "", remat::linear(x.var, w.var, b.var));
+    Shape out = x.shape;
+    out[out.rank() - 1] = w.shape[1];
+    return op("linear", {&x, &w, &b}, out, {}, "", remat::linear(x.var, w.var, b.var));
   }
   // Normalizations, reductions, losses, random, identity.
   Value layer_norm(const Value& x, const Value& g, const Value& b) {
-    return op("layer_norm", {&x, &g, &b}, x.shape, {x.shape.rows(), 2}, "", remat::layer_norm(x.var, g.var, b.var));
+    return op("layer_norm", {&x, &g, &b}, x.shape, {elements(x.shape) / x.shape[x.shape.rank() - 1], 2}, "",
+              remat::layer_norm(x.var, g.var, b.var));
+  }
+  /// layer_norm over x's trailing dims of g's shape (weight g, bias b); its extra holds (μ, 1/σ) per group.
+  Value layer_norm_nd(const Value& x, const Value& g, const Value& b) {
+    return op("layer_norm", {&x, &g, &b}, x.shape, {elements(x.shape) / elements(g.shape), 2}, "",
+              remat::layer_norm(x.var, g.shape, g.var, b.var));
   }
   Value softmax(const Value& a) { return op("softmax", {&a}, a.shape, {}, "", remat::softmax(a.var)); }
   Value log_softmax(const Value& a) { return op("log_softmax", {&a}, a.shape, {}, "", remat::log_softmax(a.var)); }
   Value sum(const Value& a) { return op("sum", {&a}, {1, 1}, {}, "", remat::sum(a.var)); }
+  /// sum (op 0), mean (1) or max (2) over `dims` (each in [0, rank)), keepdim or not (torch's semantics).
+  Value reduce_dims(int which, const Value& a, const std::vector<int>& dims, bool keepdim) {
+    std::vector<remat::Index> out;
+    for (int d = 0; d < a.shape.rank(); ++d) {
+      const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+      if (!reduced) out.push_back(a.shape[d]);
+      if (reduced && keepdim) out.push_back(1);
+    }
+    static const char* const names[] = {"sum", "mean", "max"};
+    Var<T> y = which == 0   ? remat::sum(a.var, dims, keepdim)
+               : which == 1 ? remat::mean(a.var, dims, keepdim)
+                            : remat::max(a.var, dims, keepdim);
+    return op(names[which], {&a}, Shape(out), {}, "", std::move(y));
+  }
+  Value softmax(const Value& a, int dim) { return op("softmax", {&a}, a.shape, {}, "", remat::softmax(a.var, dim)); }
+  Value log_softmax(const Value& a, int dim) {
+    return op("log_softmax", {&a}, a.shape, {}, "", remat::log_softmax(a.var, dim));
+  }
+  Value permute(const Value& a, const std::vector<int>& perm) {
+    std::vector<remat::Index> out;
+    for (int d : perm) out.push_back(a.shape[d]);
+    return op("permute", {&a}, Shape(out), {}, "", remat::permute(a.var, perm));
+  }
+  Value reshape_nd(const Value& a, const Shape& to) {
+    return op("reshape", {&a}, to, {}, "", remat::reshape(a.var, to.dims()));
+  }
   Value mean(const Value& a) { return op("mean", {&a}, {1, 1}, {}, "", remat::mean(a.var)); }
   Value sum_rows(const Value& a) { return op("sum_rows", {&a}, {a.shape.rows(), 1}, {}, "", remat::sum_rows(a.var)); }
   Value dropout(const Value& a, double p) { return op("dropout", {&a}, a.shape, {}, "", remat::dropout(a.var, p)); }
@@ -389,7 +493,7 @@ class Recorder {
   }
   Value max_rows(const Value& a) { return op("max_rows", {&a}, {a.shape.rows(), 1}, {}, "", remat::max_rows(a.var)); }
   Value detach(const Value& a) {
-    if (frozen && frozen->replay) return constant(frozen->values.at(frozen->next++));
+    if (frozen && frozen->replay) return constant(a.shape, frozen->values.at(frozen->next++));
     Value y = op("detach", {&a}, a.shape, {}, "", remat::detach(a.var));
     if (frozen) frozen->values.emplace_back(y.var.value());
     return y;
@@ -476,22 +580,18 @@ class Recorder {
   }
 
  private:
-  static Shape bcast(const Value& a, const Value& b) {
-    return {std::max(a.shape.rows(), b.shape.rows()), std::max(a.shape.cols(), b.shape.cols())};
-  }
+  static Shape bcast(const Value& a, const Value& b) { return broadcast_shape(a.shape, b.shape); }
 
-  Value leaf(remat_oracle::Leaf kind, Var<T> v) {
-    if (!describe_) {
-      const Shape shape = v.shape();
-      return {std::move(v), -1, shape};
-    }
+  Value leaf(remat_oracle::Leaf kind, Var<T> v, const Shape& shape) {
+    check_shape("leaf", shape, v);
+    if (!describe_) return {std::move(v), -1, shape};
     remat_oracle::Node n;
     n.leaf = kind;
-    n.rows = static_cast<long>(v.rows());
-    n.cols = static_cast<long>(v.cols());
+    n.shape = dims_of(shape);
     n.region = open_.empty() ? -1 : open_.back().region;
     graph.nodes.push_back(n);
-    return {std::move(v), static_cast<int>(graph.nodes.size()) - 1, Shape{n.rows, n.cols}};
+    batched_.push_back(false);
+    return {std::move(v), static_cast<int>(graph.nodes.size()) - 1, shape};
   }
 
   static void check_shape(const char* name, Shape shape, const Var<T>& v) {
@@ -501,39 +601,34 @@ class Recorder {
   }
 
   Value op(const char* name, std::initializer_list<const Value*> in, Shape shape, Shape extra, const std::string& tag,
-           Var<T> v) {
+           Var<T> v, bool batched = false) {
     check_shape(name, shape, v);
     if (!describe_) return {std::move(v), -1, shape};
     std::vector<int> inputs;
     for (const Value* x : in) inputs.push_back(x->id);
-    return {std::move(v), describe_op(name, std::move(inputs), shape, extra, tag), shape};
+    return {std::move(v), describe_op(name, std::move(inputs), shape, extra, tag, batched), shape};
   }
 
-  /// Describes an op node for the oracle (after the tape recorded it); returns its id.
-  int describe_op(const char* name, std::vector<int> inputs, Shape shape, Shape extra, const std::string& tag) {
+  /// Describes an op node for the oracle (after the tape recorded it); returns its id. `extra` [0,0]: none.
+  int describe_op(const char* name, std::vector<int> inputs, Shape shape, Shape extra, const std::string& tag,
+                  bool batched = false) {
     remat_oracle::Node n;
     n.op = name;
     n.tag = tag;
     n.inputs = std::move(inputs);
-    n.rows = static_cast<long>(shape.rows());
-    n.cols = static_cast<long>(shape.cols());
-    n.extra_rows = static_cast<long>(extra.rows());
-    n.extra_cols = static_cast<long>(extra.cols());
+    n.shape = dims_of(shape);
+    if (elements(extra) > 0) n.extra = dims_of(extra);
     n.region = open_.empty() ? -1 : open_.back().region;
     // Spec §2.2: every enclosing region's policy is asked for the op (outermost first).
-    const OpView view{name,
-                      kind_of(name),
-                      batch_dims_of(name),
-                      tag,
-                      n.rows,
-                      n.cols,
-                      static_cast<std::size_t>(shape.numel()) * sizeof(T)};
+    const OpView view{name, kind_of(name), batch_dims_of(name, batched),
+                      tag,  n.shape,       static_cast<std::size_t>(remat_oracle::numel(n.shape)) * sizeof(T)};
     for (auto& o : open_) {
       n.saved_by.push_back(spec_policy_saves<T>(o.policy, view, o.calls));
       if (view.kind == Kind::dot && view.batch_dims && o.policy.kind == PolicyKind::dots_no_batch_dims)
         ++batch_dot_decisions;
     }
     graph.nodes.push_back(std::move(n));
+    batched_.push_back(batched);
     return static_cast<int>(graph.nodes.size()) - 1;
   }
 
@@ -544,13 +639,8 @@ class Recorder {
   void retag(int id, const std::string& tag) {
     remat_oracle::Node& n = graph.nodes[static_cast<std::size_t>(id)];
     n.tag = tag;
-    const OpView view{n.op,
-                      kind_of(n.op),
-                      batch_dims_of(n.op),
-                      tag,
-                      n.rows,
-                      n.cols,
-                      static_cast<std::size_t>(n.rows * n.cols) * sizeof(T)};
+    const OpView view{n.op, kind_of(n.op), batch_dims_of(n.op, batched_[static_cast<std::size_t>(id)] != 0),
+                      tag,  n.shape,       static_cast<std::size_t>(remat_oracle::numel(n.shape)) * sizeof(T)};
     for (auto& o : open_) {
       bool encloses = false;
       for (int q = n.region; q >= 0 && !encloses; q = graph.regions[static_cast<std::size_t>(q)].parent)
@@ -572,6 +662,7 @@ class Recorder {
   Tape<T>& tape_;
   bool checkpoint_, describe_;
   std::vector<Open> open_;
+  std::vector<char> batched_;  // per graph node: a matmul with batch dimensions
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -605,7 +696,14 @@ enum class StepKind {
   attention,  // op 0: attention_values(softmax(attention_scores)); 1: the same with dropout on the
               // probabilities; 2: scaled_dot_product_attention (a = q, b = k, c = v)
   constant,
-  region
+  region,
+  // N-D programs only (unary, binary with broadcasting, matmul, layer, layer_norm, dropout and name take any rank
+  // there too):
+  reduce_dims,    // op 0 sum, 1 mean, 2 max over `dims`, `keepdim`
+  softmax_dim,    // op 0 softmax, 1 log_softmax over `dim` (negative: from the end)
+  permute,        // `dims` a permutation
+  reshape_nd,     // to `to`
+  layer_norm_nd,  // over a's trailing dims of b's shape, weight b, bias c
 };
 constexpr int unary_count = 19;
 constexpr int binary_count = 4;
@@ -626,7 +724,38 @@ struct Step {
   PolicySpec policy;                    // region
   bool stack = false;                   // region: its body is a stack of layers
   int depth = 0;
+  std::vector<int> dims;  // reduce_dims: the dims; permute: the permutation
+  int dim = 0;            // softmax_dim
+  bool keepdim = false;   // reduce_dims
+  Shape shape;            // constant: its shape (N-D programs; data holds its matrix view)
 };
+
+/// What the N-D programs must cover (Program::nd_features counts the steps drawn of each).
+enum NdFeature {
+  broadcast_ranks,    // a binary op on operands of different ranks
+  broadcast_ones,     // a binary op stretching a size-1 dim of either operand, same rank, rank != 2
+  batched_matmul,     // matmul with an operand of rank 3 or more
+  vector_matmul,      // matmul with a rank-1 operand
+  reduce_keepdim,     // sum, mean or max over dims with keepdim
+  reduce_max,         // max over dims
+  softmax_middle,     // softmax or log_softmax over a dim neither the first nor the last... of rank >= 3
+  permute_nd,         // permute
+  reshape_rank,       // a reshape changing the rank
+  layer_norm_2_dims,  // layer_norm over the trailing two dims
+  linear_nd,          // linear or matmul-layer on an N-D x (in a layer step)
+  nd_feature_count
+};
+inline const char* const nd_feature_names[] = {"broadcast of different ranks",
+                                               "broadcast of size-1 dims",
+                                               "batched matmul",
+                                               "matmul of a vector",
+                                               "reduction with keepdim",
+                                               "max over dims",
+                                               "softmax over a middle dim",
+                                               "permute",
+                                               "reshape to another rank",
+                                               "layer_norm over 2 dims",
+                                               "linear on N-D x"};
 
 struct LeafSpec {
   Shape shape;
@@ -641,6 +770,8 @@ struct Program {
   // Coverage counters.
   int regions = 0, deepest = 0, stacks = 0, tuple_regions = 0;
   std::vector<int> policies = std::vector<int>(policy_kinds, 0);
+  bool nd = false;  // drawn with N-D leaves and ops (Generator::nd_program)
+  std::vector<int> nd_features = std::vector<int>(nd_feature_count, 0);  // steps drawn of each NdFeature
 };
 
 inline bool broadcastable(const Shape& a, const Shape& b) {
@@ -655,12 +786,26 @@ class Generator {
   /// `control`: every leaf a variable or Parameter, no constant recorded inside, every region
   /// everything_saveable. Then every input of every op requires grad, the spec's conditional reads are the
   /// unconditional ones, and nothing is replayed: the old and the new lifetime rules agree.
-  explicit Generator(std::uint64_t seed, bool control = false) : random_(seed), control_(control) {}
+  explicit Generator(std::uint64_t seed, bool control = false)
+      : random_(seed), control_(control), nd_(nd_program(seed)) {}
+
+  /// Whether the program of `seed` is N-D: a third of the seeds, chosen from the seed alone, so that the other
+  /// seeds draw exactly the 2-D programs they drew before N-D values existed. An N-D program has the 2-D
+  /// leaves and ops too, plus leaves of rank 1, 3 and 4 (size-1 dims among them) and the N-D ops: unary and
+  /// broadcasting binary ops on any rank, batched and vector matmul, sum/mean/max over dims with keepdim,
+  /// softmax and log_softmax over any dim, permute, reshape, layer_norm over trailing dims, linear on N-D x.
+  static bool nd_program(std::uint64_t seed) { return seed % 3 == 2; }
 
   Program generate() {
     Program p;
-    const std::vector<Shape> shapes = {{3, 4}, {3, 2}, {1, 4}, {1, 2}, {3, 1}, {1, 1},
-                                       {4, 2}, {2, 4}, {4, 4}, {2, 1}, {4, 4}, {1, 4}};
+    program_ = &p;
+    std::vector<Shape> shapes = {{3, 4}, {3, 2}, {1, 4}, {1, 2}, {3, 1}, {1, 1},
+                                 {4, 2}, {2, 4}, {4, 4}, {2, 1}, {4, 4}, {1, 4}};
+    p.nd = nd_;
+    if (nd_)
+      for (const Shape& s : {Shape{4}, Shape{2}, Shape{2, 3, 4}, Shape{2, 1, 4}, Shape{1, 3, 1}, Shape{2, 4, 2},
+                             Shape{2, 1, 3, 4}, Shape{1, 2, 3, 1}, Shape{2, 3, 4}})
+        shapes.push_back(s);
     bool any_grad = false;
     for (const Shape& s : shapes) {
       LeafSpec l;
@@ -677,6 +822,7 @@ class Generator {
     std::vector<Shape> scope = shapes;
     p.steps = body(scope, 0, 6 + random_.integer(14), p);
     p.loss_terms = {static_cast<int>(scope.size()) - 1, pick(scope), pick(scope)};
+    program_ = nullptr;
     return p;
   }
 
@@ -686,7 +832,12 @@ class Generator {
     if (random_.uniform() < 0.6) return n - 1 - random_.integer(std::min(n, 3));
     return random_.integer(n);
   }
+  /// A scope value of rank 2 that `ok` accepts (the 2-D ops' operands), -1 if none.
   int find(const std::vector<Shape>& scope, const std::function<bool(const Shape&)>& ok) {
+    return find_any(scope, [&](const Shape& s) { return s.rank() == 2 && ok(s); });
+  }
+  /// A scope value of any rank that `ok` accepts, -1 if none.
+  int find_any(const std::vector<Shape>& scope, const std::function<bool(const Shape&)>& ok) {
     std::vector<int> hits;
     for (int i = 0; i < static_cast<int>(scope.size()); ++i)
       if (ok(scope[static_cast<std::size_t>(i)])) hits.push_back(i);
@@ -780,6 +931,7 @@ class Generator {
   /// A layer on scope value `x`: linear(x, W, b) (or matmul(x, W)) then an activation.
   bool layer(std::vector<Shape>& scope, int x, Step& s) {
     const Shape a = scope[static_cast<std::size_t>(x)];
+    if (a.rank() == 0) return false;  // linear and matmul refuse scalars (only N-D programs have them)
     s.kind = StepKind::layer;
     s.a = x;
     s.b = find(scope, [&](const Shape& w) { return w.rows() == a.cols() && w.cols() <= 4; });
@@ -787,7 +939,10 @@ class Generator {
     const remat::Index n = scope[static_cast<std::size_t>(s.b)].cols();
     s.c = random_.uniform() < 0.25 ? -1 : find(scope, [&](const Shape& c) { return c.rows() == 1 && c.cols() == n; });
     s.op = random_.integer(4);
-    scope.push_back({a.rows(), n});
+    Shape out = a;  // [..., k] -> [..., n]
+    out[out.rank() - 1] = n;
+    if (a.rank() != 2) ++program_->nd_features[linear_nd];
+    scope.push_back(out);
     return true;
   }
 
@@ -856,12 +1011,153 @@ class Generator {
     return true;
   }
 
+  /// A random shape that broadcasts against `a`: a's trailing dims, each kept or made 1, a leading part dropped.
+  Shape broadcasting_partner(const Shape& a) {
+    std::vector<remat::Index> d;
+    const int keep = a.rank() == 0 ? 0 : 1 + random_.integer(a.rank());
+    for (int k = a.rank() - keep; k < a.rank(); ++k) d.push_back(random_.uniform() < 0.5 ? a[k] : 1);
+    return Shape(d);
+  }
+
+  /// An N-D op on scope value s.a (of shape `a`): its output shape in `out`, or false when `a` does not fit the
+  /// op drawn (the caller draws again). A constant recorded here is returned as a step of its own.
+  bool nd_op(std::vector<Shape>& scope, const Shape& a, Step& s, Shape& out) {
+    std::vector<int>& features = program_->nd_features;
+    const int rank = a.rank();
+    const double r = random_.uniform();
+    out = a;
+    if (r < 0.18) {
+      s.kind = StepKind::unary;
+      s.op = random_.integer(unary_count);
+    } else if (r < 0.40) {
+      s.kind = StepKind::binary;
+      s.op = random_.integer(binary_count);
+      s.b = find_any(scope, [&](const Shape& b) {
+        return broadcastable_nd(a, b) && elements(broadcast_shape(a, b)) <= 96 && (a.rank() != 2 || b.rank() != 2);
+      });
+      if (s.b < 0 && control_) return false;
+      if (s.b < 0 || (!control_ && random_.uniform() < 0.2)) {  // a constant recorded here, broadcast against a
+        s = Step{};
+        s.kind = StepKind::constant;
+        s.shape = broadcasting_partner(a);
+        s.data =
+            remat_test::random_matrix<double>(s.shape.rows(), s.shape.cols(), random_.bits(), remat_test::anywhere);
+        out = s.shape;
+        return true;
+      }
+      const Shape& b = scope[static_cast<std::size_t>(s.b)];
+      out = broadcast_shape(a, b);
+      if (a.rank() != b.rank()) ++features[broadcast_ranks];
+      bool ones = false;
+      for (int k = 0; a.rank() == b.rank() && k < rank; ++k) ones = ones || a[k] != b[k];
+      if (ones && rank != 2) ++features[broadcast_ones];
+    } else if (r < 0.54) {
+      s.kind = StepKind::matmul;
+      s.b = find_any(scope, [&](const Shape& b) {
+        const Shape o = matmul_shape(a, b);
+        return (a.rank() != 2 || b.rank() != 2) && elements(o) > 0 && elements(o) <= 96;
+      });
+      if (s.b < 0) return false;
+      const Shape& b = scope[static_cast<std::size_t>(s.b)];
+      out = matmul_shape(a, b);
+      if (a.rank() > 2 || b.rank() > 2) ++features[batched_matmul];
+      if (a.rank() == 1 || b.rank() == 1) ++features[vector_matmul];
+    } else if (r < 0.66) {
+      if (rank == 0) return false;
+      s.kind = StepKind::reduce_dims;
+      s.op = random_.integer(3);
+      for (int d = 0; d < rank; ++d)
+        if (random_.uniform() < 0.5) s.dims.push_back(d);
+      if (s.dims.empty()) s.dims.push_back(random_.integer(rank));
+      s.keepdim = random_.uniform() < 0.5;
+      std::vector<remat::Index> o;
+      for (int d = 0; d < rank; ++d) {
+        const bool reduced = std::find(s.dims.begin(), s.dims.end(), d) != s.dims.end();
+        if (!reduced) o.push_back(a[d]);
+        if (reduced && s.keepdim) o.push_back(1);
+      }
+      out = Shape(o);
+      if (s.keepdim) ++features[reduce_keepdim];
+      if (s.op == 2) ++features[reduce_max];
+    } else if (r < 0.76) {
+      if (rank == 0) return false;
+      s.kind = StepKind::softmax_dim;
+      s.op = random_.integer(2);
+      s.dim = rank >= 2 && random_.uniform() < 0.75 ? random_.integer(rank - 1) : rank - 1;
+      if (s.dim > 0 && s.dim < rank - 1) ++features[softmax_middle];
+      if (random_.uniform() < 0.3) s.dim -= rank;  // the same dim counted from the end
+    } else if (r < 0.84) {
+      if (rank < 2) return false;
+      s.kind = StepKind::permute;
+      for (int d = 0; d < rank; ++d) s.dims.push_back(d);
+      for (int d = rank - 1; d > 0; --d)
+        std::swap(s.dims[static_cast<std::size_t>(d)], s.dims[static_cast<std::size_t>(random_.integer(d + 1))]);
+      if (std::is_sorted(s.dims.begin(), s.dims.end())) std::swap(s.dims[0], s.dims[1]);
+      std::vector<remat::Index> o;
+      for (int d : s.dims) o.push_back(a[d]);
+      out = Shape(o);
+      ++features[permute_nd];
+    } else if (r < 0.92) {
+      if (rank == 0) return false;
+      s.kind = StepKind::reshape_nd;
+      std::vector<remat::Index> o = a.dims();
+      const double how = random_.uniform();
+      if (how < 0.4 && rank >= 2) {  // merge two adjacent dims
+        const int d = random_.integer(rank - 1);
+        o[static_cast<std::size_t>(d)] *= o[static_cast<std::size_t>(d) + 1];
+        o.erase(o.begin() + d + 1);
+      } else if (how < 0.8 && rank < 5) {  // insert a dim of 1
+        o.insert(o.begin() + random_.integer(rank + 1), 1);
+      } else {  // every element in one dim
+        o = {elements(a)};
+      }
+      s.to = Shape(o);
+      out = s.to;
+      if (out.rank() != rank) ++features[reshape_rank];
+    } else if (r < 0.96) {
+      if (rank < 3) return false;
+      if (random_.uniform() < 0.7) {  // over the trailing two dims, weight and bias of their shape
+        const Shape trailing{a[rank - 2], a[rank - 1]};
+        s.kind = StepKind::layer_norm_nd;
+        s.b = find_any(scope, [&](const Shape& g) { return g == trailing; });
+        s.c = find_any(scope, [&](const Shape& g) { return g == trailing; });
+        if (s.b < 0 || s.c < 0) return false;
+        ++features[layer_norm_2_dims];
+      } else {  // over the last dim, gain and bias [1, n]
+        if (a.cols() < 2) return false;
+        s.kind = StepKind::layer_norm;
+        s.b = find(scope, [&](const Shape& g) { return g.rows() == 1 && g.cols() == a.cols(); });
+        s.c = find(scope, [&](const Shape& g) { return g.rows() == 1 && g.cols() == a.cols(); });
+        if (s.b < 0 || s.c < 0) return false;
+      }
+    } else {
+      const double which = random_.uniform();
+      if (which < 0.4) {
+        if (!layer(scope, s.a, s)) return false;
+        out = scope.back();  // layer pushed it
+        scope.pop_back();
+      } else if (which < 0.7) {
+        s.kind = StepKind::dropout;
+      } else {
+        s.kind = StepKind::name;
+        s.op = random_.integer(3);
+      }
+    }
+    return true;
+  }
+
   Step op(std::vector<Shape>& scope) {
     for (;;) {
       Step s;
       s.a = pick(scope);
       const Shape a = scope[static_cast<std::size_t>(s.a)];
       Shape out = a;
+      // N-D programs: an N-D op on a value of another rank than 2, and on a third of the matrices.
+      if (nd_ && (a.rank() != 2 || random_.uniform() < 0.3)) {
+        if (!nd_op(scope, a, s, out)) continue;
+        scope.push_back(out);
+        return s;
+      }
       if (random_.uniform() < 0.2) {
         if (!transformer_op(scope, a, s, out)) continue;
         scope.push_back(out);
@@ -939,6 +1235,8 @@ class Generator {
 
   remat_test::Random random_;
   bool control_;
+  bool nd_;
+  Program* program_ = nullptr;  // the program generate() is drawing (coverage counters)
 };
 
 /// Runs a Program on a Recorder.
@@ -988,7 +1286,7 @@ class Executor {
     auto at = [&](int i) -> const Value& { return scope[static_cast<std::size_t>(i)]; };
     Recorder<T>& r = rec_;
     auto plus_one_square = [&](const Value& x) { return r.affine(r.square(x), 1.0, 1.0); };  // x² + 1 ≥ 1
-    if (s.kind == StepKind::constant) return r.constant(s.data.cast<T>());
+    if (s.kind == StepKind::constant) return r.constant(s.shape, s.data.cast<T>());  // the 2-D ones: Shape{}, rank 2
     const Value& a = at(s.a);
     switch (s.kind) {
       case StepKind::unary:
@@ -1094,6 +1392,16 @@ class Executor {
         return r.max_rows(a);
       case StepKind::detach:
         return r.detach(a);
+      case StepKind::reduce_dims:
+        return r.reduce_dims(s.op, a, s.dims, s.keepdim);
+      case StepKind::softmax_dim:
+        return s.op == 0 ? r.softmax(a, s.dim) : r.log_softmax(a, s.dim);
+      case StepKind::permute:
+        return r.permute(a, s.dims);
+      case StepKind::reshape_nd:
+        return r.reshape_nd(a, s.to);
+      case StepKind::layer_norm_nd:
+        return r.layer_norm_nd(a, at(s.b), at(s.c));
       case StepKind::attention: {
         if (s.op == 2) return r.attention(a, at(s.b), at(s.c), s.heads, s.seq_len, s.causal);
         // One step, so the causal scores (−∞ above the diagonal) reach no op but the softmax.
@@ -1172,14 +1480,38 @@ inline const char* step_name(const Step& s) {
       return "constant";
     case StepKind::region:
       return "region";
+    case StepKind::reduce_dims:
+      return s.op == 0 ? "sum" : s.op == 1 ? "mean" : "max";
+    case StepKind::softmax_dim:
+      return s.op == 0 ? "softmax" : "log_softmax";
+    case StepKind::permute:
+      return "permute";
+    case StepKind::reshape_nd:
+      return "reshape";
+    case StepKind::layer_norm_nd:
+      return "layer_norm(normalized_shape = b's shape)";
   }
   return "?";
 }
 /// A step's attributes, for the program's text.
 inline std::string step_attributes(const Step& s) {
+  auto list = [](const std::vector<int>& v) {
+    std::string out = "{";
+    for (std::size_t k = 0; k < v.size(); ++k) out += (k ? "," : "") + std::to_string(v[k]);
+    return out + "}";
+  };
   switch (s.kind) {
     case StepKind::reshape:
+    case StepKind::reshape_nd:
       return " to " + remat::to_string(s.to);
+    case StepKind::reduce_dims:
+      return " dims " + list(s.dims) + (s.keepdim ? " keepdim" : "");
+    case StepKind::softmax_dim:
+      return " dim " + std::to_string(s.dim);
+    case StepKind::permute:
+      return " " + list(s.dims);
+    case StepKind::constant:
+      return s.shape.rank() == 2 && elements(s.shape) == 0 ? "" : " " + remat::to_string(s.shape);
     case StepKind::slice_cols:
       return " columns " + std::to_string(s.begin) + "+" + std::to_string(s.count);
     case StepKind::embedding: {
@@ -1230,6 +1562,45 @@ inline std::string describe(const Program& p) {
   return out;
 }
 
+/// A Parameter of `shape` holding `m`'s elements (row-major; rank 2: the matrix itself).
+template <class T>
+std::unique_ptr<Parameter<T>> make_parameter(const Shape& shape, const Matrix<T>& m) {
+  auto of_rank = [&](auto rank) {
+    constexpr int R = decltype(rank)::value;
+    remat::Tensor<T, R> t;
+    Eigen::array<Eigen::Index, R> dims;
+    for (int d = 0; d < R; ++d) dims[static_cast<std::size_t>(d)] = shape[d];
+    t.resize(dims);
+    std::copy(m.data(), m.data() + m.size(), t.data());
+    return std::make_unique<Parameter<T>>(t);
+  };
+  switch (shape.rank()) {
+    case 1:
+      return of_rank(std::integral_constant<int, 1>{});
+    case 3:
+      return of_rank(std::integral_constant<int, 3>{});
+    case 4:
+      return of_rank(std::integral_constant<int, 4>{});
+    default:
+      return std::make_unique<Parameter<T>>(m);
+  }
+}
+
+/// Records leaf `l` on `rec` as its kind says (a Parameter is made in `parameters`, which must outlive the tape).
+template <class T>
+typename Recorder<T>::Value record_leaf(Recorder<T>& rec, const LeafSpec& l,
+                                        std::vector<std::unique_ptr<Parameter<T>>>& parameters) {
+  switch (l.kind) {
+    case remat_oracle::Leaf::constant:
+      return rec.constant(l.shape, l.data.cast<T>());
+    case remat_oracle::Leaf::variable:
+      return rec.variable(l.shape, l.data.cast<T>());
+    default:
+      parameters.push_back(make_parameter<T>(l.shape, l.data.cast<T>()));
+      return rec.parameter(*parameters.back(), l.shape);
+  }
+}
+
 /// A program recorded on a tape of its own, before any backward: its leaves in program order (constants,
 /// tape variables, Parameters) and the loss; every other handle is released.
 template <class T>
@@ -1273,20 +1644,7 @@ struct Run {
 
  private:
   void record(const Program& program) {
-    for (const LeafSpec& l : program.leaves) {
-      switch (l.kind) {
-        case remat_oracle::Leaf::constant:
-          leaves.push_back(rec.constant(l.data.cast<T>()));
-          break;
-        case remat_oracle::Leaf::variable:
-          leaves.push_back(rec.variable(l.data.cast<T>()));
-          break;
-        default:
-          parameters.push_back(std::make_unique<Parameter<T>>(l.data.cast<T>()));
-          leaves.push_back(rec.parameter(*parameters.back()));
-          break;
-      }
-    }
+    for (const LeafSpec& l : program.leaves) leaves.push_back(record_leaf(rec, l, parameters));
     loss = Executor<T>(program, rec).run(leaves);
     rec.graph.loss = loss.id;
   }

@@ -8,6 +8,7 @@
 // with R's message instead of hanging (tests/distributed/expect_failure.py checks it).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -171,6 +172,98 @@ TEST(Distributed, GradientsEqualSingleProcessOnesForEveryCheckpointModeBucketSiz
       }
     }
   }
+}
+
+/// A model with N-D Parameters: x [B,12] (2×2 patches of 3 channels) → h = tanh(x · reshape(Wc, [4,12])ᵀ) with
+/// Wc [4,3,2,2] a convolution's weight; → linear(h, W [4,6]) read as [B,2,3], permuted to [2,B,3], times P [2,3,5]
+/// (a batched matmul over 2) → summed over dim 0 → [B,5] + b [5] → cross_entropy. Parameters of rank 4, 2, 3 and 1.
+/// `policy` non-null: the part after h is a checkpoint region.
+struct NdModel {
+  Parameter<float> Wc{nd_weights<4>({4, 3, 2, 2}, 31)}, W{weights(4, 6, 32)}, P{nd_weights<3>({2, 3, 5}, 33)},
+      b{nd_weights<1>({5}, 34)};
+  std::vector<Parameter<float>*> parameters() { return {&Wc, &W, &P, &b}; }
+
+  template <int Rank>
+  static remat::Tensor<float, Rank> nd_weights(const std::array<Eigen::Index, Rank>& dims, std::uint64_t seed) {
+    remat::Tensor<float, Rank> t(dims);
+    const Matrix<float> values = weights(1, t.size(), seed);
+    std::copy(values.data(), values.data() + values.size(), t.data());
+    return t;
+  }
+
+  Var<float> loss(Tape<float>& tape, const Matrix<float>& x, const std::vector<int>& labels, remat::Index first,
+                  remat::Index rows, const Policy* policy, float scale = 1) {
+    const Var<float> wc = tape.variable(Wc), w = tape.variable(W), p = tape.variable(P), c = tape.variable(b);
+    const Var<float> h = remat::tanh(
+        remat::matmul(tape.constant(x.middleRows(first, rows)), remat::transpose(remat::reshape(wc, {4, 12}))));
+    auto head = [&](Var<float> v) {
+      const Var<float> g = remat::permute(remat::reshape(remat::matmul(v, w), {rows, 2, 3}), {1, 0, 2});
+      return remat::sum(remat::matmul(g, p), {0}) + c;
+    };
+    const Var<float> logits = policy ? remat::checkpoint(head, *policy)(h) : head(h);
+    const std::vector<int> shard(labels.begin() + first, labels.begin() + first + rows);
+    return remat::cross_entropy(logits, shard) * scale;
+  }
+};
+
+/// The N-D model's gradients on this rank's shard, reduced (buckets of `bucket_bytes`), and on the whole batch in
+/// one process.
+std::vector<Matrix<float>> nd_gradients(const Policy* policy, std::size_t bucket_bytes, bool distributed) {
+  const int r = dist::rank(), n = dist::size();
+  const Matrix<float> x = remat_test::random_matrix<float>(global_batch, 12, 41);
+  std::vector<int> labels;
+  for (remat::Index i = 0; i < global_batch; ++i) labels.push_back(static_cast<int>((2 * i + 1) % 5));
+  NdModel m;
+  Tape<float> tape;
+  if (!distributed) {
+    tape.backward(m.loss(tape, x, labels, 0, global_batch, policy));
+  } else {
+    dist::GradientReducer<float> reducer(m.parameters(), MPI_COMM_WORLD, bucket_bytes);
+    const Shard s = shard(r, n, global_batch);
+    reducer.set_local_weight(static_cast<double>(s.rows) / global_batch);
+    reducer.attach(tape);
+    tape.backward(m.loss(tape, x, labels, s.first, s.rows, policy));
+    EXPECT_EQ(reducer.reported_parameters(), 4u);
+    reducer.finish();
+  }
+  std::vector<Matrix<float>> g;
+  for (Parameter<float>* p : m.parameters()) g.push_back(p->grad());
+  return g;
+}
+
+TEST(Distributed, NdParametersGradientsEqualSingleProcessOnes) {
+  for (const auto& [label, policy] : modes()) {
+    const Policy* p = policy ? &policy : nullptr;
+    const std::vector<Matrix<float>> want = nd_gradients(p, 0, false);
+    // One bucket; buckets of 100 B: b (20 B) and P (120 B) apart, W (96 B) alone, Wc (192 B) alone.
+    for (std::size_t bucket_bytes : {dist::GradientReducer<float>::default_bucket_bytes, std::size_t{100}}) {
+      SCOPED_TRACE(label + ", buckets of " + std::to_string(bucket_bytes) + " B");
+      const std::vector<Matrix<float>> got = nd_gradients(p, bucket_bytes, true);
+      expect_close(got, want);
+      for (const Matrix<float>& g : got) EXPECT_TRUE(same_on_every_rank(g));
+    }
+  }
+  // The parameters keep their N-D shapes through the reducer.
+  NdModel m;
+  dist::GradientReducer<float> reducer(m.parameters(), MPI_COMM_WORLD, 100);
+  EXPECT_EQ(reducer.bucket_count(), 4u);
+  EXPECT_EQ(remat::to_string(m.Wc.shape()), "[4,3,2,2]");
+  EXPECT_EQ(remat::to_string(m.P.shape()), "[2,3,5]");
+}
+
+// Parameters whose N-D shapes differ but whose matrix views agree ([2,3,4] and [3,2,4] both read as [6,4]) are
+// different models: the check compares every dim, and names them.
+TEST(Distributed, MismatchedNdParameterShapesAreDetectedOnEveryRank) {
+  const int r = dist::rank();
+  Parameter<float> p{
+      NdModel::nd_weights<3>(r == 1 ? std::array<Eigen::Index, 3>{3, 2, 4} : std::array<Eigen::Index, 3>{2, 3, 4}, 51)};
+  Parameter<float> q{NdModel::nd_weights<1>({5}, 52)};
+  std::vector<Parameter<float>*> list{&q, &p};
+  remat_test::expect_error_naming<remat::shape_error>(
+      [&] { dist::broadcast_parameters(list); },
+      {"broadcast_parameters", "parameter 1", "[2,3,4] on rank 0", "[3,2,4] on rank 1"});
+  remat_test::expect_error_naming<remat::shape_error>([&] { dist::GradientReducer<float> g(list); },
+                                                      {"GradientReducer", "parameter 1", "[2,3,4] on rank 0"});
 }
 
 TEST(Distributed, BucketsFollowReverseParameterOrderAndTheirSize) {

@@ -3,6 +3,7 @@
 // computation (double and float). Then the op-specific checks a list entry cannot express.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -49,7 +50,8 @@ void check_gradient(const OpInstance& instance) {
       [&](Tape<double>& tape, const std::vector<Var<double>>& in) {
         return remat_test::scalar_loss(tape, op.build(in), s);
       },
-      remat_test::make_inputs<double>(op, instance.shapes(), s));
+      remat_test::make_inputs<double>(op, instance.shapes(), s),
+      remat_test::is_nd(instance.shapes()) ? instance.shapes() : std::vector<remat::Shape>{});
   EXPECT_EQ(result.checked, [&] {
     std::size_t n = 0;
     for (const auto& shape : instance.shapes()) n += static_cast<std::size_t>(shape.numel());
@@ -62,9 +64,33 @@ TEST_P(OpListTest, GradientMatchesCentralDifferences) {
   for_each_shape_set(check_gradient);
 }
 
+/// An N-D entry's value against its reference on flat data: the output's shape, then every element.
+template <class T>
+void expect_nd_value_matches_reference(const OpInstance& instance, std::uint64_t seed, double tolerance) {
+  const auto& op = *instance.op;
+  const auto inputs = remat_test::make_inputs<double>(op, instance.shapes(), seed);
+  std::vector<remat_test::NdArray> arrays;
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    arrays.push_back(remat_test::nd_array(inputs[k], instance.shapes()[k]));
+  const remat_test::NdArray expected = op.nd_reference(arrays);
+  Tape<T> tape;
+  std::vector<Var<T>> vars;
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    vars.push_back(remat_test::leaf<T>(tape, inputs[k].cast<T>(), instance.shapes()[k]));
+  const Var<T> out = op.build(vars);
+  ASSERT_EQ(remat::to_string(out.shape()), remat::to_string(expected.shape));
+  const auto value = out.value();
+  ASSERT_EQ(static_cast<std::size_t>(value.size()), expected.data.size());
+  for (std::size_t k = 0; k < expected.data.size(); ++k)
+    EXPECT_NEAR(static_cast<double>(value.data()[k]), expected.data[k],
+                tolerance * std::max(1.0, std::abs(expected.data[k])))
+        << "at element " << k;
+}
+
 template <class T>
 void expect_value_matches_reference(const OpInstance& instance, std::uint64_t seed, double tolerance) {
   const auto& op = *instance.op;
+  if (op.nd_reference) return expect_nd_value_matches_reference<T>(instance, seed, tolerance);
   const auto inputs = remat_test::make_inputs<double>(op, instance.shapes(), seed);
   const Matrix<double> expected = op.reference(inputs);
   Tape<T> tape;
@@ -110,8 +136,9 @@ void check_op_info(const OpInstance& instance) {
   };
   Tape<double> tape;
   std::vector<Var<double>> vars;
-  for (const auto& m : remat_test::make_inputs<double>(op, instance.shapes(), seed_of(instance)))
-    vars.push_back(tape.variable(m));
+  const auto inputs = remat_test::make_inputs<double>(op, instance.shapes(), seed_of(instance));
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    vars.push_back(remat_test::leaf(tape, inputs[k], instance.shapes()[k]));
   const auto block = remat::checkpoint(
       [&](const Var<double>& first) {
         auto in = vars;
@@ -127,6 +154,7 @@ void check_op_info(const OpInstance& instance) {
                                                              {"sum", remat::OpKind::reduction},
                                                              {"mean", remat::OpKind::reduction},
                                                              {"sum_rows", remat::OpKind::reduction},
+                                                             {"max", remat::OpKind::reduction},
                                                              {"softmax", remat::OpKind::normalization},
                                                              {"log_softmax", remat::OpKind::normalization},
                                                              {"layer_norm", remat::OpKind::normalization},
@@ -139,6 +167,15 @@ void check_op_info(const OpInstance& instance) {
                                                              {"concat_cols", remat::OpKind::data_movement},
                                                              {"transpose", remat::OpKind::data_movement},
                                                              {"reshape", remat::OpKind::data_movement},
+                                                             {"permute", remat::OpKind::data_movement},
+                                                             {"flatten", remat::OpKind::data_movement},
+                                                             {"squeeze", remat::OpKind::data_movement},
+                                                             {"unsqueeze", remat::OpKind::data_movement},
+                                                             {"concat", remat::OpKind::data_movement},
+                                                             {"stack", remat::OpKind::data_movement},
+                                                             {"slice", remat::OpKind::data_movement},
+                                                             {"index_select", remat::OpKind::data_movement},
+                                                             {"gather", remat::OpKind::data_movement},
                                                              {"sum_cols", remat::OpKind::reduction},
                                                              {"mean_cols", remat::OpKind::reduction},
                                                              {"max_rows", remat::OpKind::reduction},
@@ -148,15 +185,19 @@ void check_op_info(const OpInstance& instance) {
   const auto it = kinds.find(info.name);
   EXPECT_EQ(info.kind, it == kinds.end() ? remat::OpKind::elementwise : it->second)
       << op.name << " recorded as " << info.name << " of kind " << remat::to_string(info.kind);
-  EXPECT_EQ(info.batch_dims, info.name.rfind("attention", 0) == 0 || info.name == "scaled_dot_product_attention")
+  // Batch dimensions: the attention products, and torch.matmul with an operand of more than two dims.
+  const bool batched_matmul =
+      info.name == "matmul" && (instance.shapes()[0].rank() > 2 || instance.shapes()[1].rank() > 2);
+  EXPECT_EQ(info.batch_dims,
+            info.name.rfind("attention", 0) == 0 || info.name == "scaled_dot_product_attention" || batched_matmul)
       << info.name;
   if (op.recorded_ops == 1) {
     EXPECT_EQ(info.shape, out.shape());
     EXPECT_EQ(info.bytes, static_cast<std::size_t>(out.shape().numel()) * sizeof(double));
   }
   const auto& s = instance.shapes();
-  if (info.name == "matmul")
-    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows() * s[0].cols() * s[1].cols()));
+  if (info.name == "matmul")  // 2·k per output element (m·n of them per matrix product of the batch)
+    EXPECT_EQ(info.flops, 2.0 * static_cast<double>(out.shape().numel() * s[0][s[0].rank() - 1]));
   else if (info.name == "linear")
     EXPECT_EQ(info.flops, 2.0 * static_cast<double>(s[0].rows() * s[0].cols() * s[1].cols()) +
                               static_cast<double>(s[0].rows() * s[1].cols()));
@@ -187,7 +228,7 @@ INSTANTIATE_TEST_SUITE_P(AllOps, OpListTest, ::testing::ValuesIn(all_ops()),
 std::vector<const remat_test::OpCase*> ops_with_reference() {
   std::vector<const remat_test::OpCase*> ops;
   for (const remat_test::OpCase* op : all_ops())
-    if (op->reference) ops.push_back(op);
+    if (op->has_reference()) ops.push_back(op);
   return ops;
 }
 
@@ -272,6 +313,50 @@ TEST(OpList, CoversEveryPublicOp) {
                          "scaled_dot_product_attention",
                          "scaled_dot_product_attention_causal"})
     EXPECT_EQ(names.count(op), 1u) << "the op list has no entry " << op;
+  // The N-D forms (nd_reference entries: ranks 1, 3 and 4, broadcasting, size-1 dims).
+  for (const char* op : {"add_nd",
+                         "multiply_nd",
+                         "maximum_nd",
+                         "where_nd",
+                         "clamp_nd",
+                         "matmul_nd",
+                         "sum_dims_keepdim",
+                         "sum_all_dims",
+                         "mean_dims",
+                         "max_dims_keepdim",
+                         "max_dims",
+                         "softmax_dim",
+                         "log_softmax_dim",
+                         "layer_norm_nd",
+                         "permute",
+                         "transpose_dims",
+                         "reshape_nd",
+                         "flatten",
+                         "squeeze",
+                         "unsqueeze",
+                         "concat_nd",
+                         "stack",
+                         "slice",
+                         "index_select",
+                         "gather"}) {
+    EXPECT_EQ(names.count(op), 1u) << "the op list has no entry " << op;
+    if (names.count(op)) {
+      EXPECT_TRUE(static_cast<bool>(remat_test::find_op(op).nd_reference)) << op;
+    }
+  }
+  // N-D broadcasting: a lower rank on either side, a size-1 dim stretched in either operand.
+  for (const char* op : {"add_nd", "multiply_nd", "maximum_nd"}) {
+    bool lower[2] = {false, false}, stretched[2] = {false, false};
+    for (const auto& s : remat_test::find_op(op).shape_sets)
+      for (int k = 0; k < 2; ++k) {
+        const remat::Shape &a = s[static_cast<std::size_t>(k)], &b = s[static_cast<std::size_t>(1 - k)];
+        lower[k] = lower[k] || a.rank() < b.rank();
+        for (int d = 1; d <= std::min(a.rank(), b.rank()); ++d)
+          stretched[k] = stretched[k] || (a[a.rank() - d] == 1 && b[b.rank() - d] > 1);
+      }
+    EXPECT_TRUE(lower[0] && lower[1]) << op << ": a lower rank on each side";
+    EXPECT_TRUE(stretched[0] && stretched[1]) << op << ": a size-1 dim stretched on each side";
+  }
   // Each broadcasting form, on either side.
   for (const char* op : {"add", "subtract", "multiply", "divide"}) {
     const auto& sets = remat_test::find_op(op).shape_sets;

@@ -87,12 +87,39 @@ bool starts_with(const std::string& s, const char* prefix) {
   return s.rfind(prefix, 0) == 0;
 }
 
+/// An N-D shape set made large: the first dim of its shapes of the highest rank (they align there, so
+/// broadcasting, batch dims and inner dims still match) multiplied so that the largest holds at least 40000
+/// elements, above the grain as [800,45] is. Empty where that first dim is 1 (the size-1 sets stay tiny).
+ShapeSet large_nd(const ShapeSet& tiny) {
+  int rank = 0;
+  Index most = 1;
+  for (const Shape& s : tiny) rank = std::max(rank, s.rank());
+  for (const Shape& s : tiny) most = std::max(most, s.numel());
+  ShapeSet set = tiny;
+  const Index factor = (40000 + most - 1) / most;
+  bool scaled = false;
+  for (Shape& s : set)
+    if (s.rank() == rank && s[0] > 1) {
+      s[0] *= factor;
+      scaled = true;
+    }
+  return scaled ? set : ShapeSet{};
+}
+
 /// The op's large shape sets: its own sets with every dimension made large, or the large attention layout.
 std::vector<ShapeSet> large_shape_sets(const OpCase& op) {
   if (starts_with(op.name, "attention_values")) return {{remat_test::attention_matrix_shape(large_q), large_q}};
   if (starts_with(op.name, "attention_scores") || starts_with(op.name, "scaled_dot_product_attention"))
     return {ShapeSet(static_cast<std::size_t>(op.arity), large_q)};
   std::vector<ShapeSet> sets;
+  if (remat_test::is_nd(op.shape_sets.back())) {  // an N-D entry: at most 4 of its sets made large, spread over them
+    std::vector<ShapeSet> all;
+    for (const ShapeSet& tiny : op.shape_sets)
+      if (ShapeSet set = large_nd(tiny); !set.empty()) all.push_back(set);
+    const std::size_t n = all.size(), keep = std::min<std::size_t>(n, 4);
+    for (std::size_t k = 0; k < keep; ++k) sets.push_back(all[keep == 1 ? 0 : k * (n - 1) / (keep - 1)]);
+    return sets;
+  }
   for (const ShapeSet& tiny : op.shape_sets) {
     ShapeSet set;
     for (const Shape& s : tiny) set.push_back({large(s.rows()), large(s.cols())});
@@ -109,7 +136,7 @@ void set_threads(int threads, bool blas_follows) {
 
 /// Whether the op's result comes from a product OpenBLAS threads itself (see the top of this file).
 bool openblas_threads_it(const OpCase& op) {
-  return op.name == "matmul" || op.name == "linear";
+  return op.name == "matmul" || op.name == "matmul_nd" || op.name == "linear";
 }
 
 /// The op's output value, then the gradients of all its inputs (of scalar_loss), at `threads` threads.
@@ -118,7 +145,8 @@ std::vector<Matrix<T>> run_op(const OpCase& op, const ShapeSet& shapes, int thre
   set_threads(threads, !openblas_threads_it(op));
   remat::Tape<T> tape(123);
   std::vector<remat::Var<T>> in;
-  for (const Matrix<T>& m : remat_test::make_inputs<T>(op, shapes, 17)) in.push_back(tape.variable(m));
+  const std::vector<Matrix<T>> inputs = remat_test::make_inputs<T>(op, shapes, 17);
+  for (std::size_t k = 0; k < inputs.size(); ++k) in.push_back(remat_test::leaf(tape, inputs[k], shapes[k]));
   const remat::Var<T> out = op.build(in);
   std::vector<Matrix<T>> results{Matrix<T>(out.value())};
   for (Matrix<T>& g : tape.gradient(remat_test::scalar_loss(tape, out, 17), in)) results.push_back(std::move(g));

@@ -48,6 +48,15 @@ using BuildFunction = std::function<remat::Var<T>(const Inputs<T>&)>;
 /// Independent forward computation in double (plain loops and std:: functions), from the input values.
 using ReferenceFunction = std::function<Matrix<double>(const std::vector<Matrix<double>>&)>;
 
+/// An N-D value for the N-D entries' references: its shape and its elements, row-major (flat data).
+struct NdArray {
+  Shape shape;
+  std::vector<double> data;
+};
+
+/// Independent forward computation in double of an N-D entry, from its inputs' shapes and flat values.
+using NdReferenceFunction = std::function<NdArray(const std::vector<NdArray>&)>;
+
 /// One op (or one public form of an op) under test.
 struct OpCase {
   std::string name;  ///< unique, letters, digits and '_' only (used in gtest names)
@@ -58,6 +67,11 @@ struct OpCase {
   std::vector<Domain> domains;       ///< input value domains, one per input
   ReferenceFunction reference;       ///< empty only where a dedicated test checks the value (dropout)
   int recorded_ops = 1;              ///< ops the build records (an entry may wrap the op under test, first)
+  /// The N-D entries' reference (then `reference` is empty): their shape sets hold shapes of rank 1 to 4, which
+  /// the tests make leaves of with remat_test::leaf (a matrix of rows() × cols() holds their values row-major).
+  NdReferenceFunction nd_reference;
+
+  bool has_reference() const { return static_cast<bool>(reference) || static_cast<bool>(nd_reference); }
 
   template <class T>
   remat::Var<T> build(const Inputs<T>& in) const {
@@ -229,6 +243,273 @@ inline double gelu(double x) {
 
 }  // namespace reference
 
+/// References of the N-D entries, on flat row-major data and shapes (NumPy's and PyTorch's definitions).
+namespace nd_reference {
+
+inline Index count(const Shape& s) {
+  Index n = 1;
+  for (Index d : s) n *= d;
+  return n;
+}
+/// The multi-index of flat position `flat` in `s`, and back.
+inline std::vector<Index> unravel(Index flat, const Shape& s) {
+  std::vector<Index> i(static_cast<std::size_t>(s.rank()));
+  for (int d = s.rank() - 1; d >= 0; --d) {
+    i[static_cast<std::size_t>(d)] = flat % s[d];
+    flat /= s[d];
+  }
+  return i;
+}
+inline Index ravel(const std::vector<Index>& i, const Shape& s) {
+  Index flat = 0;
+  for (int d = 0; d < s.rank(); ++d) flat = flat * s[d] + i[static_cast<std::size_t>(d)];
+  return flat;
+}
+inline NdArray zeros(const Shape& s) {
+  return {s, std::vector<double>(static_cast<std::size_t>(count(s)), 0.0)};
+}
+inline double& at(NdArray& a, const std::vector<Index>& i) {
+  return a.data[static_cast<std::size_t>(ravel(i, a.shape))];
+}
+inline double at(const NdArray& a, const std::vector<Index>& i) {
+  return a.data[static_cast<std::size_t>(ravel(i, a.shape))];
+}
+/// NumPy broadcasting of two shapes (they must broadcast).
+inline Shape broadcast(const Shape& a, const Shape& b) {
+  const int rank = std::max(a.rank(), b.rank());
+  std::vector<Index> out(static_cast<std::size_t>(rank));
+  for (int k = 1; k <= rank; ++k) {
+    const Index x = k <= a.rank() ? a[a.rank() - k] : 1, y = k <= b.rank() ? b[b.rank() - k] : 1;
+    if (x != y && x != 1 && y != 1) throw std::invalid_argument("nd_reference: shapes do not broadcast");
+    out[static_cast<std::size_t>(rank - k)] = std::max(x, y);
+  }
+  return Shape(out);
+}
+/// a's element at the index `i` of a broadcast result: aligned at the end, a size-1 dim read at 0.
+inline double broadcast_at(const NdArray& a, const std::vector<Index>& i) {
+  std::vector<Index> j(static_cast<std::size_t>(a.shape.rank()));
+  const std::size_t offset = i.size() - j.size();
+  for (std::size_t d = 0; d < j.size(); ++d) j[d] = a.shape[static_cast<int>(d)] == 1 ? 0 : i[d + offset];
+  return at(a, j);
+}
+template <class F>
+NdArray map(const NdArray& a, F f) {
+  NdArray y = a;
+  for (double& v : y.data) v = f(v);
+  return y;
+}
+template <class F>
+NdArray zip(const NdArray& a, const NdArray& b, F f) {
+  NdArray y = zeros(broadcast(a.shape, b.shape));
+  for (Index k = 0; k < count(y.shape); ++k) {
+    const auto i = unravel(k, y.shape);
+    y.data[static_cast<std::size_t>(k)] = f(broadcast_at(a, i), broadcast_at(b, i));
+  }
+  return y;
+}
+/// torch.where: a where c is nonzero, else b, all three broadcast.
+inline NdArray where(const NdArray& c, const NdArray& a, const NdArray& b) {
+  NdArray y = zeros(broadcast(broadcast(c.shape, a.shape), b.shape));
+  for (Index k = 0; k < count(y.shape); ++k) {
+    const auto i = unravel(k, y.shape);
+    y.data[static_cast<std::size_t>(k)] = broadcast_at(c, i) != 0 ? broadcast_at(a, i) : broadcast_at(b, i);
+  }
+  return y;
+}
+/// torch.matmul: a [k] vector is [1,k] on the left and [k,1] on the right (the added dim removed from the result),
+/// dims before the last two broadcast.
+inline NdArray matmul(const NdArray& a, const NdArray& b) {
+  const bool av = a.shape.rank() == 1, bv = b.shape.rank() == 1;
+  std::vector<Index> ad = a.shape.dims(), bd = b.shape.dims();
+  if (av) ad.insert(ad.begin(), 1);
+  if (bv) bd.push_back(1);
+  const Index m = ad[ad.size() - 2], k = ad.back(), n = bd.back();
+  if (bd[bd.size() - 2] != k) throw std::invalid_argument("nd_reference::matmul: inner dims differ");
+  const NdArray A{Shape(ad), a.data}, B{Shape(bd), b.data};
+  const Shape batch = broadcast(Shape(std::vector<Index>(ad.begin(), ad.end() - 2)),
+                                Shape(std::vector<Index>(bd.begin(), bd.end() - 2)));
+  std::vector<Index> full = batch.dims();
+  full.push_back(m);
+  full.push_back(n);
+  NdArray y = zeros(Shape(full));
+  for (Index f = 0; f < count(y.shape); ++f) {
+    const auto i = unravel(f, y.shape);
+    double sum = 0;
+    for (Index c = 0; c < k; ++c) {
+      std::vector<Index> ia = i, ib = i;
+      ia[ia.size() - 1] = c;
+      ib[ib.size() - 2] = c;
+      sum += broadcast_at(A, ia) * broadcast_at(B, ib);
+    }
+    y.data[static_cast<std::size_t>(f)] = sum;
+  }
+  std::vector<Index> out = batch.dims();
+  if (!av) out.push_back(m);
+  if (!bv) out.push_back(n);
+  y.shape = Shape(out);
+  return y;
+}
+/// Sum (0), mean (1) or max (2) over `dims` (negative from the end; none: every dim), keepdim or not.
+inline NdArray reduce(const NdArray& a, int which, std::vector<int> dims, bool keepdim) {
+  const int rank = a.shape.rank();
+  std::vector<bool> reduced(static_cast<std::size_t>(rank), dims.empty());
+  for (int d : dims) reduced[static_cast<std::size_t>(d < 0 ? d + rank : d)] = true;
+  std::vector<Index> kept;  // the keepdim shape
+  for (int d = 0; d < rank; ++d) kept.push_back(reduced[static_cast<std::size_t>(d)] ? 1 : a.shape[d]);
+  NdArray y = zeros(Shape(kept));
+  std::vector<Index> n(y.data.size(), 0);
+  for (Index f = 0; f < count(a.shape); ++f) {
+    auto i = unravel(f, a.shape);
+    for (int d = 0; d < rank; ++d)
+      if (reduced[static_cast<std::size_t>(d)]) i[static_cast<std::size_t>(d)] = 0;
+    const auto o = static_cast<std::size_t>(ravel(i, y.shape));
+    const double v = a.data[static_cast<std::size_t>(f)];
+    y.data[o] = which == 2 ? (n[o] == 0 ? v : std::max(y.data[o], v)) : y.data[o] + v;
+    ++n[o];
+  }
+  if (which == 1)
+    for (std::size_t o = 0; o < y.data.size(); ++o) y.data[o] /= static_cast<double>(n[o]);
+  if (!keepdim) {
+    std::vector<Index> out;
+    for (int d = 0; d < rank; ++d)
+      if (!reduced[static_cast<std::size_t>(d)]) out.push_back(a.shape[d]);
+    y.shape = Shape(out);
+  }
+  return y;
+}
+/// softmax (or log_softmax) over dim `dim` (negative from the end).
+inline NdArray softmax(const NdArray& a, int dim, bool log) {
+  const int d = dim < 0 ? dim + a.shape.rank() : dim;
+  NdArray y = a;
+  for (Index f = 0; f < count(a.shape); ++f) {
+    auto i = unravel(f, a.shape);
+    double s = 0;
+    for (Index j = 0; j < a.shape[d]; ++j) {
+      i[static_cast<std::size_t>(d)] = j;
+      s += std::exp(at(a, i));
+    }
+    const double x = a.data[static_cast<std::size_t>(f)];
+    y.data[static_cast<std::size_t>(f)] = log ? x - std::log(s) : std::exp(x) / s;
+  }
+  return y;
+}
+/// layer_norm over x's trailing dims of w's shape: each group of count(w.shape) consecutive elements.
+inline NdArray layer_norm(const NdArray& x, const NdArray& w, const NdArray& b, double eps) {
+  const Index g = count(w.shape);
+  NdArray y = x;
+  for (Index start = 0; start < count(x.shape); start += g) {
+    double mu = 0, var = 0;
+    for (Index j = 0; j < g; ++j) mu += x.data[static_cast<std::size_t>(start + j)];
+    mu /= static_cast<double>(g);
+    for (Index j = 0; j < g; ++j) {
+      const double c = x.data[static_cast<std::size_t>(start + j)] - mu;
+      var += c * c;
+    }
+    var /= static_cast<double>(g);
+    for (Index j = 0; j < g; ++j) {
+      const auto k = static_cast<std::size_t>(start + j), jj = static_cast<std::size_t>(j);
+      y.data[k] = (x.data[k] - mu) / std::sqrt(var + eps) * w.data[jj] + b.data[jj];
+    }
+  }
+  return y;
+}
+/// y[i] = x[i permuted back]: y's dim k is x's dim perm[k].
+inline NdArray permute(const NdArray& x, const std::vector<int>& perm) {
+  std::vector<Index> out;
+  for (int p : perm) out.push_back(x.shape[p]);
+  NdArray y = zeros(Shape(out));
+  for (Index f = 0; f < count(y.shape); ++f) {
+    const auto i = unravel(f, y.shape);
+    std::vector<Index> j(i.size());
+    for (std::size_t k = 0; k < perm.size(); ++k) j[static_cast<std::size_t>(perm[k])] = i[k];
+    y.data[static_cast<std::size_t>(f)] = at(x, j);
+  }
+  return y;
+}
+/// The same elements in the same order under another shape.
+inline NdArray reshape(const NdArray& x, const Shape& to) {
+  if (count(to) != count(x.shape)) throw std::invalid_argument("nd_reference::reshape: element counts differ");
+  return {to, x.data};
+}
+/// The parts joined along `dim` (their other dims equal).
+inline NdArray concat(const std::vector<NdArray>& parts, int dim) {
+  std::vector<Index> out = parts[0].shape.dims();
+  out[static_cast<std::size_t>(dim)] = 0;
+  for (const NdArray& p : parts) out[static_cast<std::size_t>(dim)] += p.shape[dim];
+  NdArray y = zeros(Shape(out));
+  for (Index f = 0; f < count(y.shape); ++f) {
+    auto i = unravel(f, y.shape);
+    std::size_t k = 0;
+    while (i[static_cast<std::size_t>(dim)] >= parts[k].shape[dim])
+      i[static_cast<std::size_t>(dim)] -= parts[k++].shape[dim];
+    y.data[static_cast<std::size_t>(f)] = at(parts[k], i);
+  }
+  return y;
+}
+/// x with a dim of 1 inserted at `dim`.
+inline NdArray unsqueeze(const NdArray& x, int dim) {
+  std::vector<Index> d = x.shape.dims();
+  d.insert(d.begin() + dim, 1);
+  return {Shape(d), x.data};
+}
+/// Entries [begin, begin + count) of dim `dim`.
+inline NdArray slice(const NdArray& x, int dim, Index begin, Index n) {
+  std::vector<Index> out = x.shape.dims();
+  out[static_cast<std::size_t>(dim)] = n;
+  NdArray y = zeros(Shape(out));
+  for (Index f = 0; f < count(y.shape); ++f) {
+    auto i = unravel(f, y.shape);
+    i[static_cast<std::size_t>(dim)] += begin;
+    y.data[static_cast<std::size_t>(f)] = at(x, i);
+  }
+  return y;
+}
+/// Entries idx[0], idx[1], … of dim `dim`.
+inline NdArray index_select(const NdArray& x, int dim, const std::vector<int>& idx) {
+  std::vector<Index> out = x.shape.dims();
+  out[static_cast<std::size_t>(dim)] = static_cast<Index>(idx.size());
+  NdArray y = zeros(Shape(out));
+  for (Index f = 0; f < count(y.shape); ++f) {
+    auto i = unravel(f, y.shape);
+    i[static_cast<std::size_t>(dim)] = idx[static_cast<std::size_t>(i[static_cast<std::size_t>(dim)])];
+    y.data[static_cast<std::size_t>(f)] = at(x, i);
+  }
+  return y;
+}
+/// torch.gather: y[p] = x[p with dim `dim` replaced by index[p]], y of the index's shape.
+inline NdArray gather(const NdArray& x, int dim, const std::vector<int>& index, const Shape& index_shape) {
+  NdArray y = zeros(index_shape);
+  for (Index f = 0; f < count(y.shape); ++f) {
+    auto i = unravel(f, y.shape);
+    i[static_cast<std::size_t>(dim)] = index[static_cast<std::size_t>(f)];
+    y.data[static_cast<std::size_t>(f)] = at(x, i);
+  }
+  return y;
+}
+
+}  // namespace nd_reference
+
+/// Indices for index_select along a dim of n entries: (3i + 1) mod n for i < 3, then 1 mod n again (a repeat,
+/// whose gradient must accumulate).
+inline std::vector<int> nd_test_indices(Index n) {
+  std::vector<int> idx;
+  for (Index i = 0; i < 3; ++i) idx.push_back(static_cast<int>((3 * i + 1) % n));
+  idx.push_back(static_cast<int>(1 % n));
+  return idx;
+}
+/// gather's index along dim 1 of x: x's shape with dim 1 made 2 (or kept if 1), values (5p + 2) mod x[1] at
+/// position p (positions repeat values: a scatter-add).
+inline Shape nd_gather_shape(const Shape& x) {
+  Shape s = x;
+  if (s[1] > 1) s[1] = 2;
+  return s;
+}
+inline std::vector<int> nd_gather_index(const Shape& x) {
+  std::vector<int> idx(static_cast<std::size_t>(nd_gather_shape(x).numel()));
+  for (std::size_t p = 0; p < idx.size(); ++p) idx[p] = static_cast<int>((5 * p + 2) % static_cast<std::size_t>(x[1]));
+  return idx;
+}
+
 namespace detail {
 
 template <class Builder>
@@ -244,6 +525,26 @@ OpCase make_op(std::string name, int arity, Builder builder, std::vector<ShapeSe
   op.domains = std::move(domains);
   op.reference = std::move(reference);
   return op;
+}
+
+template <class Builder>
+OpCase make_nd_op(std::string name, int arity, Builder builder, std::vector<ShapeSet> shape_sets,
+                  std::vector<Domain> domains, NdReferenceFunction reference) {
+  OpCase op = make_op(std::move(name), arity, builder, std::move(shape_sets), std::move(domains), nullptr);
+  op.nd_reference = std::move(reference);
+  return op;
+}
+
+/// N-D shapes of one input: a size-1 set, rank 3, rank 4 with a size-1 dim, rank 1.
+inline std::vector<ShapeSet> nd_unary_shapes() {
+  return {{{1, 1, 1}}, {{2, 3, 4}}, {{2, 1, 3, 2}}, {{5}}};
+}
+
+/// N-D broadcasting of two inputs: same shape, differing ranks either way, size-1 dims in either operand.
+inline std::vector<ShapeSet> nd_binary_shapes() {
+  return {{{1, 1, 1}, {1, 1, 1}}, {{2, 3, 4}, {2, 3, 4}},    {{2, 3, 4}, {4}},
+          {{4}, {2, 3, 4}},       {{2, 1, 4}, {3, 1}},       {{3, 1}, {2, 1, 4}},
+          {{2, 3, 4}, {2, 1, 1}}, {{2, 1, 3, 4}, {2, 3, 4}}, {{1, 3, 1, 2}, {2, 1, 4, 1}}};
 }
 
 inline std::vector<ShapeSet> unary_shapes() {
@@ -264,6 +565,7 @@ inline std::vector<ShapeSet> binary_shapes() {
 
 /// Every op and form. Built once; entries are never removed, only added.
 inline const std::vector<OpCase>& op_list() {
+  using detail::make_nd_op;
   using detail::make_op;
   namespace ref = reference;
   using M = Matrix<double>;
@@ -602,6 +904,163 @@ inline const std::vector<OpCase>& op_list() {
             return ref::attention_values(ref::softmax(ref::attention_scores(x[0], x[1], c.heads, c.seq_len, causal)),
                                          x[2], c.heads, c.seq_len);
           }));
+    // ---- N-D forms: shapes of rank 1, 3 and 4 (size-1 dims, broadcasting either way), references on flat data ----
+    namespace nd = nd_reference;
+    using A = std::vector<NdArray>;
+    const auto nd_unary = detail::nd_unary_shapes();
+    const auto nd_binary = detail::nd_binary_shapes();
+    const std::vector<ShapeSet> nd_matrices = {{{1, 1, 1}}, {{2, 3, 4}}, {{2, 4, 1, 3}}};  // rank >= 2: a dim 1
+    auto rank_of = [](const auto& x) { return x.shape().rank(); };
+    l.push_back(make_nd_op(
+        "add_nd", 2, [](const auto& v) { return remat::add(v[0], v[1]); }, nd_binary, {anywhere},
+        [plus](const A& x) { return nd::zip(x[0], x[1], plus); }));
+    l.push_back(make_nd_op(
+        "multiply_nd", 2, [](const auto& v) { return remat::multiply(v[0], v[1]); }, nd_binary, {anywhere},
+        [times](const A& x) { return nd::zip(x[0], x[1], times); }));
+    l.push_back(make_nd_op(
+        "maximum_nd", 2, [](const auto& v) { return remat::maximum(v[0], v[1]); }, nd_binary, {anywhere},
+        [](const A& x) { return nd::zip(x[0], x[1], [](double a, double b) { return std::max(a, b); }); }));
+    l.push_back(make_nd_op(
+        "where_nd", 3, [](const auto& v) { return remat::where(v[0], v[1], v[2]); },
+        {{{1, 1, 1}, {1, 1, 1}, {1, 1, 1}},
+         {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}},
+         {{2, 1, 4}, {3, 1}, {2, 3, 4}},
+         {{4}, {2, 3, 4}, {3, 1}}},
+        {Domain{-2, 2, 0.25, true}, anywhere, anywhere},  // the condition: about half of it 0
+        [](const A& x) { return nd::where(x[0], x[1], x[2]); }));
+    l.push_back(make_nd_op(
+        "clamp_nd", 1, [](const auto& v) { return remat::clamp(v[0], -0.5, 1.0); }, nd_unary, {anywhere},
+        [](const A& x) { return nd::map(x[0], [](double a) { return std::min(std::max(a, -0.5), 1.0); }); }));
+    // torch.matmul: batched with one matrix (folded), batch against batch, broadcast batch dims, vectors.
+    l.push_back(make_nd_op(
+        "matmul_nd", 2, [](const auto& v) { return remat::matmul(v[0], v[1]); },
+        {{{1, 1, 1}, {1, 1, 1}},
+         {{2, 3, 4, 5}, {5, 6}},
+         {{2, 3, 4}, {2, 4, 5}},
+         {{2, 1, 3, 4}, {5, 4, 6}},
+         {{4}, {2, 4, 3}},
+         {{2, 3, 4}, {4}}},
+        {anywhere}, [](const A& x) { return nd::matmul(x[0], x[1]); }));
+    // Reductions over dims: {0, last} with keepdim, the middle dim (or dim 0) without, every dim (rank 0).
+    auto first_and_last = [](int rank) { return rank > 1 ? std::vector<int>{0, -1} : std::vector<int>{0}; };
+    l.push_back(make_nd_op(
+        "sum_dims_keepdim", 1,
+        [first_and_last](const auto& v) { return remat::sum(v[0], first_and_last(v[0].shape().rank()), true); },
+        nd_unary, {anywhere},
+        [first_and_last](const A& x) { return nd::reduce(x[0], 0, first_and_last(x[0].shape.rank()), true); }));
+    l.push_back(make_nd_op(
+        "sum_all_dims", 1, [](const auto& v) { return remat::sum(v[0], std::vector<int>{}, false); }, nd_unary,
+        {anywhere}, [](const A& x) { return nd::reduce(x[0], 0, {}, false); }));
+    l.push_back(make_nd_op(
+        "mean_dims", 1, [rank_of](const auto& v) { return remat::mean(v[0], {rank_of(v[0]) > 1 ? 1 : 0}, false); },
+        nd_unary, {anywhere}, [](const A& x) { return nd::reduce(x[0], 1, {x[0].shape.rank() > 1 ? 1 : 0}, false); }));
+    l.push_back(make_nd_op(
+        "max_dims_keepdim", 1, [rank_of](const auto& v) { return remat::max(v[0], {rank_of(v[0]) > 1 ? 1 : 0}, true); },
+        nd_unary, {anywhere}, [](const A& x) { return nd::reduce(x[0], 2, {x[0].shape.rank() > 1 ? 1 : 0}, true); }));
+    l.push_back(make_nd_op(
+        "max_dims", 1,
+        [first_and_last](const auto& v) { return remat::max(v[0], first_and_last(v[0].shape().rank()), false); },
+        nd_unary, {anywhere},
+        [first_and_last](const A& x) { return nd::reduce(x[0], 2, first_and_last(x[0].shape.rank()), false); }));
+    // softmax and log_softmax over dim 1 (a middle dim from rank 3; dim 0 of a vector).
+    l.push_back(make_nd_op(
+        "softmax_dim", 1, [rank_of](const auto& v) { return remat::softmax(v[0], rank_of(v[0]) > 1 ? 1 : 0); },
+        {{{1, 1, 1}}, {{2, 3, 4}}, {{2, 4, 1, 3}}, {{5}}}, {anywhere},
+        [](const A& x) { return nd::softmax(x[0], x[0].shape.rank() > 1 ? 1 : 0, false); }));
+    l.push_back(make_nd_op(
+        "log_softmax_dim", 1, [rank_of](const auto& v) { return remat::log_softmax(v[0], rank_of(v[0]) > 1 ? 1 : 0); },
+        {{{1, 1, 1}}, {{2, 3, 4}}, {{2, 4, 1, 3}}, {{5}}}, {anywhere},
+        [](const A& x) { return nd::softmax(x[0], x[0].shape.rank() > 1 ? 1 : 0, true); }));
+    // layer_norm over the trailing two dims, weight and bias of their shape.
+    l.push_back(make_nd_op(
+        "layer_norm_nd", 3,
+        [](const auto& v) { return remat::layer_norm(v[0], v[1].shape(), v[1], v[2], test_layer_norm_eps); },
+        {{{1, 1, 1}, {1, 1}, {1, 1}}, {{2, 3, 4}, {3, 4}, {3, 4}}, {{2, 1, 3, 2}, {3, 2}, {3, 2}}}, {anywhere},
+        [](const A& x) { return nd::layer_norm(x[0], x[1], x[2], test_layer_norm_eps); }));
+    // ---- N-D data movement ----
+    auto permutation = [](int rank) {
+      return rank == 4 ? std::vector<int>{3, 1, 0, 2} : rank == 3 ? std::vector<int>{2, 0, 1} : std::vector<int>{0};
+    };
+    l.push_back(make_nd_op(
+        "permute", 1,
+        [permutation, rank_of](const auto& v) { return remat::permute(v[0], permutation(rank_of(v[0]))); }, nd_unary,
+        {anywhere}, [permutation](const A& x) { return nd::permute(x[0], permutation(x[0].shape.rank())); }));
+    l.push_back(make_nd_op(
+        "transpose_dims", 1, [](const auto& v) { return remat::transpose(v[0], 0, -1); }, nd_unary, {anywhere},
+        [](const A& x) {
+          std::vector<int> p;
+          for (int d = 0; d < x[0].shape.rank(); ++d) p.push_back(d);
+          std::swap(p.front(), p.back());
+          return nd::permute(x[0], p);
+        }));
+    // [.., n] read as [n, elements / n].
+    l.push_back(make_nd_op(
+        "reshape_nd", 1,
+        [](const auto& v) {
+          return remat::reshape(v[0], {v[0].size(-1), -1});
+        },
+        nd_unary, {anywhere},
+        [](const A& x) {
+          const Index n = x[0].shape[x[0].shape.rank() - 1];
+          return nd::reshape(x[0], Shape{n, nd::count(x[0].shape) / n});
+        }));
+    l.push_back(make_nd_op(
+        "flatten", 1, [](const auto& v) { return remat::flatten(v[0], 1); }, nd_matrices, {anywhere},
+        [](const A& x) {
+          return nd::reshape(x[0], Shape{x[0].shape[0], nd::count(x[0].shape) / x[0].shape[0]});
+        }));
+    l.push_back(make_nd_op(
+        "squeeze", 1, [](const auto& v) { return remat::squeeze(v[0], 1); },
+        {{{1, 1, 1}}, {{2, 1, 4}}, {{2, 1, 3, 2}}, {{2, 3, 4}}}, {anywhere},  // the last: no dim of 1 there, unchanged
+        [](const A& x) {
+          if (x[0].shape[1] != 1) return x[0];
+          std::vector<Index> d = x[0].shape.dims();
+          d.erase(d.begin() + 1);
+          return nd::reshape(x[0], Shape(d));
+        }));
+    l.push_back(make_nd_op(
+        "unsqueeze", 1, [](const auto& v) { return remat::unsqueeze(v[0], 1); }, nd_unary, {anywhere},
+        [](const A& x) { return nd::unsqueeze(x[0], 1); }));
+    l.push_back(make_nd_op(
+        "concat_nd", 2,
+        [](const auto& v) {
+          return remat::concat({v[0], v[1]}, 1);
+        },
+        {{{1, 1, 1}, {1, 1, 1}}, {{2, 3, 4}, {2, 1, 4}}, {{2, 1, 3, 2}, {2, 2, 3, 2}}}, {anywhere},
+        [](const A& x) {
+          return nd::concat({x[0], x[1]}, 1);
+        }));
+    l.push_back(make_nd_op(
+        "stack", 2,
+        [](const auto& v) {
+          return remat::stack({v[0], v[1]}, 1);
+        },
+        {{{1, 1, 1}, {1, 1, 1}}, {{2, 3, 4}, {2, 3, 4}}, {{2, 1, 3, 2}, {2, 1, 3, 2}}, {{5}, {5}}}, {anywhere},
+        [](const A& x) {
+          return nd::concat({nd::unsqueeze(x[0], 1), nd::unsqueeze(x[1], 1)}, 1);
+        }));
+    // Entries [n/3, n/3 + max(1, n/2)) of dim 1 (n its size).
+    l.push_back(make_nd_op(
+        "slice", 1,
+        [](const auto& v) {
+          const Index n = v[0].size(1);
+          return remat::slice(v[0], 1, n / 3, std::max<Index>(1, n / 2));
+        },
+        nd_matrices, {anywhere},
+        [](const A& x) {
+          const Index n = x[0].shape[1];
+          return nd::slice(x[0], 1, n / 3, std::max<Index>(1, n / 2));
+        }));
+    l.push_back(make_nd_op(
+        "index_select", 1, [](const auto& v) { return remat::index_select(v[0], 1, nd_test_indices(v[0].size(1))); },
+        nd_matrices, {anywhere}, [](const A& x) { return nd::index_select(x[0], 1, nd_test_indices(x[0].shape[1])); }));
+    l.push_back(make_nd_op(
+        "gather", 1,
+        [](const auto& v) {
+          return remat::gather(v[0], 1, nd_gather_index(v[0].shape()), nd_gather_shape(v[0].shape()));
+        },
+        nd_matrices, {anywhere},
+        [](const A& x) { return nd::gather(x[0], 1, nd_gather_index(x[0].shape), nd_gather_shape(x[0].shape)); }));
     return l;
   }();
   return list;
@@ -622,7 +1081,14 @@ struct OpInstance {
   /// "<op>_<r>x<c>_<r>x<c>...", e.g. "add_3x4_1x4"; unique over op_instances().
   std::string name() const {
     std::string s = op->name;
-    for (const Shape& sh : shapes()) s += "_" + std::to_string(sh.rows()) + "x" + std::to_string(sh.cols());
+    for (const Shape& sh : shapes()) {
+      if (sh.rank() == 2) {
+        s += "_" + std::to_string(sh.rows()) + "x" + std::to_string(sh.cols());
+        continue;
+      }
+      s += "_";  // N-D: every dim, e.g. "_2x1x3x2"
+      for (int d = 0; d < sh.rank(); ++d) s += (d ? "x" : "") + std::to_string(sh[d]);
+    }
     return s;
   }
 };
@@ -650,6 +1116,47 @@ std::vector<Matrix<T>> make_inputs(const OpCase& op, const ShapeSet& shapes, std
   return inputs;
 }
 
+/// Whether a shape set has a shape of another rank than 2 (an N-D entry's: its leaves come from remat_test::leaf).
+inline bool is_nd(const ShapeSet& shapes) {
+  return std::any_of(shapes.begin(), shapes.end(), [](const Shape& s) { return s.rank() != 2; });
+}
+
+/// A leaf of `shape` holding m's elements (row-major; m is shape's rows() × cols() matrix view): a tape variable
+/// (or constant), from the matrix itself for rank 2 as every 2-D test did, from the shape and the data otherwise.
+template <class T>
+remat::Var<T> leaf(remat::Tape<T>& tape, const Matrix<T>& m, const Shape& shape, bool variable = true) {
+  if (shape.rank() == 2) return variable ? tape.variable(m) : tape.constant(m);
+  return variable ? tape.variable(shape, m.data()) : tape.constant(shape, m.data());
+}
+
+/// A Parameter of `shape` holding m's elements (rank 2: the matrix; N-D: a tensor of rank 1 to 4).
+template <class T>
+remat::Parameter<T> parameter(const Matrix<T>& m, const Shape& shape) {
+  auto of_rank = [&](auto rank) {
+    constexpr int R = decltype(rank)::value;
+    Eigen::array<Eigen::Index, R> dims;
+    for (int d = 0; d < R; ++d) dims[static_cast<std::size_t>(d)] = shape[d];
+    remat::Tensor<T, R> t(dims);
+    std::copy(m.data(), m.data() + m.size(), t.data());
+    return remat::Parameter<T>(t);
+  };
+  switch (shape.rank()) {
+    case 1:
+      return of_rank(std::integral_constant<int, 1>{});
+    case 3:
+      return of_rank(std::integral_constant<int, 3>{});
+    case 4:
+      return of_rank(std::integral_constant<int, 4>{});
+    default:
+      return remat::Parameter<T>(m);
+  }
+}
+
+/// The flat values of a matrix (its elements row-major) as an NdArray of `shape`.
+inline NdArray nd_array(const Matrix<double>& m, const Shape& shape) {
+  return {shape, std::vector<double>(m.data(), m.data() + m.size())};
+}
+
 /// Fixed weights in [−1, 1] for scalar_loss, one per output element.
 template <class T>
 Matrix<T> loss_weights(const Shape& shape, std::uint64_t seed) {
@@ -660,7 +1167,7 @@ Matrix<T> loss_weights(const Shape& shape, std::uint64_t seed) {
 /// sum(out ⊙ weights) with loss_weights(out.shape(), seed) recorded as a constant on `tape`.
 template <class T>
 remat::Var<T> scalar_loss(remat::Tape<T>& tape, const remat::Var<T>& out, std::uint64_t seed) {
-  return remat::sum(out * tape.constant(loss_weights<T>(out.shape(), seed)));
+  return remat::sum(out * leaf(tape, loss_weights<T>(out.shape(), seed), out.shape(), /*variable=*/false));
 }
 
 }  // namespace remat_test

@@ -19,6 +19,7 @@ struct Domain {
   double low = -2;
   double high = 2;
   double min_abs = 0;
+  bool negatives_to_zero = false;  ///< a negative draw becomes exactly 0 (torch.where's conditions: half of them 0)
 };
 
 /// Any real value in [−2, 2].
@@ -44,6 +45,7 @@ class Random {
       v = sign * domain.min_abs + v;  // |v| ≥ min_abs, and still inside [low, high] for symmetric domains
       if (v > domain.high || v < domain.low) v = -v;
     }
+    if (domain.negatives_to_zero && v < 0) v = 0;
     return v;
   }
   /// Uniform integer in [0, n).

@@ -463,4 +463,105 @@ TEST(CapturedStepErrors, BadInputsAndIndicesAreRefusedWithTheStepUnchanged) {
   EXPECT_NE(step.replay(), first);
 }
 
+// gather and index_select keep integer data, which a captured step may change (set_indices of their outputs), checked
+// by the op along its own dim: w is [2,4,3]; index_select along dim -1 (size 3), gather along dim 1 (size 4). Each
+// replay equals the step recorded afresh with the same indices; a bad index (3 fits dim 1 but not dim 2; 4 no dim
+// of size 4) is refused naming the op, the index and the dim's size, and leaves the step as it was.
+struct Selections {
+  std::vector<int> selected;  // index_select(w, -1, selected)
+  std::vector<int> gathered;  // gather(w, 1, gathered, [2,2,3])
+
+  Var<float> loss(Tape<float>& tape, const Var<float>& w, Var<float>* s = nullptr, Var<float>* g = nullptr) const {
+    const Var<float> sv = remat::index_select(w, -1, selected);
+    const Var<float> gv = remat::gather(w, 1, gathered, remat::Shape{2, 2, 3});
+    if (s) *s = sv;
+    if (g) *g = gv;
+    const Matrix<float> weights = remat_test::random_matrix<float>(1, 12, 7);
+    return remat::sum(remat::square(sv)) + remat::sum(gv * tape.constant(remat::Shape{2, 2, 3}, weights.data()));
+  }
+  /// Loss and w's gradient of the step recorded on a fresh tape (the oracle).
+  std::vector<Matrix<float>> fresh(const Matrix<float>& w_value) const {
+    Parameter<float> w(nd(w_value));
+    Tape<float> tape;
+    const Var<float> l = loss(tape, tape.variable(w));
+    tape.backward(l);
+    return {Matrix<float>::Constant(1, 1, l.item()), Matrix<float>(w.grad())};
+  }
+  static remat::Tensor<float, 3> nd(const Matrix<float>& m) {
+    remat::Tensor<float, 3> t(2, 4, 3);
+    std::copy(m.data(), m.data() + 24, t.data());
+    return t;
+  }
+};
+
+TEST(CapturedStepIndices, GatherAndIndexSelectIndicesAreSetAndCheckedAlongTheirDim) {
+  const Matrix<float> w_value = remat_test::random_matrix<float>(1, 24, 3);
+  Parameter<float> w(Selections::nd(w_value));
+  Selections sel{{2, 0, 2}, std::vector<int>(12, 0)};
+  for (std::size_t p = 0; p < sel.gathered.size(); ++p) sel.gathered[p] = static_cast<int>((3 * p + 1) % 4);
+  Var<float> selected, gathered;
+  CapturedStep<float> step([&](Tape<float>& tape) { return sel.loss(tape, tape.variable(w), &selected, &gathered); });
+  auto replayed = [&] {
+    w.zero_grad();
+    const float l = step.replay();
+    return std::vector<Matrix<float>>{Matrix<float>::Constant(1, 1, l), Matrix<float>(w.grad())};
+  };
+  auto expect_equal = [](const std::vector<Matrix<float>>& got, const std::vector<Matrix<float>>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(bitwise_equal(got[k], want[k])) << "output " << k;
+  };
+  const std::vector<Matrix<float>> first = replayed();
+  expect_equal(first, sel.fresh(w_value));
+
+  // New indices: index 1 of dim 2 (repeated), and 3 in dim 1 (valid there only); the answer changes.
+  Selections next{{1, 1, 0}, sel.gathered};
+  next.gathered[5] = 3;
+  next.gathered[0] = 2;
+  step.set_indices(selected, next.selected);
+  step.set_indices(gathered, next.gathered);
+  const std::vector<Matrix<float>> second = replayed();
+  expect_equal(second, next.fresh(w_value));
+  EXPECT_NE(second[0](0, 0), first[0](0, 0));
+
+  // Refused: out of their dim's range (3 is in dim 1's range, not in dim 2's), negative, too many or too few.
+  remat_test::expect_error_naming<remat::index_error>(
+      [&] {
+        step.set_indices(selected, {1, 3, 0});
+      },
+      {"index_select", "index 3", "position 1", "[0, 3)", "dim 2"});
+  remat_test::expect_error_naming<remat::index_error>(
+      [&] {
+        step.set_indices(selected, {-1, 0, 0});
+      },
+      {"index_select", "index -1", "[0, 3)"});
+  std::vector<int> bad = next.gathered;
+  bad[7] = 4;
+  remat_test::expect_error_naming<remat::index_error>([&] { step.set_indices(gathered, bad); },
+                                                      {"gather", "index value 4", "position 7", "[0, 4)", "dim 1"});
+  remat_test::expect_error_naming<remat::shape_error>(
+      [&] {
+        step.set_indices(gathered, {0, 1});
+      },
+      {"set_indices", "12 entries", "2 are given"});
+  // Nothing changed: the step computes what it computed with the last accepted indices.
+  expect_equal(replayed(), second);
+}
+
+// The public entry points throw the same errors as the captured step's check, with the fix.
+TEST(CapturedStepIndices, GatherAndIndexSelectNameTheValidRange) {
+  Tape<float> tape;
+  const Var<float> x = tape.variable(remat::Shape{2, 4, 3}, remat_test::random_matrix<float>(1, 24, 5).data());
+  remat_test::expect_error_naming<remat::index_error>(
+      [&] {
+        remat::index_select(x, -1, {0, 3});
+      },
+      {"index_select", "index 3", "[0, 3)", "must be in [0, 3)"});
+  remat_test::expect_error_naming<remat::index_error>(
+      [&] {
+        remat::gather(x, 0, std::vector<int>(12, 2), remat::Shape{2, 2, 3});
+      },
+      {"gather", "index value 2", "[0, 2)", "must be in [0, 2)"});
+  EXPECT_EQ(tape.size(), 1u);  // nothing recorded
+}
+
 }  // namespace captured_step_test

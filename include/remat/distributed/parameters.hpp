@@ -40,18 +40,23 @@ void check_same_parameters(const std::vector<Parameter<T>*>& parameters, MPI_Com
       throw shape_error(std::string(who) + ": rank 0 has " + std::to_string(first_count) + " parameters but rank " +
                         std::to_string(r) + " has " + std::to_string(count) +
                         "; every rank must build the same model (same model flags)");
-  std::vector<long long> shapes(2 * parameters.size()), all(2 * parameters.size() * static_cast<std::size_t>(ranks));
+  // Every parameter's full shape, its rank then its dims: N-D shapes with the same matrix view ([2,3,4] and
+  // [3,2,4]) are different models.
+  constexpr std::size_t per = 1 + Shape::max_rank;
+  std::vector<long long> shapes(per * parameters.size(), 0), all(shapes.size() * static_cast<std::size_t>(ranks));
   for (std::size_t k = 0; k < parameters.size(); ++k) {
-    shapes[2 * k] = parameters[k]->rows();
-    shapes[2 * k + 1] = parameters[k]->cols();
+    const Shape s = parameters[k]->shape();
+    shapes[per * k] = s.rank();
+    for (int d = 0; d < s.rank(); ++d) shapes[per * k + 1 + static_cast<std::size_t>(d)] = s[d];
   }
   detail::check(MPI_Allgather(shapes.data(), static_cast<int>(shapes.size()), MPI_LONG_LONG, all.data(),
                               static_cast<int>(shapes.size()), MPI_LONG_LONG, comm),
                 "check_same_parameters: MPI_Allgather");
+  auto shape_at = [](const long long* x) { return Shape(std::vector<Index>(x + 1, x + 1 + x[0])); };
   for (int r = 1; r < ranks; ++r)
     for (std::size_t k = 0; k < parameters.size(); ++k) {
-      const long long* mine = &all[static_cast<std::size_t>(r) * shapes.size() + 2 * k];
-      const Shape first{all[2 * k], all[2 * k + 1]}, other{mine[0], mine[1]};
+      const long long* mine = &all[static_cast<std::size_t>(r) * shapes.size() + per * k];
+      const Shape first = shape_at(&all[per * k]), other = shape_at(mine);
       if (first != other)
         throw shape_error(std::string(who) + ": parameter " + std::to_string(k) + " is " + to_string(first) +
                           " on rank 0 but " + to_string(other) + " on rank " + std::to_string(r) +

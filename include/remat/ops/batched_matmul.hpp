@@ -3,6 +3,7 @@
 // operands are matrices.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,32 @@ struct MatmulLayout {
   Index batches() const { return batch.numel(); }
 };
 
-/// Throws shape_error naming matmul for operands torch.matmul refuses.
+/// The shape of the `n` dims at `d`, without a heap allocation (the kernels call matmul_layout during a sweep,
+/// where an allocation that fails cannot be recovered from).
+inline Shape shape_of_dims(const Index* d, int n) {
+  switch (n) {
+    case 0:
+      return Shape::scalar();
+    case 1:
+      return Shape{d[0]};
+    case 2:
+      return Shape{d[0], d[1]};
+    case 3:
+      return Shape{d[0], d[1], d[2]};
+    case 4:
+      return Shape{d[0], d[1], d[2], d[3]};
+    case 5:
+      return Shape{d[0], d[1], d[2], d[3], d[4]};
+    case 6:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
+    case 7:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+    default:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+  }
+}
+
+/// Throws shape_error naming matmul for operands torch.matmul refuses. Allocates nothing.
 inline MatmulLayout matmul_layout(const Shape& a, const Shape& b) {
   const char* op = "matmul";
   if (a.rank() == 0 || b.rank() == 0)
@@ -39,24 +65,28 @@ inline MatmulLayout matmul_layout(const Shape& a, const Shape& b) {
     throw shape_error(std::string(op) + ": A is " + to_string(a) + " but B is " + to_string(b) +
                       "; A's last dimension (" + std::to_string(l.k) + ") must equal B's " +
                       (b_vector ? "only" : "second-to-last") + " dimension (" + std::to_string(kb) + ")");
-  auto batch_of = [](const Shape& x) {
-    std::vector<Index> d(x.begin(), x.end() - std::min(x.rank(), 2));
-    return Shape(d);
+  // The batch dims (all but the last two, padded with 1s to the longer) and their broadcast, each with a trailing 1.
+  const int ra = std::max(a.rank() - 2, 0), rb = std::max(b.rank() - 2, 0), rank = std::max(ra, rb);
+  Index da[Shape::max_rank], db[Shape::max_rank], dc[Shape::max_rank];
+  for (int d = 0; d < rank; ++d) {
+    const Index x = d < rank - ra ? 1 : a[d - (rank - ra)], y = d < rank - rb ? 1 : b[d - (rank - rb)];
+    if (x != y && x != 1 && y != 1)  // broadcast_shape's error
+      broadcast_shape(op, shape_of_dims(a.begin(), ra), shape_of_dims(b.begin(), rb));
+    dc[d] = x == 1 ? y : x;
+  }
+  std::copy(a.begin(), a.begin() + ra, da);
+  std::copy(b.begin(), b.begin() + rb, db);
+  const auto with_one = [](Index* d, int n) {
+    if (n < Shape::max_rank) d[n++] = 1;
+    return shape_of_dims(d, n);
   };
-  const Shape a_batch = batch_of(a), b_batch = batch_of(b);
-  const Shape batch = broadcast_shape(op, a_batch, b_batch);
-  auto with_one = [](const Shape& x) {
-    std::vector<Index> d(x.begin(), x.end());
-    d.push_back(1);
-    return Shape(d);
-  };
-  l.a_batch = with_one(a_batch);
-  l.b_batch = with_one(b_batch);
-  l.batch = with_one(batch);
-  std::vector<Index> out(batch.begin(), batch.end());
-  if (!a_vector) out.push_back(l.m);
-  if (!b_vector) out.push_back(l.n);
-  l.out = Shape(out);
+  l.a_batch = with_one(da, ra);
+  l.b_batch = with_one(db, rb);
+  int n = rank;
+  if (!a_vector && n < Shape::max_rank) dc[n++] = l.m;
+  if (!b_vector && n < Shape::max_rank) dc[n++] = l.n;
+  l.out = shape_of_dims(dc, n);
+  l.batch = with_one(dc, rank);
   return l;
 }
 

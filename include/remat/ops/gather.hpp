@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "remat/detail/shape_ops.hpp"
@@ -9,7 +10,10 @@
 namespace remat {
 namespace detail {
 
-struct GatherOp : OpBase {
+/// gather's kernels along any dim. GatherOp<Dim> below is the op: CapturedStep::set_indices checks new index values
+/// with the op's check_indices, which receives the input shapes but not the Params, so the dim (wrapped into
+/// [0, rank)) is a template argument of the op, one op type per dim.
+struct GatherKernels : OpBase {
   static constexpr const char* name = "gather";
   static constexpr OpKind kind = OpKind::data_movement;
   struct Params {
@@ -34,6 +38,16 @@ struct GatherOp : OpBase {
       throw shape_error(std::string(name) + ": index " + to_string(index) + " does not fit x " + to_string(x) +
                         " for dim " + std::to_string(dim) + "; the index needs x's rank, and sizes from 1 to x's " +
                         "in every dimension but dim");
+  }
+  /// Throws index_error naming gather, the value, its position and x's size in dim `d` (wrapped) for an index value
+  /// outside [0, x[d]).
+  static void check_values(const Shape& x, int d, const int* values, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i)
+      if (values[i] < 0 || values[i] >= x[d])
+        throw index_error(std::string(name) + ": index value " + std::to_string(values[i]) + " at position " +
+                          std::to_string(i) + " is outside [0, " + std::to_string(x[d]) + ") for dim " +
+                          std::to_string(d) + " of x " + to_string(x) + "; every index value must be in [0, " +
+                          std::to_string(x[d]) + "), x's size in dim " + std::to_string(d));
   }
   /// The output value at every position p of the index: x at p with dimension dim replaced by index[p]. Calls
   /// f(x offset, position) in row-major order of the index.
@@ -81,19 +95,52 @@ struct GatherOp : OpBase {
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
+/// gather along dim Dim (in [0, rank)).
+template <int Dim>
+struct GatherOp : GatherKernels {
+  /// New index values for CapturedStep::set_indices: index_error as gather() throws for a value out of range.
+  static void check_indices(const Shape* in, const int* values, std::size_t count) {
+    check_values(in[0], Dim, values, count);
+  }
+};
+
+/// f(std::integral_constant<int, d>{}) for a dim d in [0, Shape::max_rank): the op type of that dim.
+template <class F>
+decltype(auto) with_gather_dim(int d, F&& f) {
+  static_assert(Shape::max_rank == 8, "one case per dim");
+  switch (d) {
+    case 0:
+      return f(std::integral_constant<int, 0>{});
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    default:
+      return f(std::integral_constant<int, 7>{});
+  }
+}
+
 }  // namespace detail
 
 /// torch.gather(x, dim, index): y[p] = x[p with dimension dim replaced by index[p]] for every position p of the
 /// index, whose values are `index` (row-major, index_shape.numel() of them, each in [0, n) for n = x's size in
 /// dim) and whose shape `index_shape` has x's rank and, in every dimension but dim, at most x's size (negative dim
 /// counts from the end). x: [.., n, ..] → index_shape; dx is dy added back at the gathered positions (a
-/// scatter-add: a position gathered twice accumulates), 0 elsewhere. The index is copied to the tape. Throws
-/// shape_error naming gather for a scalar x, an index_shape that does not fit x or another number of values than
-/// index_shape holds; index_error for a dim out of range or an index value outside [0, n) (naming it and its
-/// position).
+/// scatter-add: a position gathered twice accumulates), 0 elsewhere. The index is copied to the tape; a
+/// CapturedStep may set new values (set_indices of the output), checked as here. Throws shape_error naming gather
+/// for a scalar x, an index_shape that does not fit x or another number of values than index_shape holds;
+/// index_error for a dim out of range or an index value outside [0, n) (naming it, its position and n).
 template <class T>
 Var<T> gather(const Var<T>& x, int dim, const std::vector<int>& index, const Shape& index_shape) {
-  using Op = detail::GatherOp;
+  using Op = detail::GatherKernels;
   const Shape s = x.shape();
   Op::check_shapes(s, dim, index_shape);  // index_shape's dimensions are then in [1, x's]: packable
   if (static_cast<Index>(index.size()) != index_shape.numel())
@@ -102,19 +149,25 @@ Var<T> gather(const Var<T>& x, int dim, const std::vector<int>& index, const Sha
   const int d = wrap_dim(dim, s.rank(), Op::name);
   if (!detail::packable(index_shape))
     throw shape_error(std::string(Op::name) + ": index " + to_string(index_shape) + " has more elements than a tensor");
-  for (std::size_t i = 0; i < index.size(); ++i)
-    if (index[i] < 0 || index[i] >= s[d])
-      throw index_error(std::string(Op::name) + ": index value " + std::to_string(index[i]) + " at position " +
-                        std::to_string(i) + " is outside [0, " + std::to_string(s[d]) + ") for dim " +
-                        std::to_string(dim) + " of x " + to_string(s));
-  OpCall<Op> call;
-  call.params.index = detail::pack(index_shape);
-  call.params.dim = dim;
-  call.indices = index.data();
-  call.index_count = index.size();
-  return apply_op<Op>(call, x);
+  Op::check_values(s, d, index.data(), index.size());
+  return detail::with_gather_dim(d, [&](auto wrapped) {
+    using DimOp = detail::GatherOp<decltype(wrapped)::value>;
+    OpCall<DimOp> call;
+    call.params.index = detail::pack(index_shape);
+    call.params.dim = dim;
+    call.indices = index.data();
+    call.index_count = index.size();
+    return apply_op<DimOp>(call, x);
+  });
 }
 
 }  // namespace remat
 
-REMAT_OP_KERNELS(remat::detail::GatherOp)
+REMAT_OP_KERNELS(remat::detail::GatherOp<0>)
+REMAT_OP_KERNELS(remat::detail::GatherOp<1>)
+REMAT_OP_KERNELS(remat::detail::GatherOp<2>)
+REMAT_OP_KERNELS(remat::detail::GatherOp<3>)
+REMAT_OP_KERNELS(remat::detail::GatherOp<4>)
+REMAT_OP_KERNELS(remat::detail::GatherOp<5>)
+REMAT_OP_KERNELS(remat::detail::GatherOp<6>)
+REMAT_OP_KERNELS(remat::detail::GatherOp<7>)

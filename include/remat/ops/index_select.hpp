@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "remat/detail/shape_ops.hpp"
@@ -9,7 +10,10 @@
 namespace remat {
 namespace detail {
 
-struct IndexSelectOp : OpBase {
+/// index_select's kernels along any dim. IndexSelectOp<Dim> below is the op: CapturedStep::set_indices checks new
+/// indices with the op's check_indices, which receives the input shapes but not the Params, so the dim (wrapped into
+/// [0, rank)) is a template argument of the op, one op type per dim.
+struct IndexSelectKernels : OpBase {
   static constexpr const char* name = "index_select";
   static constexpr OpKind kind = OpKind::data_movement;
   struct Params {
@@ -30,11 +34,17 @@ struct IndexSelectOp : OpBase {
     require_not_scalar(name, x);
     const int d = wrap_dim(dim, x.rank(), name);
     if (count == 0) throw shape_error(std::string(name) + ": no indices (x " + to_string(x) + "); pass at least one");
+    check_values(x, d, indices, count);
+  }
+  /// Throws index_error naming index_select, the index, its position and x's size in dim `d` (wrapped) for an index
+  /// outside [0, x[d]).
+  static void check_values(const Shape& x, int d, const int* indices, std::size_t count) {
     for (std::size_t i = 0; i < count; ++i)
       if (indices[i] < 0 || indices[i] >= x[d])
         throw index_error(std::string(name) + ": index " + std::to_string(indices[i]) + " at position " +
                           std::to_string(i) + " is outside [0, " + std::to_string(x[d]) + ") for dim " +
-                          std::to_string(dim) + " of x " + to_string(x));
+                          std::to_string(d) + " of x " + to_string(x) + "; every index must be in [0, " +
+                          std::to_string(x[d]) + "), x's size in dim " + std::to_string(d));
   }
   struct Layout {
     Index blocks, size, inner;
@@ -71,24 +81,69 @@ struct IndexSelectOp : OpBase {
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
 };
 
+/// index_select along dim Dim (in [0, rank)).
+template <int Dim>
+struct IndexSelectOp : IndexSelectKernels {
+  /// New indices for CapturedStep::set_indices: index_error as index_select() throws for an index out of range.
+  static void check_indices(const Shape* in, const int* indices, std::size_t count) {
+    check_values(in[0], Dim, indices, count);
+  }
+};
+
+/// f(std::integral_constant<int, d>{}) for a dim d in [0, Shape::max_rank): the op type of that dim.
+template <class F>
+decltype(auto) with_index_select_dim(int d, F&& f) {
+  static_assert(Shape::max_rank == 8, "one case per dim");
+  switch (d) {
+    case 0:
+      return f(std::integral_constant<int, 0>{});
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    default:
+      return f(std::integral_constant<int, 7>{});
+  }
+}
+
 }  // namespace detail
 
 /// torch.index_select: entries indices[0], indices[1], … of dimension `dim` of x (negative dim counts from the
 /// end), in that order; an index may repeat. x: [.., n, ..], k indices in [0, n) → [.., k, ..]; dx is dy's entries
 /// added back at their indices (a scatter-add: repeated indices accumulate), 0 elsewhere. The indices are copied to
-/// the tape. Throws shape_error naming index_select for a scalar x or no indices, index_error for a dim out of
-/// range or an index outside [0, n) (naming it and its position).
+/// the tape; a CapturedStep may set new ones (set_indices of the output), checked as here. Throws shape_error naming
+/// index_select for a scalar x or no indices, index_error for a dim out of range or an index outside [0, n) (naming
+/// it, its position and n).
 template <class T>
 Var<T> index_select(const Var<T>& x, int dim, const std::vector<int>& indices) {
-  detail::IndexSelectOp::check(x.shape(), dim, indices.data(), indices.size());
-  OpCall<detail::IndexSelectOp> call;
-  call.params.dim = dim;
-  call.params.count = static_cast<Index>(indices.size());
-  call.indices = indices.data();
-  call.index_count = indices.size();
-  return apply_op<detail::IndexSelectOp>(call, x);
+  const Shape s = x.shape();
+  detail::IndexSelectKernels::check(s, dim, indices.data(), indices.size());
+  return detail::with_index_select_dim(wrap_dim(dim, s.rank(), detail::IndexSelectKernels::name), [&](auto wrapped) {
+    using Op = detail::IndexSelectOp<decltype(wrapped)::value>;
+    OpCall<Op> call;
+    call.params.dim = dim;
+    call.params.count = static_cast<Index>(indices.size());
+    call.indices = indices.data();
+    call.index_count = indices.size();
+    return apply_op<Op>(call, x);
+  });
 }
 
 }  // namespace remat
 
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp<0>)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp<1>)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp<2>)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp<3>)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp<4>)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp<5>)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp<6>)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp<7>)
