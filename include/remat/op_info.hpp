@@ -12,6 +12,7 @@ namespace remat {
 enum class OpKind {
   leaf,           ///< constant or variable
   dot,            ///< matmul, linear: GEMM work
+  convolution,    ///< conv2d: products over sliding windows (JAX's conv_general_dilated)
   elementwise,    ///< tanh, +, exp, ...
   reduction,      ///< sum, mean, sum_rows
   normalization,  ///< softmax, log_softmax, layer_norm
@@ -29,6 +30,8 @@ inline const char* to_string(OpKind kind) {
       return "leaf";
     case OpKind::dot:
       return "dot";
+    case OpKind::convolution:
+      return "convolution";
     case OpKind::elementwise:
       return "elementwise";
     case OpKind::reduction:

@@ -31,17 +31,20 @@ struct EverythingSaveable {
 };
 inline constexpr EverythingSaveable everything_saveable{};
 
-/// Saves the outputs of dot ops (matmul, linear, batched products) and recomputes the cheap work between
-/// them (jax.checkpoint_policies.dots_saveable). Memory: one [m,n] output per GEMM that a backward or
-/// the replay reads. Time: only the non-dot ops are recomputed (a few % for MLPs).
+/// Saves the outputs of dot ops (matmul, linear, batched products) and convolutions, and recomputes the cheap
+/// work between them (jax.checkpoint_policies.dots_saveable, which saves dot_general and conv_general_dilated).
+/// Memory: one output per GEMM or convolution that a backward or the replay reads. Time: only the other ops are
+/// recomputed (a few % for MLPs).
 struct DotsSaveable {
-  bool operator()(const OpInfo& op) const { return op.kind == OpKind::dot; }  ///< whether op is a dot
+  /// Whether op is a dot or a convolution.
+  bool operator()(const OpInfo& op) const { return op.kind == OpKind::dot || op.kind == OpKind::convolution; }
 };
 inline constexpr DotsSaveable dots_saveable{};
 
 /// Saves the outputs of dots without batch dimensions (weight products) and recomputes batched products
 /// such as attention scores (jax.checkpoint_policies.dots_with_no_batch_dims_saveable): for transformers,
-/// the S×S attention terms are recomputed while the projections are kept.
+/// the S×S attention terms are recomputed while the projections are kept. Convolutions are not saved (as in JAX,
+/// whose policy saves only dot_general).
 struct DotsWithNoBatchDimsSaveable {
   /// Whether op is a dot without batch dimensions.
   bool operator()(const OpInfo& op) const { return op.kind == OpKind::dot && !op.batch_dims; }

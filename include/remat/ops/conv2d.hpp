@@ -1,0 +1,277 @@
+// conv2d: 2-D convolution (cross-correlation) of an [N,C,H,W] batch with PyTorch's semantics, by im2col and GEMM.
+#pragma once
+
+#include <climits>
+#include <string>
+
+#include "remat/op.hpp"
+
+namespace remat {
+
+/// A pair of sizes (height, width), built from one value for both or from two: `2` or `{2, 1}`
+/// (LibTorch's ExpandingArray<2>).
+struct Size2 {
+  Index height = 0;  ///< along H
+  Index width = 0;   ///< along W
+  /// Both sizes `v`.
+  Size2(Index v) : height(v), width(v) {}  // NOLINT(google-explicit-constructor): 2 means {2, 2}, as in LibTorch
+  /// (height, width).
+  Size2(Index h, Index w) : height(h), width(w) {}
+};
+
+/// The attributes of conv2d, as torch::nn::functional::Conv2dFuncOptions: stride, padding (zeros on every side),
+/// dilation and groups, each a chained setter.
+struct Conv2dOptions {
+  /// Step between windows, ≥ 1 (default 1).
+  Conv2dOptions& stride(Size2 s) {
+    stride_ = s;
+    return *this;
+  }
+  /// Implicit zeros added on both sides of H and of W, ≥ 0 (default 0).
+  Conv2dOptions& padding(Size2 p) {
+    padding_ = p;
+    return *this;
+  }
+  /// Spacing between kernel elements, ≥ 1 (default 1).
+  Conv2dOptions& dilation(Size2 d) {
+    dilation_ = d;
+    return *this;
+  }
+  /// Channel groups, ≥ 1, dividing the input and output channels (default 1; groups = C is depthwise).
+  Conv2dOptions& groups(Index g) {
+    groups_ = g;
+    return *this;
+  }
+  Size2 stride() const { return stride_; }      ///< the step between windows
+  Size2 padding() const { return padding_; }    ///< the zeros added on each side
+  Size2 dilation() const { return dilation_; }  ///< the spacing between kernel elements
+  Index groups() const { return groups_; }      ///< the channel groups
+
+ private:
+  Size2 stride_{1}, padding_{0}, dilation_{1};
+  Index groups_ = 1;
+};
+
+namespace detail {
+
+struct Conv2dOp : OpBase {
+  static constexpr const char* name = "conv2d";
+  static constexpr OpKind kind = OpKind::convolution;
+  struct Params {
+    std::int32_t stride[2] = {1, 1}, padding[2] = {0, 0}, dilation[2] = {1, 1};
+    std::int32_t groups = 1;
+    std::int32_t bias = 0;  // 1: input 2 is a bias [O]
+  };
+
+  /// Sizes of one product: per sample and group, out [Og, P] = W_g [Og, K] · col [K, P].
+  struct Geometry {
+    Index n, c, h, w, o, kh, kw, oh, ow, groups;
+    Index cg() const { return c / groups; }  // input channels per group
+    Index og() const { return o / groups; }  // output channels per group
+    Index k() const { return cg() * kh * kw; }
+    Index p() const { return oh * ow; }
+  };
+  static Geometry geometry(const Shape* in, const Params& a) {
+    const Shape &x = in[0], &w = in[1];
+    Geometry g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], 0, 0, a.groups};
+    g.oh = (g.h + 2 * a.padding[0] - a.dilation[0] * (g.kh - 1) - 1) / a.stride[0] + 1;
+    g.ow = (g.w + 2 * a.padding[1] - a.dilation[1] * (g.kw - 1) - 1) / a.stride[1] + 1;
+    return g;
+  }
+
+  /// dX needs W, dW needs X, db nothing (dY alone).
+  static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
+
+  static Shape output_shape(const Shape* in, const Params& a) {
+    check_shapes(in, a);
+    const Geometry g = geometry(in, a);
+    return Shape{g.n, g.o, g.oh, g.ow};
+  }
+  /// The im2col matrix of one sample and group, [K, P]; the backward reuses it for W_gᵀ · dY.
+  static Shape scratch_shape(const Shape* in, const Params& a) {
+    const Geometry g = geometry(in, a);
+    return Shape{g.k(), g.p()};
+  }
+
+  template <class T>
+  using RowMajorMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+  template <class T>
+  using ConstRowMajorMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+
+  /// col[(ci·kh + i)·kw + j, oy·ow + ox] = x[ci, oy·sh − ph + i·dh, ox·sw − pw + j·dw] (0 outside) for the Cg
+  /// channels of one sample and group starting at `x`.
+  template <class T>
+  static void im2col(const Geometry& g, const Params& a, const T* x, T* col) {
+    for (Index ci = 0; ci < g.cg(); ++ci)
+      for (Index i = 0; i < g.kh; ++i)
+        for (Index j = 0; j < g.kw; ++j) {
+          T* row = col + ((ci * g.kh + i) * g.kw + j) * g.p();
+          const T* plane = x + ci * g.h * g.w;
+          for (Index oy = 0; oy < g.oh; ++oy) {
+            const Index y = oy * a.stride[0] - a.padding[0] + i * a.dilation[0];
+            for (Index ox = 0; ox < g.ow; ++ox) {
+              const Index xx = ox * a.stride[1] - a.padding[1] + j * a.dilation[1];
+              const bool inside = y >= 0 && y < g.h && xx >= 0 && xx < g.w;
+              row[oy * g.ow + ox] = inside ? plane[y * g.w + xx] : T(0);
+            }
+          }
+        }
+  }
+  /// The adjoint of im2col: dx[ci, y, x] += col[…] over every window position that read it.
+  template <class T>
+  static void col2im_add(const Geometry& g, const Params& a, const T* col, T* dx) {
+    for (Index ci = 0; ci < g.cg(); ++ci)
+      for (Index i = 0; i < g.kh; ++i)
+        for (Index j = 0; j < g.kw; ++j) {
+          const T* row = col + ((ci * g.kh + i) * g.kw + j) * g.p();
+          T* plane = dx + ci * g.h * g.w;
+          for (Index oy = 0; oy < g.oh; ++oy) {
+            const Index y = oy * a.stride[0] - a.padding[0] + i * a.dilation[0];
+            if (y < 0 || y >= g.h) continue;
+            for (Index ox = 0; ox < g.ow; ++ox) {
+              const Index xx = ox * a.stride[1] - a.padding[1] + j * a.dilation[1];
+              if (xx >= 0 && xx < g.w) plane[y * g.w + xx] += row[oy * g.ow + ox];
+            }
+          }
+        }
+  }
+
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    const Params a = params_of<Params>(c);
+    const Shape in[2] = {c.in_shape(0), c.in_shape(1)};
+    const Geometry g = geometry(in, a);
+    const T* x = c.in(0).data();
+    const T* w = c.in(1).data();
+    T* y = c.out().data();
+    T* col = c.scratch().data();
+    for (Index n = 0; n < g.n; ++n)
+      for (Index gr = 0; gr < g.groups; ++gr) {
+        im2col(g, a, x + (n * g.c + gr * g.cg()) * g.h * g.w, col);
+        RowMajorMap<T> out(y + (n * g.o + gr * g.og()) * g.p(), g.og(), g.p());
+        out.noalias() =
+            ConstRowMajorMap<T>(w + gr * g.og() * g.k(), g.og(), g.k()) * ConstRowMajorMap<T>(col, g.k(), g.p());
+        if (a.bias)
+          out.colwise() += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(c.in(2).data() + gr * g.og(), g.og());
+      }
+  }
+
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const Params a = params_of<Params>(c);
+    const Shape in[2] = {c.in_shape(0), c.in_shape(1)};
+    const Geometry g = geometry(in, a);
+    const T* dy = c.grad_out().data();
+    T* col = c.scratch().data();
+    if (a.bias && c.wants_grad(2)) {  // db[o] = Σ_{n, p} dY[n, o, p], summed in that order
+      GradTarget<T> db = c.grad_target(2);
+      for (Index o = 0; o < g.o; ++o) {
+        T sum = db.accumulate ? db.map.data()[o] : T(0);
+        for (Index n = 0; n < g.n; ++n) sum += ConstRowMajorMap<T>(dy + (n * g.o + o) * g.p(), 1, g.p()).sum();
+        db.map.data()[o] = sum;
+      }
+    }
+    if (c.wants_grad(1)) {  // dW_g = Σ_n dY_ng · col_ngᵀ
+      GradTarget<T> dw = c.grad_target(1);
+      if (!dw.accumulate) dw.map.setZero();
+      const T* x = c.in(0).data();
+      for (Index n = 0; n < g.n; ++n)
+        for (Index gr = 0; gr < g.groups; ++gr) {
+          im2col(g, a, x + (n * g.c + gr * g.cg()) * g.h * g.w, col);
+          RowMajorMap<T>(dw.map.data() + gr * g.og() * g.k(), g.og(), g.k()).noalias() +=
+              ConstRowMajorMap<T>(dy + (n * g.o + gr * g.og()) * g.p(), g.og(), g.p()) *
+              ConstRowMajorMap<T>(col, g.k(), g.p()).transpose();
+        }
+    }
+    if (c.wants_grad(0)) {  // dX: col2im(W_gᵀ · dY_ng)
+      GradTarget<T> dx = c.grad_target(0);
+      if (!dx.accumulate) dx.map.setZero();
+      const T* w = c.in(1).data();
+      for (Index n = 0; n < g.n; ++n)
+        for (Index gr = 0; gr < g.groups; ++gr) {
+          RowMajorMap<T>(col, g.k(), g.p()).noalias() =
+              ConstRowMajorMap<T>(w + gr * g.og() * g.k(), g.og(), g.k()).transpose() *
+              ConstRowMajorMap<T>(dy + (n * g.o + gr * g.og()) * g.p(), g.og(), g.p());
+          col2im_add(g, a, col, dx.map.data() + (n * g.c + gr * g.cg()) * g.h * g.w);
+        }
+    }
+  }
+
+  /// 2 · N · O · P · K multiply-adds.
+  static double flops(const Shape* in, int, const Shape&, const Params& a) {
+    const Geometry g = geometry(in, a);
+    return 2.0 * static_cast<double>(g.n) * static_cast<double>(g.o) * static_cast<double>(g.p()) *
+           static_cast<double>(g.k());
+  }
+
+  [[noreturn]] static void fail(const Shape* in, const std::string& why) {
+    throw shape_error("conv2d: input is " + to_string(in[0]) + " and weight " + to_string(in[1]) + "; " + why);
+  }
+  static void check_shapes(const Shape* in, const Params& a) {
+    const Shape &x = in[0], &w = in[1];
+    if (x.rank() != 4) fail(in, "the input must be [N,C,H,W] (unsqueeze(x, 0) makes one sample a batch of one)");
+    if (w.rank() != 4) fail(in, "the weight must be [out_channels, in_channels/groups, kH, kW]");
+    if (x[1] % a.groups != 0 || w[0] % a.groups != 0)
+      fail(in, "groups (" + std::to_string(a.groups) + ") must divide the input channels and the output channels");
+    if (a.bias && (in[2].rank() != 1 || in[2][0] != w[0]))
+      fail(in, "the bias is " + to_string(in[2]) + "; it must be [out_channels] = [" + std::to_string(w[0]) + "]");
+    if (w[1] * a.groups != x[1])
+      fail(in, "the weight's dim 1 (" + std::to_string(w[1]) + ") times groups (" + std::to_string(a.groups) +
+                   ") must equal the input's channels (" + std::to_string(x[1]) + ")");
+    for (int d = 0; d < 2; ++d) {
+      const Index extent = x[2 + d] + 2 * a.padding[d], window = a.dilation[d] * (w[2 + d] - 1) + 1;
+      if (extent < window)
+        fail(in, std::string("the padded input is ") + std::to_string(extent) + (d == 0 ? " high" : " wide") +
+                     ", smaller than the dilated kernel (" + std::to_string(window) + ")");
+    }
+  }
+};
+
+/// Conv2dOptions → the op's Params; throws domain_error naming conv2d for a stride or dilation below 1, a negative
+/// padding, groups below 1, or a value beyond 2^31 − 1.
+inline Conv2dOp::Params conv2d_params(const Conv2dOptions& o) {
+  auto fit = [](Index v, Index least, const char* what) {
+    if (v < least || v > INT_MAX)
+      throw domain_error(std::string("conv2d: ") + what + " is " + std::to_string(v) + "; it must be at least " +
+                         std::to_string(least) + " (and below 2^31)");
+    return static_cast<std::int32_t>(v);
+  };
+  Conv2dOp::Params p;
+  p.stride[0] = fit(o.stride().height, 1, "stride");
+  p.stride[1] = fit(o.stride().width, 1, "stride");
+  p.padding[0] = fit(o.padding().height, 0, "padding");
+  p.padding[1] = fit(o.padding().width, 0, "padding");
+  p.dilation[0] = fit(o.dilation().height, 1, "dilation");
+  p.dilation[1] = fit(o.dilation().width, 1, "dilation");
+  p.groups = fit(o.groups(), 1, "groups");
+  return p;
+}
+
+}  // namespace detail
+
+/// 2-D convolution, torch.nn.functional.conv2d without bias: y[n, o, i, j] = Σ_{c, a, b} w[o, c, a, b] ·
+/// x[n, g·C/G + c, i·sh − ph + a·dh, j·sw − pw + b·dw] over the C/G input channels of o's group g (zero outside
+/// the input). x: [N, C, H, W]; weight: [O, C/G, kH, kW] → [N, O, Hout, Wout] with
+/// Hout = ⌊(H + 2·ph − dh·(kH − 1) − 1) / sh⌋ + 1 (Wout likewise). dx is the transposed convolution of dy with w,
+/// dw the correlation of x with dy. FLOPs 2·N·O·Hout·Wout·(C/G)·kH·kW. Kernel: im2col of one sample and group into
+/// the op's temporary ([C/G·kH·kW, Hout·Wout] elements, counted in the peak) and one GEMM. Its OpInfo kind is
+/// convolution: dots_saveable keeps its output, dots_with_no_batch_dims_saveable does not (as JAX's policies treat
+/// conv_general_dilated). Throws shape_error naming conv2d for shapes that do not fit, domain_error for bad
+/// options, tape_error for an empty or stale Var.
+template <class T>
+Var<T> conv2d(const Var<T>& x, const Var<T>& weight, const Conv2dOptions& options = {}) {
+  return apply_op<detail::Conv2dOp>(detail::conv2d_params(options), x, weight);
+}
+
+/// conv2d plus a bias [O] added to every output channel (fused: no other node): y[n, o, i, j] += bias[o];
+/// dbias[o] = Σ_{n,i,j} dy[n,o,i,j]. Throws what conv2d throws, and shape_error naming conv2d unless bias is [O].
+template <class T>
+Var<T> conv2d(const Var<T>& x, const Var<T>& weight, const Var<T>& bias, const Conv2dOptions& options = {}) {
+  detail::Conv2dOp::Params p = detail::conv2d_params(options);
+  p.bias = 1;
+  return apply_op<detail::Conv2dOp>(p, x, weight, bias);
+}
+
+}  // namespace remat
+
+REMAT_OP_KERNELS(remat::detail::Conv2dOp)

@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""Reference values and gradients of remat's convolution and pooling ops, for the C++ tests (which never need torch).
+
+The cases are torch.nn.functional.conv2d(x, w, b, stride, padding, dilation, groups) in float64 over strides,
+paddings, dilations and groups (depthwise included), kernel 1, an output of size 1, and with and without bias;
+max_pool2d(x, kernel_size, stride, padding, dilation) (attributes "kernel", "stride", "padding", "dilation"; no
+window holds two values within 1e-3 of its maximum, checked, so the gradient is unambiguous); avg_pool2d(x,
+kernel_size, stride, padding, count_include_pad) (attributes "kernel", "stride", "padding", "count_include_pad" 0/1);
+adaptive_avg_pool2d(x, output_size) (attribute "output_size").
+Inputs, the weight g of the loss sum(out ⊙ g), the checks and the file format are those of
+make_nd_reference.py (this script imports them): attributes "stride", "padding", "dilation" (two ints each) and
+"groups" (one); the bias, when there is one, is input 2.
+
+Before writing, it gradchecks every case (torch.autograd.gradcheck, float64), checks every output against an
+independent loop over the definition, and that the text parses back bit-identical.
+
+Run (from the repository root):
+  /usr/bin/python3 tests/ops/make_conv_reference.py           # checks, then writes tests/ops/conv_reference.txt
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_nd_reference import Case, floats, record, check_round_trip  # noqa: E402
+
+
+def conv_case(n, c, h, w, o, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, bias=True):
+    inputs = [floats(0, (n, c, h, w)), floats(1, (o, c // groups, kh, kw))]
+    if bias:
+        inputs.append(floats(2, (o,)))
+
+    def fn(x, wt, b=None):
+        return F.conv2d(x, wt, b, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    attrs = [("stride", list(stride)), ("padding", list(padding)), ("dilation", list(dilation)), ("groups", [groups])]
+    return Case("conv2d", inputs, fn, attrs)
+
+
+def cases():
+    return [
+        conv_case(2, 3, 5, 6, 4, 3, 3),                                    # plain 3x3
+        conv_case(2, 3, 5, 6, 4, 3, 3, bias=False),
+        conv_case(1, 2, 7, 7, 3, 3, 2, stride=(2, 2), padding=(1, 1)),
+        conv_case(2, 2, 6, 5, 2, 3, 3, stride=(2, 1), padding=(1, 2)),     # asymmetric
+        conv_case(1, 2, 8, 8, 2, 3, 3, dilation=(2, 2), padding=(2, 2)),
+        conv_case(1, 3, 7, 6, 2, 2, 3, dilation=(1, 2), stride=(3, 2)),
+        conv_case(2, 4, 5, 5, 6, 3, 3, groups=2, padding=(1, 1)),
+        conv_case(2, 4, 5, 5, 4, 3, 3, groups=4, padding=(1, 1)),          # depthwise
+        conv_case(1, 3, 4, 4, 6, 3, 3, groups=3, stride=(2, 2)),           # depthwise with multiplier 2
+        conv_case(2, 3, 4, 5, 5, 1, 1),                                    # kernel 1
+        conv_case(2, 3, 4, 5, 5, 1, 1, stride=(2, 2)),
+        conv_case(1, 2, 3, 3, 2, 3, 3),                                    # output 1x1
+        conv_case(3, 1, 1, 1, 2, 1, 1),                                    # a 1x1 image
+        conv_case(1, 1, 5, 5, 1, 5, 5, padding=(0, 0), bias=False),       # kernel covers the image
+    ]
+
+
+def max_pool_case(shape, kernel, stride, padding=(0, 0), dilation=(1, 1)):
+    x = floats(0, shape, ramp=0.013)
+
+    def fn(t):
+        return F.max_pool2d(t, kernel, stride, padding, dilation)
+
+    return Case("max_pool2d", [x], fn, [("kernel", list(kernel)), ("stride", list(stride)),
+                                        ("padding", list(padding)), ("dilation", list(dilation))])
+
+
+def avg_pool_case(shape, kernel, stride, padding=(0, 0), count_include_pad=True):
+    def fn(t):
+        return F.avg_pool2d(t, kernel, stride, padding, count_include_pad=count_include_pad)
+
+    return Case("avg_pool2d", [floats(0, shape)], fn, [("kernel", list(kernel)), ("stride", list(stride)),
+                                                       ("padding", list(padding)),
+                                                       ("count_include_pad", [int(count_include_pad)])])
+
+
+def adaptive_case(shape, size):
+    return Case("adaptive_avg_pool2d", [floats(0, shape)], lambda t: F.adaptive_avg_pool2d(t, size),
+                [("output_size", list(size))])
+
+
+def pool_cases():
+    return [
+        max_pool_case((2, 3, 6, 6), (2, 2), (2, 2)),
+        max_pool_case((1, 2, 7, 7), (3, 3), (2, 2), (1, 1)),       # ResNet's stem pooling
+        max_pool_case((1, 2, 6, 7), (3, 2), (1, 2), (1, 1), (1, 2)),
+        max_pool_case((1, 1, 5, 5), (2, 2), (1, 1), (0, 0), (2, 2)),
+        max_pool_case((2, 1, 3, 3), (3, 3), (1, 1)),              # output 1x1
+        avg_pool_case((2, 3, 6, 6), (2, 2), (2, 2)),
+        avg_pool_case((1, 2, 7, 6), (3, 3), (2, 2), (1, 1), True),
+        avg_pool_case((1, 2, 7, 6), (3, 3), (2, 2), (1, 1), False),
+        avg_pool_case((1, 1, 5, 4), (3, 2), (1, 2), (1, 1), True),
+        adaptive_case((2, 3, 5, 7), (1, 1)),                      # global average pooling
+        adaptive_case((1, 2, 7, 5), (3, 2)),                      # sizes that do not divide
+        adaptive_case((1, 1, 3, 4), (5, 6)),                      # larger than the input: windows overlap
+    ]
+
+
+def window_gaps(case):
+    """Asserts no max_pool2d window holds two values within 1e-3 (ties would make the gradient ambiguous)."""
+    attrs = dict(case.attrs)
+    x = case.tensors()[0]
+    k, s, p, d = attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"]
+    unfold = F.unfold(F.pad(x, (p[1], p[1], p[0], p[0]), value=-1e9), k, dilation=d, stride=s)
+    n, c = x.shape[0], x.shape[1]
+    windows = unfold.reshape(n, c, k[0] * k[1], -1)
+    top = windows.topk(2, dim=2).values
+    assert ((top[:, :, 0] - top[:, :, 1]) >= 1e-3).all(), attrs
+
+
+def loops(x, w, b, stride, padding, dilation, groups):
+    """conv2d by its definition, one output element at a time."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    y = torch.zeros(n, o, oh, ow, dtype=torch.float64)
+    og = o // groups
+    for s in range(n):
+        for oc in range(o):
+            g = oc // og
+            for i in range(oh):
+                for j in range(ow):
+                    acc = b[oc].item() if b is not None else 0.0
+                    for ci in range(cg):
+                        for a in range(kh):
+                            for bb in range(kw):
+                                yy = i * stride[0] - padding[0] + a * dilation[0]
+                                xx = j * stride[1] - padding[1] + bb * dilation[1]
+                                if 0 <= yy < h and 0 <= xx < wd:
+                                    acc += w[oc, ci, a, bb].item() * x[s, g * cg + ci, yy, xx].item()
+                    y[s, oc, i, j] = acc
+    return y
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", default="tests/ops/conv_reference.txt")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    all_cases = cases() + pool_cases()
+    for case in all_cases:
+        assert case.gradcheck(), (case.name, case.attrs)
+        if case.name == "max_pool2d":
+            window_gaps(case)
+        if case.name != "conv2d":
+            continue
+        attrs = dict(case.attrs)
+        t = case.tensors()
+        expected = loops(t[0], t[1], t[2] if len(t) > 2 else None, attrs["stride"], attrs["padding"],
+                         attrs["dilation"], attrs["groups"][0])
+        assert torch.allclose(case.fn(*t), expected, rtol=0, atol=1e-13), attrs
+    print(f"gradcheck: all {len(all_cases)} cases ok; conv2d against the definition's loops; max_pool2d windows "
+          f"without near-ties")
+
+    lines = [
+        "# Reference values and gradients of remat's conv2d and pooling ops (float64, torch.nn.functional);",
+        "# format and inputs: see make_nd_reference.py's docstring",
+        f"# generated by: /usr/bin/python3 tests/ops/make_conv_reference.py --output {args.output}",
+        f"# torch {torch.__version__}, python {sys.version.split()[0]}",
+    ]
+    results = []
+    for case in all_cases:
+        rec, res = record(case)
+        lines += rec
+        results.append(res)
+    check_round_trip(lines, all_cases, results)
+    text = "\n".join(lines) + "\n"
+    with open(args.output, "w") as f:
+        f.write(text)
+    print(f"wrote {args.output} ({len(text)} bytes)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
