@@ -5,6 +5,7 @@
 // dots_saveable, not by dots_with_no_batch_dims_saveable, as JAX's); its temporary counted in the peak; errors.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -25,6 +26,7 @@ using remat::Tape;
 using remat::Var;
 using remat_test::ReferenceCase;
 using V = Var<double>;
+using Matrix = remat::Matrix<double>;
 
 Conv2dOptions options_of(const ReferenceCase& c) {
   const auto s = c.dims("stride"), p = c.dims("padding"), d = c.dims("dilation");
@@ -261,6 +263,38 @@ TEST(Pooling, BadOptionsAndShapesThrowNamingTheOp) {
         remat::adaptive_avg_pool2d(x, {0, 2});
       },
       {"adaptive_avg_pool2d", "at least 1"});
+}
+
+TEST(Pooling, AMaxPoolWindowWhollyInThePaddingGivesMinusInfinityAndNoGradient) {
+  // Dilation 3 over a 2x2 input padded by 1: the one window's taps are at -1 and 2 in both dims (PyTorch: -inf).
+  Tape<double> tape;
+  const std::vector<double> values{0, 1, 2, 3};
+  V x = tape.variable(Shape{1, 1, 2, 2}, values.data());
+  V y = remat::max_pool2d(x, remat::MaxPool2dOptions(2).stride(1).padding(1).dilation(3));
+  ASSERT_EQ(y.shape(), (Shape{1, 1, 1, 1}));
+  EXPECT_EQ(y.value()(0, 0), -std::numeric_limits<double>::infinity());
+  tape.backward(remat::sum(y * tape.constant(Shape{1, 1, 1, 1}, std::vector<double>{2}.data())));
+  EXPECT_EQ(std::vector<double>(x.grad().data(), x.grad().data() + 4), (std::vector<double>{0, 0, 0, 0}));
+}
+
+TEST(Pooling, OptionsNearTheInt32LimitAreComputedWithoutOverflow) {
+  Tape<double> tape;
+  const V x = tape.variable(Shape{1, 1, 4, 4}, remat_test::nd_values(Shape{1, 1, 4, 4}, 2).data());
+  // 2 · padding and dilation · (kernel − 1) overflow int32: the checks must still see them.
+  remat_test::expect_error_naming<remat::domain_error>(
+      [&] { remat::max_pool2d(x, remat::MaxPool2dOptions(1).padding(INT_MAX)); }, {"max_pool2d", "more than half"});
+  remat_test::expect_error_naming<remat::shape_error>(
+      [&] {
+        remat::max_pool2d(x, remat::MaxPool2dOptions({65537, 1}).stride(1).dilation({65536, 1}));
+      },
+      {"max_pool2d", "smaller than the window"});
+  // PyTorch: a valid [1,1,2,2] of zeros (both windows lie in the padding).
+  const V one = tape.variable(Shape{1, 1, 1, 1}, std::vector<double>{5}.data());
+  const V y = remat::conv2d(one, one, Conv2dOptions().stride(INT_MAX).padding(1 << 30));
+  EXPECT_EQ(y.shape(), (Shape{1, 1, 2, 2}));
+  EXPECT_EQ(Matrix(y.value()), Matrix::Zero(2, 2));
+  remat_test::expect_error_naming<remat::shape_error>([&] { remat::conv2d(x, one, Conv2dOptions().padding(INT_MAX)); },
+                                                      {"conv2d", "2^48 bytes"});
 }
 
 }  // namespace conv2d_test

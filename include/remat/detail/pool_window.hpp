@@ -15,10 +15,12 @@ namespace remat::detail {
 struct PoolWindow {
   std::int32_t kernel[2] = {1, 1}, stride[2] = {1, 1}, padding[2] = {0, 0}, dilation[2] = {1, 1};
 
-  /// Output size along dimension d (0: H, 1: W) of an input `size` long: ⌊(size + 2p − d(k − 1) − 1) / s⌋ + 1.
-  Index out(int d, Index size) const {
-    return (size + 2 * padding[d] - dilation[d] * (kernel[d] - 1) - 1) / stride[d] + 1;
-  }
+  /// The window's extent along dimension d (0: H, 1: W): d(k − 1) + 1, in Index (no int32 product overflows).
+  Index extent(int d) const { return Index(dilation[d]) * (kernel[d] - 1) + 1; }
+  /// Output size along dimension d of an input `size` long: ⌊(size + 2p − d(k − 1) − 1) / s⌋ + 1.
+  Index out(int d, Index size) const { return (size + Index(2) * padding[d] - extent(d)) / stride[d] + 1; }
+  /// The elements of one window (the kernel's), as the kernels' cost per output element.
+  double window_elements() const { return static_cast<double>(kernel[0]) * static_cast<double>(kernel[1]); }
 };
 
 /// v as an int32 of at least `least`; throws domain_error naming `op` and `what` otherwise.
@@ -29,11 +31,11 @@ inline std::int32_t pool_int(const char* op, const char* what, Index v, Index le
   return static_cast<std::int32_t>(v);
 }
 
-/// Throws domain_error naming `op` unless every padding is at most half its kernel (PyTorch's rule: a window may
-/// not lie wholly in the padding).
+/// Throws domain_error naming `op` unless every padding is at most half its kernel (PyTorch's rule; with a
+/// dilation above 1 a window may still lie wholly in the padding, which max_pool2d handles).
 inline void check_pool_padding(const char* op, const PoolWindow& w) {
   for (int d = 0; d < 2; ++d)
-    if (2 * w.padding[d] > w.kernel[d])
+    if (Index(2) * w.padding[d] > w.kernel[d])
       throw domain_error(std::string(op) + ": padding " + std::to_string(w.padding[d]) + " is more than half the " +
                          "kernel size " + std::to_string(w.kernel[d]) + "; use at most " +
                          std::to_string(w.kernel[d] / 2));
@@ -46,7 +48,7 @@ inline Shape pool_output_shape(const char* op, const Shape& x, const PoolWindow&
     throw shape_error(std::string(op) + ": the input is " + to_string(x) +
                       "; it must be [N,C,H,W] (unsqueeze(x, 0) makes one sample a batch of one)");
   for (int d = 0; d < 2; ++d) {
-    const Index extent = x[2 + d] + 2 * w.padding[d], window = w.dilation[d] * (w.kernel[d] - 1) + 1;
+    const Index extent = x[2 + d] + Index(2) * w.padding[d], window = w.extent(d);
     if (extent < window)
       throw shape_error(std::string(op) + ": the input is " + to_string(x) + "; padded, it is " +
                         std::to_string(extent) + (d == 0 ? " high" : " wide") + ", smaller than the window (" +

@@ -58,7 +58,8 @@ struct AvgPool2dOp : OpBase {
   static Window window(const Params& a, Index h, Index w, Index oy, Index ox) {
     const PoolWindow& p = a.window;
     Index y0 = oy * p.stride[0] - p.padding[0], x0 = ox * p.stride[1] - p.padding[1];
-    Index y1 = std::min(y0 + p.kernel[0], h + p.padding[0]), x1 = std::min(x0 + p.kernel[1], w + p.padding[1]);
+    Index y1 = std::min<Index>(y0 + p.kernel[0], h + p.padding[0]);
+    Index x1 = std::min<Index>(x0 + p.kernel[1], w + p.padding[1]);
     const Index padded = (y1 - y0) * (x1 - x0);
     y0 = std::max<Index>(y0, 0);
     x0 = std::max<Index>(x0, 0);
@@ -74,18 +75,17 @@ struct AvgPool2dOp : OpBase {
     const T* in = c.in(0).data();
     T* out = c.out().data();
     const Index planes = x[0] * x[1], h = x[2], w = x[3], oh = y[2], ow = y[3];
-    for_row_blocks(planes, oh * ow, static_cast<double>(a.window.kernel[0] * a.window.kernel[1]),
-                   [&](Index p0, Index count) {
-                     for (Index p = p0; p < p0 + count; ++p)
-                       for (Index oy = 0; oy < oh; ++oy)
-                         for (Index ox = 0; ox < ow; ++ox) {
-                           const Window win = window(a, h, w, oy, ox);
-                           T sum = 0;
-                           for (Index i = win.y0; i < win.y1; ++i)
-                             for (Index j = win.x0; j < win.x1; ++j) sum += in[(p * h + i) * w + j];
-                           out[(p * oh + oy) * ow + ox] = sum / static_cast<T>(win.divisor);
-                         }
-                   });
+    for_row_blocks(planes, oh * ow, a.window.window_elements(), [&](Index p0, Index count) {
+      for (Index p = p0; p < p0 + count; ++p)
+        for (Index oy = 0; oy < oh; ++oy)
+          for (Index ox = 0; ox < ow; ++ox) {
+            const Window win = window(a, h, w, oy, ox);
+            T sum = 0;
+            for (Index i = win.y0; i < win.y1; ++i)
+              for (Index j = win.x0; j < win.x1; ++j) sum += in[(p * h + i) * w + j];
+            out[(p * oh + oy) * ow + ox] = sum / static_cast<T>(win.divisor);
+          }
+    });
   }
 
   template <class T>
@@ -96,24 +96,23 @@ struct AvgPool2dOp : OpBase {
     const T* g = c.grad_out().data();
     GradTarget<T> d = c.grad_target(0);
     const Index planes = x[0] * x[1], h = x[2], w = x[3], oh = y[2], ow = y[3];
-    for_row_blocks(planes, oh * ow, static_cast<double>(a.window.kernel[0] * a.window.kernel[1]),
-                   [&](Index p0, Index count) {
-                     for (Index p = p0; p < p0 + count; ++p) {
-                       T* dx = d.map.data() + p * h * w;
-                       if (!d.accumulate) std::fill(dx, dx + h * w, T(0));
-                       for (Index oy = 0; oy < oh; ++oy)
-                         for (Index ox = 0; ox < ow; ++ox) {
-                           const Window win = window(a, h, w, oy, ox);
-                           const T share = g[(p * oh + oy) * ow + ox] / static_cast<T>(win.divisor);
-                           for (Index i = win.y0; i < win.y1; ++i)
-                             for (Index j = win.x0; j < win.x1; ++j) dx[i * w + j] += share;
-                         }
-                     }
-                   });
+    for_row_blocks(planes, oh * ow, a.window.window_elements(), [&](Index p0, Index count) {
+      for (Index p = p0; p < p0 + count; ++p) {
+        T* dx = d.map.data() + p * h * w;
+        if (!d.accumulate) std::fill(dx, dx + h * w, T(0));
+        for (Index oy = 0; oy < oh; ++oy)
+          for (Index ox = 0; ox < ow; ++ox) {
+            const Window win = window(a, h, w, oy, ox);
+            const T share = g[(p * oh + oy) * ow + ox] / static_cast<T>(win.divisor);
+            for (Index i = win.y0; i < win.y1; ++i)
+              for (Index j = win.x0; j < win.x1; ++j) dx[i * w + j] += share;
+          }
+      }
+    });
   }
 
   static double flops(const Shape*, int, const Shape& out, const Params& a) {
-    return static_cast<double>(out.numel()) * a.window.kernel[0] * a.window.kernel[1];
+    return static_cast<double>(out.numel()) * a.window.window_elements();
   }
 };
 

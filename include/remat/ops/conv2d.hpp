@@ -74,8 +74,9 @@ struct Conv2dOp : OpBase {
   static Geometry geometry(const Shape* in, const Params& a) {
     const Shape &x = in[0], &w = in[1];
     Geometry g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], 0, 0, a.groups};
-    g.oh = (g.h + 2 * a.padding[0] - a.dilation[0] * (g.kh - 1) - 1) / a.stride[0] + 1;
-    g.ow = (g.w + 2 * a.padding[1] - a.dilation[1] * (g.kw - 1) - 1) / a.stride[1] + 1;
+    // In Index: int32 options whose products would overflow int are valid PyTorch arguments.
+    g.oh = (g.h + Index(2) * a.padding[0] - Index(a.dilation[0]) * (g.kh - 1) - 1) / a.stride[0] + 1;
+    g.ow = (g.w + Index(2) * a.padding[1] - Index(a.dilation[1]) * (g.kw - 1) - 1) / a.stride[1] + 1;
     return g;
   }
 
@@ -219,7 +220,7 @@ struct Conv2dOp : OpBase {
       fail(in, "the weight's dim 1 (" + std::to_string(w[1]) + ") times groups (" + std::to_string(a.groups) +
                    ") must equal the input's channels (" + std::to_string(x[1]) + ")");
     for (int d = 0; d < 2; ++d) {
-      const Index extent = x[2 + d] + 2 * a.padding[d], window = a.dilation[d] * (w[2 + d] - 1) + 1;
+      const Index extent = x[2 + d] + Index(2) * a.padding[d], window = Index(a.dilation[d]) * (w[2 + d] - 1) + 1;
       if (extent < window)
         fail(in, std::string("the padded input is ") + std::to_string(extent) + (d == 0 ? " high" : " wide") +
                      ", smaller than the dilated kernel (" + std::to_string(window) + ")");

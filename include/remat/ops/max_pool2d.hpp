@@ -50,7 +50,8 @@ struct MaxPool2dOp : OpBase {
 
   /// The flat index in its H×W plane of the maximum of output (oy, ox)'s window: PyTorch's rule (the first of
   /// equal maxima in row-major window order; a NaN counts as a maximum, the last NaN wins; the first position
-  /// inside the input when every value is −∞).
+  /// inside the input when every value is −∞); −1 for a window with no position inside the input (a dilated
+  /// window can lie wholly in the padding), whose output is −∞ and which passes no gradient.
   template <class T>
   static Index argmax(const T* plane, Index h, Index w, const Params& a, Index oy, Index ox) {
     Index best_index = -1;
@@ -69,7 +70,7 @@ struct MaxPool2dOp : OpBase {
         }
       }
     }
-    return best_index;  // ≥ 0: every window holds an input position (padding ≤ kernel / 2)
+    return best_index;
   }
 
   template <class T>
@@ -79,11 +80,13 @@ struct MaxPool2dOp : OpBase {
     const T* in = c.in(0).data();
     T* out = c.out().data();
     const Index planes = x[0] * x[1], h = x[2], w = x[3], oh = y[2], ow = y[3];
-    for_row_blocks(planes, oh * ow, static_cast<double>(a.kernel[0] * a.kernel[1]), [&](Index p0, Index count) {
+    for_row_blocks(planes, oh * ow, a.window_elements(), [&](Index p0, Index count) {
       for (Index p = p0; p < p0 + count; ++p)
         for (Index oy = 0; oy < oh; ++oy)
-          for (Index ox = 0; ox < ow; ++ox)
-            out[(p * oh + oy) * ow + ox] = in[p * h * w + argmax(in + p * h * w, h, w, a, oy, ox)];
+          for (Index ox = 0; ox < ow; ++ox) {
+            const Index k = argmax(in + p * h * w, h, w, a, oy, ox);
+            out[(p * oh + oy) * ow + ox] = k >= 0 ? in[p * h * w + k] : -std::numeric_limits<T>::infinity();
+          }
     });
   }
 
@@ -96,18 +99,21 @@ struct MaxPool2dOp : OpBase {
     const T* g = c.grad_out().data();
     GradTarget<T> d = c.grad_target(0);
     const Index planes = x[0] * x[1], h = x[2], w = x[3], oh = y[2], ow = y[3];
-    for_row_blocks(planes, oh * ow, static_cast<double>(a.kernel[0] * a.kernel[1]), [&](Index p0, Index count) {
+    for_row_blocks(planes, oh * ow, a.window_elements(), [&](Index p0, Index count) {
       for (Index p = p0; p < p0 + count; ++p) {
         T* dx = d.map.data() + p * h * w;
         if (!d.accumulate) std::fill(dx, dx + h * w, T(0));
         for (Index oy = 0; oy < oh; ++oy)
-          for (Index ox = 0; ox < ow; ++ox) dx[argmax(in + p * h * w, h, w, a, oy, ox)] += g[(p * oh + oy) * ow + ox];
+          for (Index ox = 0; ox < ow; ++ox) {
+            const Index k = argmax(in + p * h * w, h, w, a, oy, ox);
+            if (k >= 0) dx[k] += g[(p * oh + oy) * ow + ox];  // a window wholly in the padding passes nothing
+          }
       }
     });
   }
 
   static double flops(const Shape*, int, const Shape& out, const Params& a) {
-    return static_cast<double>(out.numel()) * a.kernel[0] * a.kernel[1];
+    return static_cast<double>(out.numel()) * a.window_elements();
   }
 };
 
