@@ -114,6 +114,17 @@ struct OpCall {
 
 namespace detail {
 
+/// What a training_only op returns in evaluation: its first input, as it is. Throws shape_error naming the op if
+/// its output shape for these inputs would not be the first input's (it could not then be the identity).
+template <class Op, class T, class P>
+Var<T> evaluation_identity(const Var<T>& first, const Shape* shapes, const P& params) {
+  const Shape out = Op::output_shape(shapes, params);
+  if (!(out == shapes[0]))
+    throw shape_error(std::string(Op::name) + ": a training_only op is the identity in evaluation, but its output " +
+                      "shape " + to_string(out) + " is not its first input's " + to_string(shapes[0]));
+  return first;
+}
+
 /// For an op of kind OpKind::random: keeps the tape's current (seed, offset) in the op's node (its RandomStream)
 /// and returns how far the tape's offset must advance once the op is recorded. 0 for any other op.
 template <class Op, class T, class P>
@@ -144,13 +155,13 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   const Var<T>* vars[arity] = {&first, &rest...};
   using detail::VarAccess;
   detail::TapeState<T>* state = detail::common_tape(Op::name, vars);
-  if constexpr (Op::training_only)
-    if (!state->training()) return first;
-  if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
   // Valid handles (common_tape checked them).
   const std::int32_t ids[arity] = {VarAccess::id(first), VarAccess::id(rest)...};
   // Copied as they are (not a default Shape then assigned: a Shape is 72 bytes), contiguous for the op's recipe.
   const Shape shapes[arity] = {state->node(VarAccess::id(first)).shape, state->node(VarAccess::id(rest)).shape...};
+  if constexpr (Op::training_only)
+    if (!state->training()) return detail::evaluation_identity<Op>(first, shapes, call.params);
+  if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
   const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
                                    Op::scratch_shape(shapes, call.params)};
   detail::check_op_shapes<T>(Op::name, op_shapes);
@@ -170,6 +181,7 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
 /// gradient. Throws what apply_op throws.
 template <class Op, class T>
 Var<T> apply_op_without_inputs(const typename Op::Params& params, const Var<T>& on_tape_of) {
+  static_assert(!Op::training_only, "a training_only op returns its first input in evaluation: it needs one");
   using detail::VarAccess;
   VarAccess::node(on_tape_of, Op::name);
   detail::TapeState<T>* state = VarAccess::state(on_tape_of);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,13 @@ remat::Var<T> gaussian_noise(const remat::Var<T>& x, double sigma) {
 struct TrainingNoiseOp : GaussianNoiseOp {
   static constexpr const char* name = "training_noise";
   static constexpr bool training_only = true;
+};
+
+/// A training_only op whose output is not its input's shape: it cannot be the identity in evaluation.
+struct TrainingOnlyHalfOp : GaussianNoiseOp {
+  static constexpr const char* name = "training_only_half";
+  static constexpr bool training_only = true;
+  static remat::Shape output_shape(const remat::Shape* in, const Params&) { return remat::Shape{1, in[0].cols()}; }
 };
 
 }  // namespace user_random_ops
@@ -191,6 +199,21 @@ TEST(RandomOp, ATrainingOnlyOpIsTheIdentityInEvaluationAndDrawsNothing) {
       remat::apply_op<user_random_ops::TrainingNoiseOp>(user_random_ops::TrainingNoiseOp::Params{1.0}, v);
   EXPECT_FALSE(noisy.is_same(v));
   EXPECT_EQ(Matrix<double>(noisy.value()), expected_noise(x, 1.0, 3, 0)) << "evaluation drew nothing";
+}
+
+TEST(RandomOp, ATrainingOnlyOpThatChangesTheShapeIsRefusedInEvaluation) {
+  Tape<double> tape(3);
+  Var<double> v = tape.constant(ramp(2, 2));
+  tape.set_training(false);
+  const std::size_t before = tape.size();
+  try {
+    remat::apply_op<user_random_ops::TrainingOnlyHalfOp>(user_random_ops::TrainingOnlyHalfOp::Params{1.0}, v);
+    ADD_FAILURE() << "no exception";
+  } catch (const remat::shape_error& e) {
+    EXPECT_NE(std::string(e.what()).find("training_only_half"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[1,2]"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tape.size(), before);
 }
 
 TEST(RandomOp, DropoutsMaskIsTheStreamsDrawAgainstP) {
