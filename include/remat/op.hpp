@@ -90,7 +90,8 @@ struct OpBase {
   /// it, so recording it there throws shapes_only_error naming the op.
   static constexpr bool estimable = true;
   /// Exists only in training, as dropout: in evaluation mode (Tape::set_training(false)) apply_op records
-  /// nothing and returns its first input as it is (so the op's output shape must be its first input's).
+  /// nothing and returns its first input as it is (it throws shape_error naming the op if the op's output shape is
+  /// not its first input's).
   static constexpr bool training_only = false;
   /// For an op of kind OpKind::random: how many draws of its RandomStream (ForwardContext::random()) it uses.
   /// The tape's random offset advances by that much when the op is recorded, so the next random op draws new
