@@ -88,10 +88,10 @@ struct Conv2dOp : OpBase {
     const Geometry g = geometry(in, a);
     return Shape{g.n, g.o, g.oh, g.ow};
   }
-  /// The im2col matrix of one sample and group, [K, P]; the backward reuses it for W_gᵀ · dY.
+  /// The im2col matrix of one sample and group, [K, P] (as [K, Hout, Wout]); the backward reuses it for W_gᵀ · dY.
   static Shape scratch_shape(const Shape* in, const Params& a) {
     const Geometry g = geometry(in, a);
-    return Shape{g.k(), g.p()};
+    return Shape{g.k(), g.oh, g.ow};  // not {K, Hout · Wout}: apply_op's checks refuse sizes whose product overflows
   }
 
   template <class T>
