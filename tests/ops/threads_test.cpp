@@ -112,6 +112,14 @@ std::vector<ShapeSet> large_shape_sets(const OpCase& op) {
   if (starts_with(op.name, "attention_scores") || starts_with(op.name, "scaled_dot_product_attention"))
     return {ShapeSet(static_cast<std::size_t>(op.arity), large_q)};
   std::vector<ShapeSet> sets;
+  if (op.name == "conv2d") {  // only the batch grows: the weight's and the bias's dims are tied to the channels
+    for (ShapeSet set : op.shape_sets)
+      if (set[0][0] > 1) {
+        set[0][0] *= (40000 + set[0].numel() - 1) / set[0].numel();
+        sets.push_back(set);
+      }
+    return sets;
+  }
   if (remat_test::is_nd(op.shape_sets.back())) {  // an N-D entry: at most 4 of its sets made large, spread over them
     std::vector<ShapeSet> all;
     for (const ShapeSet& tiny : op.shape_sets)

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -484,6 +485,69 @@ inline NdArray gather(const NdArray& x, int dim, const std::vector<int>& index, 
     i[static_cast<std::size_t>(dim)] = index[static_cast<std::size_t>(f)];
     y.data[static_cast<std::size_t>(f)] = at(x, i);
   }
+  return y;
+}
+
+/// conv2d by its definition: y[n,o,i,j] = b[o] + Σ w[o,c,a,e] · x[n, g·C/G + c, i·s0 − p0 + a, j·s1 − p1 + e].
+inline NdArray conv2d(const NdArray& x, const NdArray& w, const NdArray& b, std::array<Index, 2> stride,
+                      std::array<Index, 2> padding, Index groups) {
+  const Index n = x.shape[0], c = x.shape[1], h = x.shape[2], wd = x.shape[3];
+  const Index o = w.shape[0], cg = w.shape[1], kh = w.shape[2], kw = w.shape[3];
+  const Index oh = (h + 2 * padding[0] - kh) / stride[0] + 1, ow = (wd + 2 * padding[1] - kw) / stride[1] + 1;
+  NdArray y = zeros(Shape{n, o, oh, ow});
+  for (Index s = 0; s < n; ++s)
+    for (Index oc = 0; oc < o; ++oc)
+      for (Index i = 0; i < oh; ++i)
+        for (Index j = 0; j < ow; ++j) {
+          double acc = b.data[static_cast<std::size_t>(oc)];
+          const Index g = oc / (o / groups);
+          for (Index ci = 0; ci < cg; ++ci)
+            for (Index a = 0; a < kh; ++a)
+              for (Index e = 0; e < kw; ++e) {
+                const Index yy = i * stride[0] - padding[0] + a, xx = j * stride[1] - padding[1] + e;
+                if (yy < 0 || yy >= h || xx < 0 || xx >= wd) continue;
+                acc += w.data[static_cast<std::size_t>(((oc * cg + ci) * kh + a) * kw + e)] *
+                       x.data[static_cast<std::size_t>(((s * c + g * cg + ci) * h + yy) * wd + xx)];
+              }
+          y.data[static_cast<std::size_t>(((s * o + oc) * oh + i) * ow + j)] = acc;
+        }
+  return y;
+}
+
+/// 2×2 windows, stride 1, padding 1: the maximum, or the mean counting the padding (every window is 2×2 of the
+/// padded input).
+inline NdArray pool2d(const NdArray& x, bool max) {
+  const Index planes = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3];
+  NdArray y = zeros(Shape{x.shape[0], x.shape[1], h + 1, w + 1});
+  for (Index p = 0; p < planes; ++p)
+    for (Index i = 0; i <= h; ++i)
+      for (Index j = 0; j <= w; ++j) {
+        double acc = max ? -std::numeric_limits<double>::infinity() : 0;
+        for (Index yy = i - 1; yy <= i; ++yy)
+          for (Index xx = j - 1; xx <= j; ++xx) {
+            if (yy < 0 || yy >= h || xx < 0 || xx >= w) continue;
+            const double v = x.data[static_cast<std::size_t>((p * h + yy) * w + xx)];
+            acc = max ? std::max(acc, v) : acc + v;
+          }
+        y.data[static_cast<std::size_t>((p * (h + 1) + i) * (w + 1) + j)] = max ? acc : acc / 4;
+      }
+  return y;
+}
+
+/// Adaptive average pooling to [oh, ow]: window i over [⌊i·H/oh⌋, ⌈(i+1)·H/oh⌉).
+inline NdArray adaptive_avg_pool2d(const NdArray& x, Index oh, Index ow) {
+  const Index planes = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3];
+  NdArray y = zeros(Shape{x.shape[0], x.shape[1], oh, ow});
+  for (Index p = 0; p < planes; ++p)
+    for (Index i = 0; i < oh; ++i)
+      for (Index j = 0; j < ow; ++j) {
+        const Index y0 = i * h / oh, y1 = ((i + 1) * h + oh - 1) / oh, x0 = j * w / ow,
+                    x1 = ((j + 1) * w + ow - 1) / ow;
+        double acc = 0;
+        for (Index yy = y0; yy < y1; ++yy)
+          for (Index xx = x0; xx < x1; ++xx) acc += x.data[static_cast<std::size_t>((p * h + yy) * w + xx)];
+        y.data[static_cast<std::size_t>((p * oh + i) * ow + j)] = acc / static_cast<double>((y1 - y0) * (x1 - x0));
+      }
   return y;
 }
 
@@ -1061,6 +1125,36 @@ inline const std::vector<OpCase>& op_list() {
         },
         nd_matrices, {anywhere},
         [](const A& x) { return nd::gather(x[0], 1, nd_gather_index(x[0].shape), nd_gather_shape(x[0].shape)); }));
+    // ---- convolution and pooling on [N,C,H,W] (references: the definitions' loops, nd_reference::window) ----
+    l.push_back(make_nd_op(
+        "conv2d", 3,
+        [](const auto& v) {
+          // Two groups where the channels allow (the 1x1 set: one channel, one group).
+          const Index groups = v[0].size(1) / v[1].size(1);
+          return remat::conv2d(v[0], v[1], v[2], remat::Conv2dOptions().stride({1, 2}).padding(1).groups(groups));
+        },
+        {{{1, 1, 1, 1}, {2, 1, 1, 1}, {2}}, {{2, 4, 5, 4}, {6, 2, 3, 3}, {6}}, {{1, 2, 3, 6}, {4, 1, 2, 3}, {4}}},
+        {anywhere},
+        [](const A& x) {
+          return nd::conv2d(x[0], x[1], x[2], {1, 2}, {1, 1}, x[0].shape[1] / x[1].shape[1]);
+        }));
+    l.push_back(make_nd_op(
+        "max_pool2d", 1,
+        [](const auto& v) { return remat::max_pool2d(v[0], remat::MaxPool2dOptions(2).stride(1).padding(1)); },
+        {{{1, 1, 1, 1}}, {{2, 3, 4, 5}}, {{1, 2, 3, 3}}}, {anywhere},
+        [](const A& x) { return nd::pool2d(x[0], true); }));
+    l.push_back(make_nd_op(
+        "avg_pool2d", 1,
+        [](const auto& v) { return remat::avg_pool2d(v[0], remat::AvgPool2dOptions(2).stride(1).padding(1)); },
+        {{{1, 1, 1, 1}}, {{2, 3, 4, 5}}, {{1, 2, 3, 3}}}, {anywhere},
+        [](const A& x) { return nd::pool2d(x[0], false); }));
+    l.push_back(make_nd_op(
+        "adaptive_avg_pool2d", 1,
+        [](const auto& v) {
+          return remat::adaptive_avg_pool2d(v[0], {2, 3});
+        },
+        {{{1, 1, 1, 1}}, {{2, 3, 4, 5}}, {{1, 2, 3, 2}}}, {anywhere},
+        [](const A& x) { return nd::adaptive_avg_pool2d(x[0], 2, 3); }));
     return l;
   }();
   return list;
