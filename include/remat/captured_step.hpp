@@ -164,7 +164,7 @@ class CapturedStep {
                         " are given; a captured step keeps its shapes");
     Shape inputs[max_inputs];
     for (int k = 0; k < n.arity; ++k) inputs[k] = graph[n.inputs[k]].shape;
-    n.op->check_indices(inputs, values.data(), values.size());
+    n.op->check_indices(inputs, n.attributes, values.data(), values.size());
     std::copy(values.begin(), values.end(), graph.indices.begin() + n.attributes.indices_begin);
   }
 

@@ -36,6 +36,9 @@
 //       c.grad_target(k); reads only what reads() declared (the rest may have been freed)
 //   static double flops(const remat::Shape* in, int arity, const remat::Shape& out);   forward FLOPs
 //       (or flops(in, arity, out, const Params&) for a cost that depends on the attributes)
+//   static void check_indices(const remat::Shape* in, const int* indices, std::size_t count);   optional: throws
+//       for integer data the op cannot take (or check_indices(in, const Params&, indices, count)); without it
+//       CapturedStep::set_indices refuses the op
 //
 // and is recorded with remat::apply_op<Op>(inputs...), apply_op<Op>(params, inputs...) or
 // apply_op<Op>(OpCall<Op>{params, indices, count, tag}, inputs...) (at most remat::max_inputs inputs,

@@ -26,12 +26,23 @@ double flops_of(const Shape* inputs, int arity, const Shape& output, const Attri
     return Op::flops(inputs, arity, output);
 }
 
-/// Op::check_indices(inputs, indices, count), or null for an op without one.
+/// Op::check_indices(inputs, indices, count), or Op::check_indices(inputs, params, indices, count) for an op whose
+/// check depends on its attributes (the dim of gather and index_select).
+template <class Op>
+void check_indices_with(const Shape* inputs, const Attributes& attributes, const int* indices, std::size_t count) {
+  using P = typename Op::Params;
+  if constexpr (std::is_invocable_v<decltype(&Op::check_indices), const Shape*, const P&, const int*, std::size_t>)
+    Op::check_indices(inputs, attributes.template get_params<P>(), indices, count);
+  else
+    Op::check_indices(inputs, indices, count);
+}
+
+/// check_indices_with<Op>, or null for an op that declares no check_indices.
 template <class Op, class = void>
-inline constexpr void (*check_indices_of)(const Shape*, const int*, std::size_t) = nullptr;
+inline constexpr void (*check_indices_of)(const Shape*, const Attributes&, const int*, std::size_t) = nullptr;
 template <class Op>
 inline constexpr void (*check_indices_of<Op, std::void_t<decltype(&Op::check_indices)>>)(
-    const Shape*, const int*, std::size_t) = &Op::check_indices;
+    const Shape*, const Attributes&, const int*, std::size_t) = &check_indices_with<Op>;
 
 /// Whether `name` can name an op: not null, not empty (every error message and OpInfo::name starts with it).
 constexpr bool valid_op_name(const char* name) {

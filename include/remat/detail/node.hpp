@@ -132,7 +132,7 @@ struct OpTable {
   double (*flops)(const Shape* inputs, int arity, const Shape& output, const Attributes& attributes);
   /// Throws what the op throws for `count` integer entries (OpCall::indices) given these inputs; null for an op
   /// that declares no check_indices (CapturedStep::set_indices then refuses it).
-  void (*check_indices)(const Shape* inputs, const int* indices, std::size_t count);
+  void (*check_indices)(const Shape* inputs, const Attributes& attributes, const int* indices, std::size_t count);
 };
 
 /// An op's extra residual or temporary as the tape keeps it: the [rows, cols] matrix view of the Shape its

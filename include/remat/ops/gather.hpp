@@ -2,7 +2,6 @@
 #pragma once
 
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "remat/detail/shape_ops.hpp"
@@ -10,10 +9,7 @@
 namespace remat {
 namespace detail {
 
-/// gather's kernels along any dim. GatherOp<Dim> below is the op: CapturedStep::set_indices checks new index values
-/// with the op's check_indices, which receives the input shapes but not the Params, so the dim (wrapped into
-/// [0, rank)) is a template argument of the op, one op type per dim.
-struct GatherKernels : OpBase {
+struct GatherOp : OpBase {
   static constexpr const char* name = "gather";
   static constexpr OpKind kind = OpKind::data_movement;
   struct Params {
@@ -93,40 +89,11 @@ struct GatherKernels : OpBase {
     for_each(c.in_shape(0), c.out_shape(), p.dim, c.indices(), [&](Index to, Index from) { dx[to] += g[from]; });
   }
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
-};
-
-/// gather along dim Dim (in [0, rank)).
-template <int Dim>
-struct GatherOp : GatherKernels {
   /// New index values for CapturedStep::set_indices: index_error as gather() throws for a value out of range.
-  static void check_indices(const Shape* in, const int* values, std::size_t count) {
-    check_values(in[0], Dim, values, count);
+  static void check_indices(const Shape* in, const Params& p, const int* values, std::size_t count) {
+    check_values(in[0], wrap_dim(p.dim, in[0].rank(), name), values, count);
   }
 };
-
-/// f(std::integral_constant<int, d>{}) for a dim d in [0, Shape::max_rank): the op type of that dim.
-template <class F>
-decltype(auto) with_gather_dim(int d, F&& f) {
-  static_assert(Shape::max_rank == 8, "one case per dim");
-  switch (d) {
-    case 0:
-      return f(std::integral_constant<int, 0>{});
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    case 4:
-      return f(std::integral_constant<int, 4>{});
-    case 5:
-      return f(std::integral_constant<int, 5>{});
-    case 6:
-      return f(std::integral_constant<int, 6>{});
-    default:
-      return f(std::integral_constant<int, 7>{});
-  }
-}
 
 }  // namespace detail
 
@@ -140,7 +107,7 @@ decltype(auto) with_gather_dim(int d, F&& f) {
 /// index_error for a dim out of range or an index value outside [0, n) (naming it, its position and n).
 template <class T>
 Var<T> gather(const Var<T>& x, int dim, const std::vector<int>& index, const Shape& index_shape) {
-  using Op = detail::GatherKernels;
+  using Op = detail::GatherOp;
   const Shape s = x.shape();
   Op::check_shapes(s, dim, index_shape);  // index_shape's dimensions are then in [1, x's]: packable
   if (static_cast<Index>(index.size()) != index_shape.numel())
@@ -150,24 +117,13 @@ Var<T> gather(const Var<T>& x, int dim, const std::vector<int>& index, const Sha
   if (!detail::packable(index_shape))
     throw shape_error(std::string(Op::name) + ": index " + to_string(index_shape) + " has more elements than a tensor");
   Op::check_values(s, d, index.data(), index.size());
-  return detail::with_gather_dim(d, [&](auto wrapped) {
-    using DimOp = detail::GatherOp<decltype(wrapped)::value>;
-    OpCall<DimOp> call;
-    call.params.index = detail::pack(index_shape);
-    call.params.dim = dim;
-    call.indices = index.data();
-    call.index_count = index.size();
-    return apply_op<DimOp>(call, x);
-  });
+  OpCall<Op> call;
+  call.params.index = detail::pack(index_shape);
+  call.params.dim = dim;
+  call.indices = index.data();
+  call.index_count = index.size();
+  return apply_op<Op>(call, x);
 }
 
 }  // namespace remat
-
-REMAT_OP_KERNELS(remat::detail::GatherOp<0>)
-REMAT_OP_KERNELS(remat::detail::GatherOp<1>)
-REMAT_OP_KERNELS(remat::detail::GatherOp<2>)
-REMAT_OP_KERNELS(remat::detail::GatherOp<3>)
-REMAT_OP_KERNELS(remat::detail::GatherOp<4>)
-REMAT_OP_KERNELS(remat::detail::GatherOp<5>)
-REMAT_OP_KERNELS(remat::detail::GatherOp<6>)
-REMAT_OP_KERNELS(remat::detail::GatherOp<7>)
+REMAT_OP_KERNELS(remat::detail::GatherOp)

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "remat/detail/shape_ops.hpp"
@@ -10,10 +9,7 @@
 namespace remat {
 namespace detail {
 
-/// index_select's kernels along any dim. IndexSelectOp<Dim> below is the op: CapturedStep::set_indices checks new
-/// indices with the op's check_indices, which receives the input shapes but not the Params, so the dim (wrapped into
-/// [0, rank)) is a template argument of the op, one op type per dim.
-struct IndexSelectKernels : OpBase {
+struct IndexSelectOp : OpBase {
   static constexpr const char* name = "index_select";
   static constexpr OpKind kind = OpKind::data_movement;
   struct Params {
@@ -79,40 +75,11 @@ struct IndexSelectKernels : OpBase {
         copy_or_add(g + (o * p.count + j) * l.inner, dx + (o * l.size + index[j]) * l.inner, l.inner, true);
   }
   static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
-};
-
-/// index_select along dim Dim (in [0, rank)).
-template <int Dim>
-struct IndexSelectOp : IndexSelectKernels {
   /// New indices for CapturedStep::set_indices: index_error as index_select() throws for an index out of range.
-  static void check_indices(const Shape* in, const int* indices, std::size_t count) {
-    check_values(in[0], Dim, indices, count);
+  static void check_indices(const Shape* in, const Params& p, const int* indices, std::size_t count) {
+    check_values(in[0], wrap_dim(p.dim, in[0].rank(), name), indices, count);
   }
 };
-
-/// f(std::integral_constant<int, d>{}) for a dim d in [0, Shape::max_rank): the op type of that dim.
-template <class F>
-decltype(auto) with_index_select_dim(int d, F&& f) {
-  static_assert(Shape::max_rank == 8, "one case per dim");
-  switch (d) {
-    case 0:
-      return f(std::integral_constant<int, 0>{});
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    case 4:
-      return f(std::integral_constant<int, 4>{});
-    case 5:
-      return f(std::integral_constant<int, 5>{});
-    case 6:
-      return f(std::integral_constant<int, 6>{});
-    default:
-      return f(std::integral_constant<int, 7>{});
-  }
-}
 
 }  // namespace detail
 
@@ -125,25 +92,15 @@ decltype(auto) with_index_select_dim(int d, F&& f) {
 template <class T>
 Var<T> index_select(const Var<T>& x, int dim, const std::vector<int>& indices) {
   const Shape s = x.shape();
-  detail::IndexSelectKernels::check(s, dim, indices.data(), indices.size());
-  return detail::with_index_select_dim(wrap_dim(dim, s.rank(), detail::IndexSelectKernels::name), [&](auto wrapped) {
-    using Op = detail::IndexSelectOp<decltype(wrapped)::value>;
-    OpCall<Op> call;
-    call.params.dim = dim;
-    call.params.count = static_cast<Index>(indices.size());
-    call.indices = indices.data();
-    call.index_count = indices.size();
-    return apply_op<Op>(call, x);
-  });
+  detail::IndexSelectOp::check(s, dim, indices.data(), indices.size());
+  using Op = detail::IndexSelectOp;
+  OpCall<Op> call;
+  call.params.dim = dim;
+  call.params.count = static_cast<Index>(indices.size());
+  call.indices = indices.data();
+  call.index_count = indices.size();
+  return apply_op<Op>(call, x);
 }
 
 }  // namespace remat
-
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp<0>)
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp<1>)
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp<2>)
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp<3>)
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp<4>)
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp<5>)
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp<6>)
-REMAT_OP_KERNELS(remat::detail::IndexSelectOp<7>)
+REMAT_OP_KERNELS(remat::detail::IndexSelectOp)
