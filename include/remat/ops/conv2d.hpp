@@ -254,7 +254,8 @@ inline Conv2dOp::Params conv2d_params(const Conv2dOptions& o) {
 /// x[n, g·C/G + c, i·sh − ph + a·dh, j·sw − pw + b·dw] over the C/G input channels of o's group g (zero outside
 /// the input). x: [N, C, H, W]; weight: [O, C/G, kH, kW] → [N, O, Hout, Wout] with
 /// Hout = ⌊(H + 2·ph − dh·(kH − 1) − 1) / sh⌋ + 1 (Wout likewise). dx is the transposed convolution of dy with w,
-/// dw the correlation of x with dy. FLOPs 2·N·O·Hout·Wout·(C/G)·kH·kW. Kernel: im2col of one sample and group into
+/// dw the correlation of x with dy. FLOPs 2·N·O·Hout·Wout·(C/G)·kH·kW. Kernel: im2col (Chellapilla, Puri & Simard,
+/// "High Performance Convolutional Neural Networks for Document Processing", 2006) of one sample and group into
 /// the op's temporary ([C/G·kH·kW, Hout·Wout] elements, counted in the peak) and one GEMM. Its OpInfo kind is
 /// convolution: dots_saveable keeps its output, dots_with_no_batch_dims_saveable does not (as JAX's policies treat
 /// conv_general_dilated). Throws shape_error naming conv2d for shapes that do not fit, domain_error for bad
