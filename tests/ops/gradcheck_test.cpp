@@ -178,6 +178,7 @@ void check_op_info(const OpInstance& instance) {
                                                              {"gather", remat::OpKind::data_movement},
                                                              {"conv2d", remat::OpKind::convolution},
                                                              {"max_pool2d", remat::OpKind::reduction},
+                                                             {"batch_norm", remat::OpKind::normalization},
                                                              {"avg_pool2d", remat::OpKind::reduction},
                                                              {"adaptive_avg_pool2d", remat::OpKind::reduction},
                                                              {"sum_cols", remat::OpKind::reduction},
