@@ -42,7 +42,8 @@
 //
 // and is recorded with remat::apply_op<Op>(inputs...), apply_op<Op>(params, inputs...) or
 // apply_op<Op>(OpCall<Op>{params, indices, count, tag}, inputs...) (at most remat::max_inputs inputs,
-// all on one tape). The forward must be deterministic (a replay must reproduce it bitwise) and should
+// all on one tape). The forward must be deterministic (a replay must reproduce it bitwise), may change
+// what the tape does not own only when c.recording() (once per step: not on a replay or a regeneration), and should
 // not throw; if it does while it is recorded, the op is not recorded. The backward, and the forward when
 // a checkpoint replay re-runs it, must not throw: the sweep cannot stop halfway, so an exception from them
 // ends the program (std::terminate). Verify the backward with remat::gradcheck

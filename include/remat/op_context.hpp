@@ -104,8 +104,16 @@ RandomStream random_stream_of(const Node<T>& node) {
 template <class T>
 class ForwardContext {
  public:
-  /// Made by the tape for one run of the op's forward (an op never makes one).
-  ForwardContext(const detail::Graph<T>& graph, const detail::Node<T>& node) : graph_(graph), node_(node) {}
+  /// Made by the tape for one run of the op's forward (an op never makes one); `recording`: see recording().
+  ForwardContext(const detail::Graph<T>& graph, const detail::Node<T>& node, bool recording)
+      : graph_(graph), node_(node), recording_(recording) {}
+
+  /// True when this run is the op's record, the one run of its forward each step has: Tape records the op (or a
+  /// CapturedStep runs the recorded step again, a new step). False when the forward runs again within the step:
+  /// a checkpoint's replay in the backward sweep or a memory budget's regeneration of an evicted value. An op
+  /// with an effect outside its buffers (batch_norm's running statistics) has it only when recording(), so the
+  /// effect happens once per step whatever the checkpoint policy or budget; its outputs must not depend on it.
+  bool recording() const { return recording_; }
 
   /// Input k's value ([rows, cols] of in_shape(k)).
   ConstAlignedMap<T> in(int k) const {
@@ -139,6 +147,7 @@ class ForwardContext {
  private:
   const detail::Graph<T>& graph_;
   const detail::Node<T>& node_;
+  bool recording_;
 };
 
 /// An input's gradient buffer to write in full: assign when !accumulate (its first contribution), add

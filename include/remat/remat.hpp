@@ -27,6 +27,7 @@
 #include "remat/ops/attention_scores.hpp"
 #include "remat/ops/attention_values.hpp"
 #include "remat/ops/avg_pool2d.hpp"
+#include "remat/ops/batch_norm.hpp"
 #include "remat/ops/checkpoint_name.hpp"
 #include "remat/ops/concat_cols.hpp"
 #include "remat/ops/conv2d.hpp"

@@ -26,6 +26,36 @@ struct ShapesOnly {
 /// Makes a Tape shapes-only (see Tape(ShapesOnly, seed)).
 inline constexpr ShapesOnly shapes_only{};
 
+namespace detail {
+/// A leaf of shape `s` on `state`'s tape holding a copy of `data` (s.numel() elements; not read on a
+/// shapes-only tape): a variable (it receives a gradient) or a constant. Throws what Tape::constant throws.
+template <class T>
+Var<T> record_leaf(TapeState<T>* state, const Shape& s, const T* data, bool variable) {
+  const std::int32_t id = state->add_leaf(s, variable);
+  if (state->shapes_only()) return VarAccess::adopt(state, id);
+  std::copy_n(data, s.numel(), state->leaf_value(id));
+  try {
+    state->check_leaf_finite(id, variable ? "variable" : "constant");
+  } catch (...) {
+    state->remove_last_leaf(id);
+    throw;
+  }
+  state->leaf_filled(id);
+  return VarAccess::adopt(state, id);
+}
+}  // namespace detail
+
+/// A constant (a leaf that receives no gradient) on the tape `like` is on, holding a copy of `data` (row-major,
+/// shape.numel() elements), as torch's `like.new_tensor(data)`: how an op's public function records a value it
+/// computes on the host (batch_norm's running statistics in evaluation) without a Tape. A shapes-only tape reads
+/// no data. Throws tape_error for an empty or stale `like`, shape_error for a shape the tape cannot hold,
+/// non_finite_error for a non-finite element under anomaly detection, std::bad_alloc.
+template <class T>
+Var<T> new_tensor(const Var<T>& like, const Shape& shape, const T* data) {
+  detail::VarAccess::node(like, "new_tensor");
+  return detail::record_leaf(detail::VarAccess::state(like), shape, data, false);
+}
+
 /// A reverse-mode tape for scalar type T (float or double). One tape per forward/backward pass; reuse
 /// it for the next training step with clear(), which keeps its buffer pool and its scratch space, so a
 /// steady training loop allocates nothing after the first step (conditions: docs/design.md §2.5). A
@@ -361,19 +391,7 @@ class Tape {
     return detail::VarAccess::adopt(state_, id);
   }
 
-  Var<T> leaf(const Shape& s, const T* data, bool variable) {
-    const std::int32_t id = state_->add_leaf(s, variable);
-    if (state_->shapes_only()) return detail::VarAccess::adopt(state_, id);
-    std::copy_n(data, s.numel(), state_->leaf_value(id));
-    try {
-      state_->check_leaf_finite(id, variable ? "variable" : "constant");
-    } catch (...) {
-      state_->remove_last_leaf(id);
-      throw;
-    }
-    state_->leaf_filled(id);
-    return detail::VarAccess::adopt(state_, id);
-  }
+  Var<T> leaf(const Shape& s, const T* data, bool variable) { return detail::record_leaf(state_, s, data, variable); }
 
   void check_own(const char* op, const Var<T>& v) const {
     detail::VarAccess::node(v, op);

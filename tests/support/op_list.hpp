@@ -551,7 +551,36 @@ inline NdArray adaptive_avg_pool2d(const NdArray& x, Index oh, Index ow) {
   return y;
 }
 
+/// Training-mode batch normalisation of x [N, C, *] with weight and bias [C], eps 1e-5: per channel, the batch's
+/// mean and biased variance over every other dim.
+inline NdArray batch_norm(const NdArray& x, const NdArray& w, const NdArray& b) {
+  const Index n = x.shape[0], c = x.shape[1], inner = static_cast<Index>(x.data.size()) / (n * c);
+  NdArray y = x;
+  for (Index ch = 0; ch < c; ++ch) {
+    auto at = [&](Index s, Index i) { return static_cast<std::size_t>((s * c + ch) * inner + i); };
+    double sum = 0, squares = 0;
+    for (Index s = 0; s < n; ++s)
+      for (Index i = 0; i < inner; ++i) sum += x.data[at(s, i)];
+    const double mean = sum / static_cast<double>(n * inner);
+    for (Index s = 0; s < n; ++s)
+      for (Index i = 0; i < inner; ++i) squares += (x.data[at(s, i)] - mean) * (x.data[at(s, i)] - mean);
+    const double rstd = 1 / std::sqrt(squares / static_cast<double>(n * inner) + 1e-5);
+    for (Index s = 0; s < n; ++s)
+      for (Index i = 0; i < inner; ++i)
+        y.data[at(s, i)] = (x.data[at(s, i)] - mean) * rstd * w.data[static_cast<std::size_t>(ch)] +
+                           b.data[static_cast<std::size_t>(ch)];
+  }
+  return y;
+}
+
 }  // namespace nd_reference
+
+/// batch_norm in training with weight and bias and no running statistics (the op list's entry).
+template <class T>
+remat::Var<T> batch_norm_training(const std::vector<remat::Var<T>>& v) {
+  return remat::batch_norm(v[0], nullptr, nullptr,
+                           remat::BatchNormFuncOptions<T>().weight(v[1]).bias(v[2]).training(true));
+}
 
 /// Indices for index_select along a dim of n entries: (3i + 1) mod n for i < 3, then 1 mod n again (a repeat,
 /// whose gradient must accumulate).
@@ -1155,6 +1184,10 @@ inline const std::vector<OpCase>& op_list() {
         },
         {{{1, 1, 1, 1}}, {{2, 3, 4, 5}}, {{1, 2, 3, 2}}}, {anywhere},
         [](const A& x) { return nd::adaptive_avg_pool2d(x[0], 2, 3); }));
+    l.push_back(make_nd_op(
+        "batch_norm", 3, [](const auto& v) { return batch_norm_training(v); },
+        {{{2, 3, 4, 5}, {3}, {3}}, {{2, 2, 3}, {2}, {2}}, {{3, 4}, {4}, {4}}, {{1, 1, 1, 2}, {1}, {1}}},
+        {anywhere, anywhere, anywhere}, [](const A& x) { return nd::batch_norm(x[0], x[1], x[2]); }));
     return l;
   }();
   return list;

@@ -282,8 +282,8 @@ class Evictor : public EvictorChoice<T> {
     if (n.scratch_shape.numel() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
     for (int k = 0; k < n.arity; ++k) touch(n.inputs[k]);
     if (!buffers_.simulating() && !buffers_.shapes_only()) {
-      if (graph_.trace) graph_.trace->log_forward(graph_, u);
-      n.op->forward(ForwardContext<T>{graph_, n});
+      if (graph_.trace) graph_.trace->log_forward(graph_, u, false);
+      n.op->forward(ForwardContext<T>{graph_, n, false});  // a replay or a regeneration, never the record
     }
     buffers_.free(n.scratch, n.scratch_shape);
     if (rematerialization) {

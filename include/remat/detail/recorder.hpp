@@ -141,8 +141,8 @@ class Recorder : public RegionRecorder<T> {
     if (counts[2] > 0) n.scratch = buffers_.allocate_elements(counts[2]);
     try {
       if (!buffers_.shapes_only()) {  // placeholders: no kernel
-        if (graph_.trace) graph_.trace->log_forward(graph_, id);
-        table->forward(ForwardContext<T>{graph_, n});
+        if (graph_.trace) graph_.trace->log_forward(graph_, id, true);
+        table->forward(ForwardContext<T>{graph_, n, true});
         if (graph_.detect_anomaly) check_finite_forward(id);  // throws: undone below
       }
       buffers_.free(n.scratch, n.scratch_shape);

@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "remat/op_context.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/matrix.hpp"
+#include "remat/op_context.hpp"
 
 namespace remat::detail {
 
@@ -49,7 +49,8 @@ void restore_state(Graph<T>& g, const TraceNodeState<T>& s) noexcept {
 struct TraceEvent {
   enum Kind : std::uint8_t {
     leaf_data,  ///< a constant's or variable's data copied in (from Trace::leaf_data[data])
-    forward,    ///< an op's forward kernel
+    forward,    ///< an op's forward kernel as the tape records it (ForwardContext::recording())
+    rerun,      ///< an op's forward kernel run again: a checkpoint replay or a memory budget's regeneration
     backward,   ///< an op's backward kernel
     seed,       ///< the loss's gradient set to 1 (or 1 added)
     delivery,   ///< a leaf's gradient added to, or handed to, its Parameter
@@ -79,8 +80,9 @@ class Trace {
       log(TraceEvent::leaf_data, g, id, false).data = static_cast<std::int32_t>(leaf_data.size() - 1);
     });
   }
-  void log_forward(const Graph<T>& g, std::int32_t id) noexcept {
-    guarded([&] { log(TraceEvent::forward, g, id, true); });
+  /// Node `id`'s forward runs: as the tape records it (`recording`), or again (a replay or a regeneration).
+  void log_forward(const Graph<T>& g, std::int32_t id, bool recording) noexcept {
+    guarded([&] { log(recording ? TraceEvent::forward : TraceEvent::rerun, g, id, true); });
   }
   void log_backward(const Graph<T>& g, std::int32_t id) noexcept {
     guarded([&] { log(TraceEvent::backward, g, id, true); });
@@ -150,7 +152,8 @@ class Trace {
           AlignedMap<T>(n.value, n.shape.rows(), n.shape.cols()) = leaf_data[static_cast<std::size_t>(e.data)];
           break;
         case TraceEvent::forward:
-          n.op->forward(ForwardContext<T>{g, n});
+        case TraceEvent::rerun:
+          n.op->forward(ForwardContext<T>{g, n, e.kind == TraceEvent::forward});
           if (e.node == loss) loss_value = n.value[0];
           break;
         case TraceEvent::backward:
@@ -183,7 +186,9 @@ class Trace {
   void push_state(const Graph<T>& g, std::int32_t id) { states.push_back(state_of(g, id)); }
   void restore(Graph<T>& g, const TraceEvent& e) const noexcept {
     const Node<T>& head = g[e.node];
-    const int count = e.kind == TraceEvent::forward || e.kind == TraceEvent::backward ? 1 + head.arity : 1;
+    const int count = e.kind == TraceEvent::forward || e.kind == TraceEvent::rerun || e.kind == TraceEvent::backward
+                          ? 1 + head.arity
+                          : 1;
     for (int k = 0; k < count; ++k) restore_state(g, states[static_cast<std::size_t>(e.states_begin + k)]);
   }
   /// What Sweep::add_to_parameter does with the gradient in n.grad: add it to the Parameter's, or make it the
