@@ -69,6 +69,7 @@
 #include "remat/ops/sum_rows.hpp"
 #include "remat/ops/tanh.hpp"
 #include "remat/ops/transpose.hpp"
+#include "remat/ops/upsample_nearest2d.hpp"
 
 // The N-D shape ops (reshape's and transpose's N-D forms are in their headers above).
 #include "remat/ops/concat.hpp"

@@ -1,8 +1,10 @@
-// conv2d, max_pool2d, avg_pool2d and adaptive_avg_pool2d against PyTorch 1.13 float64 values
+// conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d and upsample_nearest2d against PyTorch 1.13 float64 values
 // (tests/ops/conv_reference.txt, written by tests/ops/make_conv_reference.py) plain and under every policy (bitwise
 // equal to plain); conv2d's and the pools' gradchecks over
 // stride, padding, dilation, groups, kernel 1 and output size 1; the policies' view of it (a convolution: kept by
 // dots_saveable, not by dots_with_no_batch_dims_saveable, as JAX's); its temporary counted in the peak; errors.
+// (Two upsample_nearest2d cases have values only: there PyTorch's backward is not its forward's derivative;
+// tests/ops/upsample_test.cpp checks remat's, and the rest of that op.)
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -51,6 +53,14 @@ V build(const std::vector<V>& x, const ReferenceCase& c) {
                                        .padding(pair(c, "padding"))
                                        .count_include_pad(c.ints("count_include_pad").at(0) != 0));
   if (c.name == "adaptive_avg_pool2d") return remat::adaptive_avg_pool2d(x[0], pair(c, "output_size"));
+  if (c.name == "upsample_nearest2d") {
+    remat::UpsampleNearest2dOptions o;
+    if (c.has("size"))
+      o.size(pair(c, "size"));
+    else
+      o.scale_factor({c.attributes.at("scale_factor").at(0), c.attributes.at("scale_factor").at(1)});
+    return remat::upsample_nearest2d(x[0], o.recompute_scale_factor(c.ints("recompute_scale_factor").at(0) != 0));
+  }
   EXPECT_EQ(c.name, "conv2d");
   return x.size() == 3 ? remat::conv2d(x[0], x[1], x[2], options_of(c)) : remat::conv2d(x[0], x[1], options_of(c));
 }
@@ -98,7 +108,7 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
 
 TEST(Conv2d, ItAndThePoolingOpsMatchPyTorchAndEveryPolicyIsBitwiseEqualToPlain) {
   const auto cases = remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/conv_reference.txt");
-  ASSERT_EQ(cases.size(), 26u);
+  ASSERT_EQ(cases.size(), 39u);
   for (const ReferenceCase& c : cases) {
     SCOPED_TRACE(c.name + " at conv_reference.txt:" + std::to_string(c.line));
     // The file's gradients are of sum(y ⊙ g); check the values and those first, on a tape of their own.

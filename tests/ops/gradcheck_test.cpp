@@ -181,6 +181,7 @@ void check_op_info(const OpInstance& instance) {
                                                              {"batch_norm", remat::OpKind::normalization},
                                                              {"avg_pool2d", remat::OpKind::reduction},
                                                              {"adaptive_avg_pool2d", remat::OpKind::reduction},
+                                                             {"upsample_nearest2d", remat::OpKind::data_movement},
                                                              {"sum_cols", remat::OpKind::reduction},
                                                              {"mean_cols", remat::OpKind::reduction},
                                                              {"max_rows", remat::OpKind::reduction},

@@ -1,31 +1,40 @@
 #!/usr/bin/python3
-"""Reference values and gradients of remat's convolution and pooling ops, for the C++ tests (which never need torch).
+"""Reference values and gradients of remat's convolution, pooling and upsampling ops, for the C++ tests (which never
+need torch).
 
 The cases are torch.nn.functional.conv2d(x, w, b, stride, padding, dilation, groups) in float64 over strides,
 paddings, dilations and groups (depthwise included), kernel 1, an output of size 1, and with and without bias;
 max_pool2d(x, kernel_size, stride, padding, dilation) (attributes "kernel", "stride", "padding", "dilation"; no
 window holds two values within 1e-3 of its maximum, checked, so the gradient is unambiguous); avg_pool2d(x,
 kernel_size, stride, padding, count_include_pad) (attributes "kernel", "stride", "padding", "count_include_pad" 0/1);
-adaptive_avg_pool2d(x, output_size) (attribute "output_size").
+adaptive_avg_pool2d(x, output_size) (attribute "output_size"); upsample_nearest2d, i.e. F.interpolate(x, size |
+scale_factor, mode="nearest", recompute_scale_factor) (attribute "size" (two ints) or "scale_factor" (two floats),
+and "recompute_scale_factor" 0/1).
 Inputs, the weight g of the loss sum(out ⊙ g), the checks and the file format are those of
 make_nd_reference.py (this script imports them): attributes "stride", "padding", "dilation" (two ints each) and
 "groups" (one); the bias, when there is one, is input 2.
 
-Before writing, it gradchecks every case (torch.autograd.gradcheck, float64), checks every output against an
-independent loop over the definition, and that the text parses back bit-identical.
+Before writing, it gradchecks every case (torch.autograd.gradcheck, float64), checks every conv2d output against an
+independent loop over the definition, every upsample_nearest2d output and gradient against PyTorch 1.13's index rules
+written out (nearest_source below), and that the text parses back bit-identical. Two upsample_nearest2d cases are
+forward-only (their input is "const", without a grad line): there PyTorch 1.13's backward is not its forward's
+derivative (nearest_source says why), and remat's backward is the derivative.
 
 Run (from the repository root):
   /usr/bin/python3 tests/ops/make_conv_reference.py           # checks, then writes tests/ops/conv_reference.txt
 """
 import argparse
+import math
 import os
 import sys
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_nd_reference import Case, floats, record, check_round_trip  # noqa: E402
+from make_nd_reference import Case, floats, record, check_round_trip, weight_of  # noqa: E402
 
 
 def conv_case(n, c, h, w, o, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, bias=True):
@@ -100,6 +109,98 @@ def pool_cases():
     ]
 
 
+class ForwardOnlyCase(Case):
+    """A case whose inputs are all "const": its output and weight, no gradient."""
+
+    def evaluate(self):
+        out = self.fn(*self.tensors())
+        return out.detach(), weight_of(tuple(out.shape)), {}
+
+
+def upsample_case(shape, size=None, scale_factor=None, recompute_scale_factor=None, forward_only=False):
+    """forward_only: PyTorch's backward is not its forward's derivative here (see nearest_source); the input is then
+    "const", so the file has no gradient for it (remat's, the forward's derivative, is gradchecked instead)."""
+    def fn(t):
+        return F.interpolate(t, size=size, scale_factor=scale_factor, mode="nearest",
+                             recompute_scale_factor=recompute_scale_factor)
+
+    attrs = [("size", list(size))] if size is not None else [("scale_factor", [float(f) for f in scale_factor])]
+    attrs.append(("recompute_scale_factor", [int(bool(recompute_scale_factor))]))
+    x, _ = floats(0, shape)
+    if forward_only:
+        return ForwardOnlyCase("upsample_nearest2d", [(x, "const")], fn, attrs)
+    return Case("upsample_nearest2d", [(x, "float")], fn, attrs)
+
+
+def upsample_cases():
+    return [
+        upsample_case((2, 3, 3, 4), scale_factor=(2.0, 2.0)),                 # integer scale
+        upsample_case((1, 2, 3, 2), scale_factor=(3.0, 3.0)),                 # integer scale 3
+        upsample_case((1, 2, 4, 3), scale_factor=(1.5, 2.5)),                 # non-integer scales
+        upsample_case((1, 1, 5, 6), scale_factor=(1.1, 1.7)),                 # C = 1: 5 -> 5 copies
+        upsample_case((1, 2, 5, 6), scale_factor=(1.1, 1.7), forward_only=True),  # C > 1: 5 -> 5 does not
+        upsample_case((1, 2, 5, 4), scale_factor=(1.7, 2.3), recompute_scale_factor=True),
+        upsample_case((2, 2, 7, 9), scale_factor=(0.5, 0.4)),                 # downsampling by scale
+        upsample_case((1, 1, 3, 6), size=(5, 74)),                            # C = 1: float index at 37 -> 2
+        upsample_case((1, 2, 3, 6), size=(5, 74), forward_only=True),         # C > 1: double index at 37 -> 3
+        upsample_case((2, 2, 7, 9), size=(3, 4)),                             # downsampling by size
+        upsample_case((1, 2, 4, 5), size=(6, 2)),                             # up along H, down along W
+        upsample_case((1, 3, 4, 5), size=(1, 1)),                             # output size 1
+        upsample_case((3, 2, 1, 1), size=(3, 2)),                             # a 1x1 image
+    ]
+
+
+def nearest_source(dst, size_in, size_out, scale_factor, legacy):
+    """The source index PyTorch 1.13's CPU forward reads for a contiguous float64 [N,C,H,W] input
+    (aten/src/ATen/native/cpu/UpSampleKernel.cpp). Such an input is also channels-last contiguous when C = 1 or
+    H*W = 1 (legacy): then nearest_idx of UpSample.h (float32 arithmetic, with the same-size and double-size
+    shortcuts); otherwise HelperInterpNearest (scale and product in float64, rounded to float32 before floorf, no
+    shortcuts). The backward, upsample_nearest2d_backward, always uses nearest_idx: where the two differ its gradient
+    is not the forward's derivative. scale_factor None: in/out."""
+    real = np.float64
+    if legacy:
+        if size_out == size_in:
+            return dst
+        if size_out == 2 * size_in:
+            return dst >> 1
+        real = np.float32
+    if scale_factor is not None and scale_factor > 0:
+        scale = real(1.0 / scale_factor)
+    else:
+        scale = real(size_in) / real(size_out)
+    return min(int(math.floor(np.float32(scale * real(dst)))), size_in - 1)
+
+
+def check_upsample(case):
+    """The output gathers x at nearest_source; the gradient of sum(y * g) scatters g back with sums, except in the
+    forward_only cases, where PyTorch's differs (checked: that is why they are forward_only)."""
+    attrs = dict(case.attrs)
+    x = case.tensors()[0]
+    n, c, h, w = x.shape
+    xg = x.detach().clone().requires_grad_()
+    out = case.fn(xg)
+    g = weight_of(tuple(out.shape))
+    (torch_dx,) = torch.autograd.grad((out * g).sum(), [xg])
+    oh, ow = out.shape[2], out.shape[3]
+    if "size" in attrs:
+        assert [oh, ow] == attrs["size"]
+        sh = sw = None
+    else:
+        sh, sw = attrs["scale_factor"]
+        assert [oh, ow] == [math.floor(h * sh), math.floor(w * sw)]
+        if attrs["recompute_scale_factor"][0]:
+            sh = sw = None
+    legacy = c == 1 or h * w == 1
+    rows = [nearest_source(i, h, oh, sh, legacy) for i in range(oh)]
+    cols = [nearest_source(j, w, ow, sw, legacy) for j in range(ow)]
+    assert torch.equal(out.detach(), x[:, :, rows][:, :, :, cols]), attrs
+    dx = torch.zeros_like(x)
+    for i in range(oh):
+        for j in range(ow):
+            dx[:, :, rows[i], cols[j]] += g[:, :, i, j]
+    assert torch.allclose(torch_dx, dx, rtol=0, atol=1e-15) == bool(case.differentiable()), attrs
+
+
 def window_gaps(case):
     """Asserts no max_pool2d window holds two values within 1e-3 (ties would make the gradient ambiguous)."""
     attrs = dict(case.attrs)
@@ -143,11 +244,13 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    all_cases = cases() + pool_cases()
+    all_cases = cases() + pool_cases() + upsample_cases()
     for case in all_cases:
-        assert case.gradcheck(), (case.name, case.attrs)
+        assert not case.differentiable() or case.gradcheck(), (case.name, case.attrs)
         if case.name == "max_pool2d":
             window_gaps(case)
+        if case.name == "upsample_nearest2d":
+            check_upsample(case)
         if case.name != "conv2d":
             continue
         attrs = dict(case.attrs)
@@ -156,10 +259,10 @@ def main():
                          attrs["dilation"], attrs["groups"][0])
         assert torch.allclose(case.fn(*t), expected, rtol=0, atol=1e-13), attrs
     print(f"gradcheck: all {len(all_cases)} cases ok; conv2d against the definition's loops; max_pool2d windows "
-          f"without near-ties")
+          f"without near-ties; upsample_nearest2d against ATen's index rules")
 
     lines = [
-        "# Reference values and gradients of remat's conv2d and pooling ops (float64, torch.nn.functional);",
+        "# Reference values and gradients of remat's conv2d, pooling and upsample ops (float64, torch.nn.functional);",
         "# format and inputs: see make_nd_reference.py's docstring",
         f"# generated by: /usr/bin/python3 tests/ops/make_conv_reference.py --output {args.output}",
         f"# torch {torch.__version__}, python {sys.version.split()[0]}",

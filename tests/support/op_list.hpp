@@ -573,6 +573,19 @@ inline NdArray batch_norm(const NdArray& x, const NdArray& w, const NdArray& b) 
   return y;
 }
 
+/// Nearest-neighbour resizing by the definition, in integers: y[n,c,i,j] = x[n, c, min(⌊i·ah/bh⌋, H−1),
+/// min(⌊j·aw/bw⌋, W−1)] (ah/bh = 1 / scale_factor along H, aw/bw along W), to [oh, ow].
+inline NdArray upsample_nearest2d(const NdArray& x, Index oh, Index ow, Index ah, Index bh, Index aw, Index bw) {
+  const Index planes = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3];
+  NdArray y = zeros(Shape{x.shape[0], x.shape[1], oh, ow});
+  for (Index p = 0; p < planes; ++p)
+    for (Index i = 0; i < oh; ++i)
+      for (Index j = 0; j < ow; ++j)
+        y.data[static_cast<std::size_t>((p * oh + i) * ow + j)] =
+            x.data[static_cast<std::size_t>((p * h + std::min(i * ah / bh, h - 1)) * w + std::min(j * aw / bw, w - 1))];
+  return y;
+}
+
 }  // namespace nd_reference
 
 /// batch_norm in training with weight and bias and no running statistics (the op list's entry).
@@ -1188,6 +1201,14 @@ inline const std::vector<OpCase>& op_list() {
         "batch_norm", 3, [](const auto& v) { return batch_norm_training(v); },
         {{{2, 3, 4, 5}, {3}, {3}}, {{2, 2, 3}, {2}, {2}}, {{3, 4}, {4}, {4}}, {{1, 1, 1, 2}, {1}, {1}}},
         {anywhere, anywhere, anywhere}, [](const A& x) { return nd::batch_norm(x[0], x[1], x[2]); }));
+    // Scale factors 2 along H and 1.5 along W: sources ⌊i/2⌋ and ⌊2j/3⌋ (the sizes ⌊2H⌋ and ⌊1.5W⌋).
+    l.push_back(make_nd_op(
+        "upsample_nearest2d", 1,
+        [](const auto& v) {
+          return remat::upsample_nearest2d(v[0], remat::UpsampleNearest2dOptions().scale_factor({2, 1.5}));
+        },
+        {{{1, 1, 1, 1}}, {{2, 3, 4, 5}}, {{1, 2, 3, 2}}}, {anywhere},
+        [](const A& x) { return nd::upsample_nearest2d(x[0], 2 * x[0].shape[2], 3 * x[0].shape[3] / 2, 1, 2, 2, 3); }));
     return l;
   }();
   return list;
