@@ -101,8 +101,11 @@
 // include nothing the lines above do not).
 #include "remat/nn/adam.hpp"
 #include "remat/nn/adamw.hpp"
+#include "remat/nn/batch_norm2d.hpp"
 #include "remat/nn/clip_grad_norm.hpp"
+#include "remat/nn/conv2d.hpp"
 #include "remat/nn/linear.hpp"
+#include "remat/nn/one_cycle_schedule.hpp"
 #include "remat/nn/optimizer.hpp"
 #include "remat/nn/sgd.hpp"
 #include "remat/nn/warmup_cosine_schedule.hpp"

@@ -108,6 +108,15 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
     if (learning_rate != 0) detail::check_normal_in<T>(name, "learning_rate", learning_rate);
     options_.learning_rate = learning_rate;
   }
+  /// Sets μ for the following steps (a momentum schedule: OneCycleSchedule::momentum_at). The momentum buffers
+  /// are kept. Throws domain_error, changing nothing, unless 0 < μ < ∞ for an optimizer made with μ > 0 (μ = 0
+  /// keeps no buffers, so it cannot start or stop momentum later).
+  void set_momentum(double momentum) {
+    if (!(momentum > 0 && std::isfinite(momentum)) || options_.momentum == 0)
+      throw domain_error("nn::SGD: set_momentum needs 0 < momentum < inf on an optimizer made with momentum > 0; got " +
+                         detail::number_text(momentum) + ", made with " + detail::number_text(options_.momentum));
+    options_.momentum = momentum;
+  }
 
  private:
   friend class detail::Optimizer<T, SGD<T>>;

@@ -1,0 +1,321 @@
+// Trains a residual network (He et al., "Deep Residual Learning for Image Recognition", CVPR 2016) on
+// Fashion-MNIST with remat: basic blocks of conv2d, batch_norm and relu, global average pooling, and the blocks
+// optionally checkpointed. See docs/resnet.md for the flags, the measured numbers and how to reproduce them.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+
+#include "../common/report.hpp"
+#include "../common/threads.hpp"
+#include "../mlp/idx.hpp"
+
+namespace {
+
+using remat::Shape;
+using remat::Tape;
+using remat::Var;
+using V = Var<float>;
+
+constexpr int classes = 10;
+constexpr remat::Index side = 28;  // Fashion-MNIST's images are 28×28, one channel
+
+struct Options {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  int epochs = 8;
+  int batch = 128;
+  double lr = 0.1;  // the one-cycle schedule's peak
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  int width = 16;
+  int blocks = 1;  // basic blocks per stage
+  int threads = 0;
+  long limit = 0;  // train on the first `limit` images (0: all)
+  std::uint64_t seed = 42;
+  std::string checkpoint = "none";
+  bool json = false;
+  bool estimate = false;
+  std::string save, load;
+};
+
+/// One basic block: conv3×3 → BN → relu → conv3×3 → BN, plus the input or its 1×1 projection, then relu.
+struct BasicBlock {
+  remat::nn::Conv2d<float> conv1, conv2;
+  remat::nn::BatchNorm2d<float> bn1, bn2;
+  std::vector<remat::nn::Conv2d<float>> shortcut_conv;  // one, when the block changes the shape
+  std::vector<remat::nn::BatchNorm2d<float>> shortcut_bn;
+
+  BasicBlock(remat::Index in, remat::Index out, remat::Index stride, remat::nn::Generator& g)
+      : conv1(in, out, 3, g, remat::Conv2dOptions().stride(stride).padding(1), false),
+        conv2(out, out, 3, g, remat::Conv2dOptions().padding(1), false),
+        bn1(out),
+        bn2(out) {
+    if (stride != 1 || in != out) {
+      shortcut_conv.emplace_back(in, out, 1, g, remat::Conv2dOptions().stride(stride), false);
+      shortcut_bn.emplace_back(out);
+    }
+  }
+};
+
+/// The network: stem conv3×3 → BN → relu, stages of widths w, 2w, 4w (strides 1, 2, 2), global average
+/// pooling, a linear layer to the classes.
+struct ResNet {
+  remat::nn::Conv2d<float> stem;
+  remat::nn::BatchNorm2d<float> stem_bn;
+  std::vector<BasicBlock> blocks;
+  remat::nn::Linear<float> fc;
+
+  ResNet(const Options& o, remat::nn::Generator& g)
+      : stem(1, o.width, 3, g, remat::Conv2dOptions().padding(1), false),
+        stem_bn(o.width),
+        fc(4 * o.width, classes, g, remat::nn::Init::glorot_uniform) {
+    remat::Index in = o.width;
+    for (int stage = 0; stage < 3; ++stage)
+      for (int b = 0; b < o.blocks; ++b) {
+        const remat::Index out = o.width << stage;
+        blocks.emplace_back(in, out, stage > 0 && b == 0 ? 2 : 1, g);
+        in = out;
+      }
+  }
+
+  /// Every Parameter the optimizer updates: conv and linear weights (decayed) and the rest (not decayed).
+  void parameters(std::vector<remat::Parameter<float>*>& decayed, std::vector<remat::Parameter<float>*>& other) {
+    auto bn = [&](remat::nn::BatchNorm2d<float>& n) {
+      other.push_back(&n.weight);
+      other.push_back(&n.bias);
+    };
+    decayed.push_back(&stem.weight);
+    bn(stem_bn);
+    for (BasicBlock& b : blocks) {
+      decayed.push_back(&b.conv1.weight);
+      decayed.push_back(&b.conv2.weight);
+      bn(b.bn1);
+      bn(b.bn2);
+      for (auto& c : b.shortcut_conv) decayed.push_back(&c.weight);
+      for (auto& n : b.shortcut_bn) bn(n);
+    }
+    decayed.push_back(&fc.weight);
+    other.push_back(&fc.bias);
+  }
+};
+
+/// A basic block's forward on `tape` (its Parameters recorded where the block is).
+V block_forward(Tape<float>& tape, BasicBlock& b, const V& x) {
+  V h = remat::relu(b.bn1.forward(tape, b.conv1.forward(tape, x)));
+  h = b.bn2.forward(tape, b.conv2.forward(tape, h));
+  const V shortcut = b.shortcut_conv.empty() ? x : b.shortcut_bn[0].forward(tape, b.shortcut_conv[0].forward(tape, x));
+  return remat::relu(h + shortcut);
+}
+
+/// The logits [B, classes] of images x [B, 1, 28, 28], the blocks checkpointed as --checkpoint says.
+V forward(const Options& o, Tape<float>& tape, ResNet& net, const V& x) {
+  V h = remat::relu(net.stem_bn.forward(tape, net.stem.forward(tape, x)));
+  const std::size_t n = net.blocks.size();
+  // Blocks per checkpointed segment: 1 for block and dots, about √n for sqrt (Chen et al. 2016), all otherwise.
+  const std::size_t segment = o.checkpoint == "sqrt" ? static_cast<std::size_t>(std::ceil(std::sqrt(double(n)))) : 1;
+  const bool checkpointed = o.checkpoint == "block" || o.checkpoint == "dots" || o.checkpoint == "sqrt";
+  for (std::size_t first = 0; first < n; first += segment) {
+    const std::size_t last = std::min(n, first + segment);
+    auto run = [&](const V& in) {
+      V y = in;
+      for (std::size_t k = first; k < last; ++k) y = block_forward(tape, net.blocks[k], y);
+      return y;
+    };
+    if (!checkpointed)
+      h = run(h);
+    else if (o.checkpoint == "dots")
+      h = remat::checkpoint(run, remat::policies::dots_saveable)(h);
+    else
+      h = remat::checkpoint(run, remat::policies::nothing_saveable)(h);
+  }
+  h = remat::flatten(remat::adaptive_avg_pool2d(h, {1, 1}), 1);  // [B, 4w]
+  return remat::linear(h, tape.variable(net.fc.weight), tape.variable(net.fc.bias));
+}
+
+/// The images as [count, 784] normalised by the training set's mean and standard deviation.
+struct Data {
+  mlp::Dataset train, test;
+  float mean = 0, std = 1;
+};
+
+Data load(const Options& o) {
+  Data d{mlp::read_idx_dataset(o.data, "train", classes), mlp::read_idx_dataset(o.data, "t10k", classes)};
+  if (o.limit > 0 && o.limit < d.train.images.rows()) {
+    d.train.images.conservativeResize(o.limit, Eigen::NoChange);
+    d.train.labels.resize(static_cast<std::size_t>(o.limit));
+  }
+  const double mean = d.train.images.cast<double>().mean();
+  const double var = (d.train.images.cast<double>().array() - mean).square().mean();
+  d.mean = static_cast<float>(mean);
+  d.std = static_cast<float>(std::sqrt(var));
+  for (auto* images : {&d.train.images, &d.test.images}) images->array() = (images->array() - d.mean) / d.std;
+  return d;
+}
+
+/// Test accuracy in evaluation mode (running statistics) without gradients, batches of 1000.
+double evaluate(const Options& o, ResNet& net, const mlp::Dataset& test) {
+  Tape<float> tape;
+  tape.set_training(false);
+  remat::NoGradGuard<float> no_grad(tape);
+  Options plain = o;
+  plain.checkpoint = "none";
+  long correct = 0;
+  const remat::Index n = test.images.rows();
+  for (remat::Index first = 0; first < n; first += 1000) {
+    const remat::Index m = std::min<remat::Index>(1000, n - first);
+    const remat::Matrix<float> batch = test.images.middleRows(first, m);
+    const V logits = forward(plain, tape, net, tape.constant(Shape{m, 1, side, side}, batch.data()));
+    const remat::Matrix<float> l = logits.value();
+    for (remat::Index i = 0; i < m; ++i) {
+      remat::Index best = 0;
+      l.row(i).maxCoeff(&best);
+      correct += best == test.labels[static_cast<std::size_t>(first + i)];
+    }
+    tape.clear();
+  }
+  return static_cast<double>(correct) / static_cast<double>(n);
+}
+
+/// "none", "block", "dots", "sqrt" or "budget=<bytes>": the budget's bytes, 0 for the others.
+std::size_t budget_bytes(const std::string& mode) {
+  if (mode.rfind("budget=", 0) != 0) return 0;
+  return static_cast<std::size_t>(std::stoull(mode.substr(7)));
+}
+
+/// --estimate: one training step's memory on a shapes-only tape, no data read.
+int estimate(const Options& o) {
+  remat::nn::Generator g(o.seed);
+  ResNet net(o, g);
+  const std::vector<int> labels(static_cast<std::size_t>(o.batch), 0);
+  const remat::Matrix<float> zeros = remat::Matrix<float>::Zero(o.batch, side * side);
+  const remat::MemoryEstimate e = remat::estimate_memory([&](Tape<float>& tape) {
+    if (budget_bytes(o.checkpoint) > 0) tape.set_memory_budget(budget_bytes(o.checkpoint));
+    const V x = tape.constant(Shape{o.batch, 1, side, side}, zeros.data());
+    return remat::cross_entropy(forward(o, tape, net, x), labels);
+  });
+  std::printf("ResNet width %d, %d block(s) per stage, batch %d, checkpoint %s: one training step, estimated from "
+              "shapes\n",
+              o.width, o.blocks, o.batch, o.checkpoint.c_str());
+  examples::print_estimate(e, o.json, "saved_bytes", "peak_bytes",
+                           "\"checkpoint\":\"" + o.checkpoint + "\",\"batch\":" + std::to_string(o.batch));
+  return 0;
+}
+
+int train(const Options& o) {
+  const Data data = load(o);
+  remat::nn::Generator g(o.seed);
+  ResNet net(o, g);
+  std::vector<remat::Parameter<float>*> decayed, other;
+  net.parameters(decayed, other);
+  remat::nn::SGD<float> sgd({{decayed}, {other, 0.0}}, {o.lr, o.momentum, o.weight_decay, true});
+  const remat::Index n = data.train.images.rows();
+  const std::int64_t steps_per_epoch = (n + o.batch - 1) / o.batch;
+  const remat::nn::OneCycleSchedule schedule(o.lr, std::max<std::int64_t>(2, steps_per_epoch * o.epochs));
+  std::printf("ResNet width %d, %d block(s) per stage, %lld training images, batch %d, %d epochs, checkpoint %s, "
+              "%d threads\n",
+              o.width, o.blocks, static_cast<long long>(n), o.batch, o.epochs, o.checkpoint.c_str(),
+              remat::num_threads());
+  std::vector<remat::Index> order(static_cast<std::size_t>(n));
+  remat::Matrix<float> batch(o.batch, side * side);
+  std::vector<int> labels;
+  Tape<float> tape;
+  if (budget_bytes(o.checkpoint) > 0) tape.set_memory_budget(budget_bytes(o.checkpoint));
+  std::int64_t step = 0;
+  double last_loss = 0, accuracy = 0, total_seconds = 0;
+  std::size_t saved = 0, peak = 0;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const auto start = std::chrono::steady_clock::now();
+    std::iota(order.begin(), order.end(), 0);
+    for (remat::Index i = n - 1; i > 0; --i)  // Fisher–Yates with the model's generator
+      std::swap(order[static_cast<std::size_t>(i)], order[g.below(static_cast<std::uint64_t>(i + 1))]);
+    double loss_sum = 0;
+    for (remat::Index first = 0; first < n; first += o.batch) {
+      const remat::Index m = std::min<remat::Index>(o.batch, n - first);
+      labels.resize(static_cast<std::size_t>(m));
+      for (remat::Index i = 0; i < m; ++i) {
+        const remat::Index k = order[static_cast<std::size_t>(first + i)];
+        batch.row(i) = data.train.images.row(k);
+        labels[static_cast<std::size_t>(i)] = data.train.labels[static_cast<std::size_t>(k)];
+      }
+      tape.clear();
+      const V x = tape.constant(Shape{m, 1, side, side}, batch.data());
+      const V loss = remat::cross_entropy(forward(o, tape, net, x), labels);
+      saved = std::max(saved, tape.memory().saved_bytes);
+      tape.backward(loss);
+      peak = std::max(peak, tape.memory().peak_bytes);
+      loss_sum += loss.item() * static_cast<double>(m);
+      sgd.set_learning_rate(schedule.learning_rate_at(step));
+      sgd.set_momentum(schedule.momentum_at(step));
+      sgd.step();
+      sgd.zero_grad();
+      ++step;
+    }
+    tape.clear();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    total_seconds += seconds;
+    last_loss = loss_sum / static_cast<double>(n);
+    accuracy = evaluate(o, net, data.test);
+    std::printf("epoch %d: loss %s, test accuracy %.2f %%, %.1f s, saved %s, peak %s\n", epoch,
+                examples::number(last_loss).c_str(), 100 * accuracy, seconds, examples::megabytes(saved).c_str(),
+                examples::megabytes(peak).c_str());
+    std::fflush(stdout);
+  }
+  if (o.json)
+    std::printf("{\"final_loss\":%s,\"test_accuracy\":%s,\"train_seconds\":%s,\"saved_bytes\":%zu,\"peak_bytes\":%zu,"
+                "\"checkpoint\":\"%s\",\"epochs\":%d,\"batch\":%d,\"threads\":%d}\n",
+                examples::number(last_loss).c_str(), examples::number(accuracy).c_str(),
+                examples::number(total_seconds).c_str(), saved, peak, o.checkpoint.c_str(), o.epochs, o.batch,
+                remat::num_threads());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Trains a residual network on Fashion-MNIST with remat, optionally checkpointing its blocks, and "
+               "reports accuracy, time and the memory the tape saved and peaked at per step.",
+               "resnet"};
+  app.add_option("--data", o.data, "directory of Fashion-MNIST's idx files")->capture_default_str();
+  app.add_option("--epochs", o.epochs, "passes over the training set")->capture_default_str()->check(CLI::Range(0, 1000));
+  app.add_option("--batch", o.batch, "images per step")->capture_default_str()->check(CLI::Range(2, 1 << 16));
+  app.add_option("--lr", o.lr, "the one-cycle schedule's peak learning rate")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 10.0));
+  app.add_option("--weight-decay", o.weight_decay, "L2 penalty of the conv and linear weights")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--width", o.width, "channels of the first stage (then 2x, 4x)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--blocks", o.blocks, "basic blocks per stage")->capture_default_str()->check(CLI::Range(1, 1000));
+  app.add_option("--threads", o.threads, "remat's threads (0: the cores)")->capture_default_str()->check(CLI::Range(0, 256));
+  app.add_option("--limit", o.limit, "train on the first N images (0: all)")->capture_default_str()->check(CLI::Range(0L, 60000L));
+  app.add_option("--seed", o.seed, "initialisation and shuffling seed")->capture_default_str();
+  app.add_option("--checkpoint", o.checkpoint,
+                 "none, block (each block, nothing_saveable), dots (each block, dots_saveable: keeps the "
+                 "convolutions), sqrt (segments of about sqrt(blocks) blocks) or budget=<bytes> (a memory budget)")
+      ->capture_default_str()
+      ->check([](const std::string& m) {
+        if (m == "none" || m == "block" || m == "dots" || m == "sqrt") return std::string();
+        if (m.rfind("budget=", 0) == 0 && m.size() > 7 && m.find_first_not_of("0123456789", 7) == std::string::npos)
+          return std::string();
+        return std::string("must be none, block, dots, sqrt or budget=<bytes>");
+      });
+  app.add_flag("--json", o.json, "print a JSON line of the results at the end");
+  app.add_flag("--estimate", o.estimate, "print one step's memory from shapes alone, train nothing");
+  CLI11_PARSE(app, argc, argv);
+  remat::set_num_threads(o.threads > 0 ? o.threads : examples::default_threads(1));
+  try {
+    return o.estimate ? estimate(o) : train(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "resnet: %s\n", e.what());
+    return 1;
+  }
+}
