@@ -195,6 +195,58 @@ struct BatchNormOp : OpBase {
   static double flops(const Shape* in, int, const Shape&) { return 8.0 * static_cast<double>(in[0].numel()); }
 };
 
+/// y[n, c, …] = x[n, c, …]·a[c] + b[c] for x [N, C, *] and a, b of C elements (batch_norm in evaluation, once a and
+/// b are folded from the running statistics, weight and bias): da[c] = Σ dy·x, db[c] = Σ dy, dx = dy·a[c].
+struct ChannelAffineOp : OpBase {
+  static constexpr const char* name = "batch_norm";
+  static constexpr OpKind kind = OpKind::normalization;
+  static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
+  static Shape output_shape(const Shape* in, const Params&) { return in[0]; }
+  template <class T>
+  static void forward(const ForwardContext<T>& c) {
+    const Shape s = c.in_shape(0);
+    const Index N = s[0], C = s[1], S = s.numel() / (N * C);
+    const T *x = c.in(0).data(), *a = c.in(1).data(), *b = c.in(2).data();
+    T* y = c.out().data();
+    for_row_blocks(N * C, S, 2, [&](Index r0, Index count) {
+      for (Index r = r0; r < r0 + count; ++r)
+        Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(y + r * S, S) =
+            Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x + r * S, S) * a[r % C] + b[r % C];
+    });
+  }
+  template <class T>
+  static void backward(const BackwardContext<T>& c) {
+    const Shape s = c.out_shape();
+    const Index N = s[0], C = s[1], S = s.numel() / (N * C);
+    using Segment = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+    const T* g = c.grad_out().data();
+    if (c.wants_grad(0)) {
+      const T* a = c.in(1).data();
+      GradTarget<T> dx = c.grad_target(0);
+      for_row_blocks(N * C, S, 1, [&](Index r0, Index count) {
+        for (Index r = r0; r < r0 + count; ++r)
+          assign_or_add(Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(dx.map.data() + r * S, S),
+                        Segment(g + r * S, S) * a[r % C], dx.accumulate);
+      });
+    }
+    for (int k = 1; k <= 2; ++k) {  // per channel, sums over n in order: the same at every thread count
+      if (!c.wants_grad(k)) continue;
+      GradTarget<T> d = c.grad_target(k);
+      const T* x = k == 1 ? c.in(0).data() : nullptr;
+      for_row_blocks(C, N * S, 2, [&](Index c0, Index count) {
+        for (Index ch = c0; ch < c0 + count; ++ch) {
+          T sum = 0;
+          for (Index n = 0; n < N; ++n)
+            sum += x ? (Segment(g + (n * C + ch) * S, S) * Segment(x + (n * C + ch) * S, S)).sum()
+                     : Segment(g + (n * C + ch) * S, S).sum();
+          d.map.data()[ch] = d.accumulate ? d.map.data()[ch] + sum : sum;
+        }
+      });
+    }
+  }
+  static double flops(const Shape* in, int, const Shape&) { return 2.0 * static_cast<double>(in[0].numel()); }
+};
+
 /// Throws domain_error naming batch_norm for a momentum outside [0, 1] or an eps below 0 or not finite.
 inline void check_batch_norm_options(double momentum, double eps) {
   if (!(momentum >= 0 && momentum <= 1))
@@ -221,7 +273,7 @@ inline Shape channel_shape(const Shape& x) {
   return s;
 }
 
-/// Evaluation: y = x·a + c per channel with a = γ/√(running_var + eps) and c = β − running_mean·a, where
+/// Evaluation: y = x·a + c per channel (ChannelAffineOp) with a = γ/√(running_var + eps) and c = β − running_mean·a, where
 /// running_mean and 1/√(running_var + eps) are constants recorded on the tape (so a replay reads the values of
 /// the record) and γ, β carry their gradients through the ops.
 template <class T>
@@ -243,7 +295,7 @@ Var<T> batch_norm_evaluation(const Var<T>& x, const Parameter<T>& running_mean, 
     shift = multiply(shift, w);
   }
   if (o.has_bias()) shift = add(shift, reshape(o.bias(), std::vector<Index>(cs.begin(), cs.end())));
-  return add(multiply(x, scale), shift);
+  return apply_op<ChannelAffineOp>(x, scale, shift);
 }
 
 }  // namespace detail
@@ -264,8 +316,8 @@ Var<T> batch_norm_evaluation(const Var<T>& x, const Parameter<T>& running_mean, 
 /// tape (or a CapturedStep of it) may record or run it.
 ///
 /// Evaluation (the default, training(false)): μ and σ² are running_mean and running_var, both required; it is
-/// recorded as x·a + c with a = γ/√(running_var + eps), c = β − μ·a (a multiply and an add over x and small
-/// ops on [1, C, 1, …]); the running statistics are copied to the tape, so changing them later changes nothing
+/// recorded as x·a + c with a = γ/√(running_var + eps), c = β − μ·a (one pass over x, and small ops on
+/// [1, C, 1, …] that fold a and c); the running statistics are copied to the tape, so changing them later changes nothing
 /// recorded.
 ///
 /// x: [N, C, *] (rank ≥ 2); weight, bias: [C]; running_mean, running_var: Parameters of C elements, or null.
@@ -315,3 +367,4 @@ Var<T> batch_norm(const Var<T>& x, detail::NotDeduced<Parameter<T>>* running_mea
 }  // namespace remat
 
 REMAT_OP_KERNELS(remat::detail::BatchNormOp)
+REMAT_OP_KERNELS(remat::detail::ChannelAffineOp)

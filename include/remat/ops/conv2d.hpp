@@ -1,6 +1,7 @@
 // conv2d: 2-D convolution (cross-correlation) of an [N,C,H,W] batch with PyTorch's semantics, by im2col and GEMM.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -99,42 +100,66 @@ struct Conv2dOp : OpBase {
   template <class T>
   using ConstRowMajorMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
+  /// The output columns ox whose input column ox·s + offset lies in [0, width): [first, last).
+  static void valid_columns(Index out, Index width, Index stride, Index offset, Index& first, Index& last) {
+    first = offset >= 0 ? 0 : std::min(out, (-offset + stride - 1) / stride);
+    last = width - offset <= 0 ? 0 : std::min(out, (width - offset + stride - 1) / stride);
+    last = std::max(first, last);
+  }
+
   /// col[(ci·kh + i)·kw + j, oy·ow + ox] = x[ci, oy·sh − ph + i·dh, ox·sw − pw + j·dw] (0 outside) for the Cg
-  /// channels of one sample and group starting at `x`.
+  /// channels of one sample and group starting at `x`, by row blocks on remat's team (each row is one (ci, i, j):
+  /// a copy of runs of input rows, the padding's zeros filled around them).
   template <class T>
   static void im2col(const Geometry& g, const Params& a, const T* x, T* col) {
-    for (Index ci = 0; ci < g.cg(); ++ci)
-      for (Index i = 0; i < g.kh; ++i)
-        for (Index j = 0; j < g.kw; ++j) {
-          T* row = col + ((ci * g.kh + i) * g.kw + j) * g.p();
-          const T* plane = x + ci * g.h * g.w;
-          for (Index oy = 0; oy < g.oh; ++oy) {
-            const Index y = oy * a.stride[0] - a.padding[0] + i * a.dilation[0];
-            for (Index ox = 0; ox < g.ow; ++ox) {
-              const Index xx = ox * a.stride[1] - a.padding[1] + j * a.dilation[1];
-              const bool inside = y >= 0 && y < g.h && xx >= 0 && xx < g.w;
-              row[oy * g.ow + ox] = inside ? plane[y * g.w + xx] : T(0);
-            }
+    for_row_blocks(g.k(), g.p(), 1, [&](Index r0, Index count) {
+      for (Index r = r0; r < r0 + count; ++r) {
+        const Index ci = r / (g.kh * g.kw), i = r / g.kw % g.kh, j = r % g.kw;
+        const Index dy = i * a.dilation[0] - a.padding[0], dx = j * a.dilation[1] - a.padding[1];
+        Index first, last;
+        valid_columns(g.ow, g.w, a.stride[1], dx, first, last);
+        const T* plane = x + ci * g.h * g.w;
+        for (Index oy = 0; oy < g.oh; ++oy) {
+          T* dst = col + r * g.p() + oy * g.ow;
+          const Index y = oy * a.stride[0] + dy;
+          if (y < 0 || y >= g.h) {
+            std::fill(dst, dst + g.ow, T(0));
+            continue;
           }
+          std::fill(dst, dst + first, T(0));
+          const T* src = plane + y * g.w;  // input column ox·sw + dx, inside for ox in [first, last)
+          if (a.stride[1] == 1)
+            std::copy(src + first + dx, src + last + dx, dst + first);
+          else
+            for (Index ox = first; ox < last; ++ox) dst[ox] = src[ox * a.stride[1] + dx];
+          std::fill(dst + last, dst + g.ow, T(0));
         }
+      }
+    });
   }
-  /// The adjoint of im2col: dx[ci, y, x] += col[…] over every window position that read it.
+  /// The adjoint of im2col: dx[ci, y, x] += col[…] over every window position that read it, by blocks of input
+  /// channels on remat's team (a channel's plane is written by its own rows only, in the same order at every
+  /// thread count).
   template <class T>
   static void col2im_add(const Geometry& g, const Params& a, const T* col, T* dx) {
-    for (Index ci = 0; ci < g.cg(); ++ci)
-      for (Index i = 0; i < g.kh; ++i)
-        for (Index j = 0; j < g.kw; ++j) {
-          const T* row = col + ((ci * g.kh + i) * g.kw + j) * g.p();
-          T* plane = dx + ci * g.h * g.w;
-          for (Index oy = 0; oy < g.oh; ++oy) {
-            const Index y = oy * a.stride[0] - a.padding[0] + i * a.dilation[0];
-            if (y < 0 || y >= g.h) continue;
-            for (Index ox = 0; ox < g.ow; ++ox) {
-              const Index xx = ox * a.stride[1] - a.padding[1] + j * a.dilation[1];
-              if (xx >= 0 && xx < g.w) plane[y * g.w + xx] += row[oy * g.ow + ox];
+    for_row_blocks(g.cg(), g.kh * g.kw * g.p(), 1, [&](Index c0, Index count) {
+      for (Index ci = c0; ci < c0 + count; ++ci)
+        for (Index i = 0; i < g.kh; ++i)
+          for (Index j = 0; j < g.kw; ++j) {
+            const T* row = col + ((ci * g.kh + i) * g.kw + j) * g.p();
+            const Index dy = i * a.dilation[0] - a.padding[0], dxo = j * a.dilation[1] - a.padding[1];
+            Index first, last;
+            valid_columns(g.ow, g.w, a.stride[1], dxo, first, last);
+            T* plane = dx + ci * g.h * g.w;
+            for (Index oy = 0; oy < g.oh; ++oy) {
+              const Index y = oy * a.stride[0] + dy;
+              if (y < 0 || y >= g.h) continue;
+              T* dst = plane + y * g.w;
+              const T* src = row + oy * g.ow;
+              for (Index ox = first; ox < last; ++ox) dst[ox * a.stride[1] + dxo] += src[ox];
             }
           }
-        }
+    });
   }
 
   template <class T>
