@@ -11,8 +11,9 @@
 // linear layer to 1000 classes and softmax cross-entropy. Activation: relu (their example's leaky relu keeps the same
 // buffers). Their example's stage layout is [3, 24, 36, 3] blocks (200 layers); a depth d here has
 // B = round((d − 2) / 3) blocks spread over the stages in those proportions (docs/cnn.md says why), so the depth
-// reported is 3B + 2 (1001 for 1000). Weights are tape variables recorded before the forward pass (their values
-// and gradients count), batch norm runs in training mode without running statistics.
+// reported is 3B + 2 (1001 for 1000). Weights are recorded before the forward pass, once as tape variables (their
+// values and gradients count) and once as Parameters (neither counts once the gradient is delivered); batch norm
+// runs in training mode without running statistics.
 //
 // Means, each one estimate of the whole step:
 //   plain     no checkpointing
@@ -20,15 +21,15 @@
 //             consecutive blocks under policies::nothing_saveable, the last group unchecked): Chen's √n strategy
 //   block     each block under checkpoint(nothing_saveable)
 //   dots      each block under checkpoint(dots_saveable): convolution outputs kept, batch norm and relu recomputed
-//   dtr       Tape::set_memory_budget at 25 % of plain's peak; when no run fits it, the least feasible budget found
-//             by bisection (to 0.5 % of plain's peak) and the peak under it
+//   dtr25     Tape::set_memory_budget at 25 % of plain's peak ("does not fit" if it throws memory_budget_error)
+//   dtr_least the least budget a bisection finds the step to fit (to 0.5 % of plain's peak), and the peak under it
 //   planner   checkpoint_sequential_auto over the blocks in at most 48 groups, the head and loss as the last layer,
 //             at the least budget its model admits (read from the memory_budget_error of a 1-byte budget)
 //
-//   build/bench/chen_resnet_memory [--depths 100,200,...] [--csv FILE] [--skip dtr,planner,...]
+//   build/bench/chen_resnet_memory [--depths 100,200,...] [--csv FILE] [--skip sqrt,block,dots,dtr25,dtr_least,planner]
 //
-// Prints a Markdown table (GB = 10^9 bytes) on stdout, the seconds each estimate took on stderr, and the exact bytes
-// into the CSV.
+// Prints two Markdown tables (weights on the tape, weights as Parameters; GB = 10^9 bytes) on stdout, the seconds
+// each estimate took on stderr, and the exact bytes into the CSV (one row per depth and weight placement).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
