@@ -204,9 +204,10 @@ int estimate(const Options& o) {
     const V x = tape.constant(Shape{o.batch, 1, side, side}, zeros.data());
     return remat::cross_entropy(forward(o, tape, net, x), labels);
   });
-  std::printf("ResNet width %d, %d block(s) per stage, batch %d, checkpoint %s: one training step, estimated from "
-              "shapes\n",
-              o.width, o.blocks, o.batch, o.checkpoint.c_str());
+  std::printf(
+      "ResNet width %d, %d block(s) per stage, batch %d, checkpoint %s: one training step, estimated from "
+      "shapes\n",
+      o.width, o.blocks, o.batch, o.checkpoint.c_str());
   examples::print_estimate(e, o.json, "saved_bytes", "peak_bytes",
                            "\"checkpoint\":\"" + o.checkpoint + "\",\"batch\":" + std::to_string(o.batch));
   return 0;
@@ -224,10 +225,10 @@ int train(const Options& o) {
   // As the PyTorch reference (bench/peers/resnet_fashion_mnist.py): OneCycleLR with pct_start 0.25 and a fixed
   // momentum (cycle_momentum=False).
   const remat::nn::OneCycleSchedule schedule(o.lr, std::max<std::int64_t>(4, steps_per_epoch * o.epochs), 0.25);
-  std::printf("ResNet width %d, %d block(s) per stage, %lld training images, batch %d, %d epochs, checkpoint %s, "
-              "%d threads\n",
-              o.width, o.blocks, static_cast<long long>(n), o.batch, o.epochs, o.checkpoint.c_str(),
-              remat::num_threads());
+  std::printf(
+      "ResNet width %d, %d block(s) per stage, %lld training images, batch %d, %d epochs, checkpoint %s, "
+      "%d threads\n",
+      o.width, o.blocks, static_cast<long long>(n), o.batch, o.epochs, o.checkpoint.c_str(), remat::num_threads());
   std::vector<remat::Index> order(static_cast<std::size_t>(n));
   remat::Matrix<float> batch(o.batch, side * side);
   std::vector<int> labels;
@@ -273,11 +274,12 @@ int train(const Options& o) {
     std::fflush(stdout);
   }
   if (o.json)
-    std::printf("{\"final_loss\":%s,\"test_accuracy\":%s,\"train_seconds\":%s,\"saved_bytes\":%zu,\"peak_bytes\":%zu,"
-                "\"checkpoint\":\"%s\",\"epochs\":%d,\"batch\":%d,\"threads\":%d}\n",
-                examples::number(last_loss).c_str(), examples::number(accuracy).c_str(),
-                examples::number(total_seconds).c_str(), saved, peak, o.checkpoint.c_str(), o.epochs, o.batch,
-                remat::num_threads());
+    std::printf(
+        "{\"final_loss\":%s,\"test_accuracy\":%s,\"train_seconds\":%s,\"saved_bytes\":%zu,\"peak_bytes\":%zu,"
+        "\"checkpoint\":\"%s\",\"epochs\":%d,\"batch\":%d,\"threads\":%d}\n",
+        examples::number(last_loss).c_str(), examples::number(accuracy).c_str(),
+        examples::number(total_seconds).c_str(), saved, peak, o.checkpoint.c_str(), o.epochs, o.batch,
+        remat::num_threads());
   return 0;
 }
 
@@ -285,11 +287,14 @@ int train(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"Trains a residual network on Fashion-MNIST with remat, optionally checkpointing its blocks, and "
-               "reports accuracy, time and the memory the tape saved and peaked at per step.",
-               "resnet"};
+  CLI::App app{
+      "Trains a residual network on Fashion-MNIST with remat, optionally checkpointing its blocks, and "
+      "reports accuracy, time and the memory the tape saved and peaked at per step.",
+      "resnet"};
   app.add_option("--data", o.data, "directory of Fashion-MNIST's idx files")->capture_default_str();
-  app.add_option("--epochs", o.epochs, "passes over the training set")->capture_default_str()->check(CLI::Range(0, 1000));
+  app.add_option("--epochs", o.epochs, "passes over the training set")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   app.add_option("--batch", o.batch, "images per step")->capture_default_str()->check(CLI::Range(2, 1 << 16));
   app.add_option("--lr", o.lr, "the one-cycle schedule's peak learning rate")
       ->capture_default_str()
@@ -301,8 +306,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("--blocks", o.blocks, "basic blocks per stage")->capture_default_str()->check(CLI::Range(1, 1000));
-  app.add_option("--threads", o.threads, "remat's threads (0: the cores)")->capture_default_str()->check(CLI::Range(0, 256));
-  app.add_option("--limit", o.limit, "train on the first N images (0: all)")->capture_default_str()->check(CLI::Range(0L, 60000L));
+  app.add_option("--threads", o.threads, "remat's threads (0: the cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
+  app.add_option("--limit", o.limit, "train on the first N images (0: all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0L, 60000L));
   app.add_option("--seed", o.seed, "initialisation and shuffling seed")->capture_default_str();
   app.add_option("--checkpoint", o.checkpoint,
                  "none, block (each block, nothing_saveable), dots (each block, dots_saveable: keeps the "

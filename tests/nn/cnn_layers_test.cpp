@@ -37,8 +37,8 @@ TEST(Conv2dLayer, ForwardIsConv2dOfItsParameters) {
   Tape<double> tape;
   const Var<double> x = tape.constant(Shape{2, 2, 5, 5}, remat_test::nd_values(Shape{2, 2, 5, 5}, 1).data());
   const Var<double> y = conv.forward(tape, x);
-  const Var<double> z =
-      remat::conv2d(x, tape.variable(conv.weight), tape.variable(conv.bias), remat::Conv2dOptions().stride(2).padding(1));
+  const Var<double> z = remat::conv2d(x, tape.variable(conv.weight), tape.variable(conv.bias),
+                                      remat::Conv2dOptions().stride(2).padding(1));
   EXPECT_EQ(y.shape(), (Shape{2, 3, 3, 3}));
   EXPECT_TRUE(y.value() == z.value());
 }
@@ -83,10 +83,26 @@ TEST(BatchNorm2dLayer, StartsAsPyTorchAndFollowsTheTapesMode) {
 TEST(OneCycleSchedule, EqualsPyTorchsOneCycleLR) {
   // torch.optim.lr_scheduler.OneCycleLR(SGD(momentum=0.9), max_lr=0.2, total_steps=10), PyTorch 1.13: the
   // learning rate and momentum of each of its ten steps.
-  const double lr[] = {0.008000000000000007, 0.10400000000000001, 0.2,   0.19009692640269477, 0.1623491307899526,
-                       0.12225240438725786,  0.07774839561274215, 0.0376516692100474, 0.009903873597305258, 8e-07};
-  const double momentum[] = {0.95, 0.8999999999999999, 0.85, 0.854951556604879, 0.8688255099070633,
-                             0.8888739533021842, 0.9111260466978157, 0.9311744900929366, 0.945048443395121, 0.95};
+  const double lr[] = {0.008000000000000007,
+                       0.10400000000000001,
+                       0.2,
+                       0.19009692640269477,
+                       0.1623491307899526,
+                       0.12225240438725786,
+                       0.07774839561274215,
+                       0.0376516692100474,
+                       0.009903873597305258,
+                       8e-07};
+  const double momentum[] = {0.95,
+                             0.8999999999999999,
+                             0.85,
+                             0.854951556604879,
+                             0.8688255099070633,
+                             0.8888739533021842,
+                             0.9111260466978157,
+                             0.9311744900929366,
+                             0.945048443395121,
+                             0.95};
   const remat::nn::OneCycleSchedule s(0.2, 10);
   for (int t = 0; t < 10; ++t) {
     EXPECT_NEAR(s.learning_rate_at(t), lr[t], 1e-15) << t;

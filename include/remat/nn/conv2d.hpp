@@ -45,7 +45,7 @@ class Conv2d {
                      : conv2d(x, tape.variable(weight), options_);
   }
 
-  bool has_bias() const { return has_bias_; }                 ///< whether the layer adds a bias
+  bool has_bias() const { return has_bias_; }                ///< whether the layer adds a bias
   const Conv2dOptions& options() const { return options_; }  ///< stride, padding, dilation, groups
 
   Parameter<T> weight;  ///< [out, in/groups, kH, kW]

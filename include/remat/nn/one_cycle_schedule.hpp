@@ -37,17 +37,17 @@ class OneCycleSchedule {
         total_(total_steps),
         peak_(pct_start * static_cast<double>(total_steps) - 1) {
     if (!(max_lr > 0 && std::isfinite(max_lr)) || total_steps < 2 || !(pct_start > 0 && pct_start < 1) ||
-        !(peak_ > 0 && peak_ < static_cast<double>(total_steps - 1)) || !(div_factor > 0 && std::isfinite(div_factor)) ||
-        !(final_div_factor > 0 && std::isfinite(final_div_factor)) ||
+        !(peak_ > 0 && peak_ < static_cast<double>(total_steps - 1)) ||
+        !(div_factor > 0 && std::isfinite(div_factor)) || !(final_div_factor > 0 && std::isfinite(final_div_factor)) ||
         !(base_momentum > 0 && base_momentum <= max_momentum && std::isfinite(max_momentum)))
-      throw domain_error("nn::OneCycleSchedule: need 0 < max_lr < inf, total_steps >= 2, 0 < pct_start < 1 with "
-                         "0 < pct_start * total_steps - 1 < total_steps - 1, div factors > 0 and 0 < base_momentum <= "
-                         "max_momentum; got max_lr " +
-                         detail::number_text(max_lr) + ", total_steps " + std::to_string(total_steps) +
-                         ", pct_start " + detail::number_text(pct_start) + ", div_factor " +
-                         detail::number_text(div_factor) + ", final_div_factor " +
-                         detail::number_text(final_div_factor) + ", momentum " + detail::number_text(base_momentum) +
-                         " to " + detail::number_text(max_momentum));
+      throw domain_error(
+          "nn::OneCycleSchedule: need 0 < max_lr < inf, total_steps >= 2, 0 < pct_start < 1 with "
+          "0 < pct_start * total_steps - 1 < total_steps - 1, div factors > 0 and 0 < base_momentum <= "
+          "max_momentum; got max_lr " +
+          detail::number_text(max_lr) + ", total_steps " + std::to_string(total_steps) + ", pct_start " +
+          detail::number_text(pct_start) + ", div_factor " + detail::number_text(div_factor) + ", final_div_factor " +
+          detail::number_text(final_div_factor) + ", momentum " + detail::number_text(base_momentum) + " to " +
+          detail::number_text(max_momentum));
   }
 
   /// The learning rate of step t (t ≥ T − 1: the final one). Throws domain_error for t < 0.
@@ -63,7 +63,9 @@ class OneCycleSchedule {
   std::int64_t total_steps() const { return total_; }  ///< T
 
  private:
-  static double anneal(double start, double end, double p) { return end + (start - end) / 2 * (std::cos(M_PI * p) + 1); }
+  static double anneal(double start, double end, double p) {
+    return end + (start - end) / 2 * (std::cos(3.14159265358979323846 * p) + 1);
+  }
   bool t_in_warmup(std::int64_t t) const { return static_cast<double>(t) <= peak_; }
   /// The fraction of the current phase done at step t.
   double phase(std::int64_t t) const {

@@ -273,8 +273,8 @@ inline Shape channel_shape(const Shape& x) {
   return s;
 }
 
-/// Evaluation: y = x·a + c per channel (ChannelAffineOp) with a = γ/√(running_var + eps) and c = β − running_mean·a, where
-/// running_mean and 1/√(running_var + eps) are constants recorded on the tape (so a replay reads the values of
+/// Evaluation: y = x·a + c per channel (ChannelAffineOp) with a = γ/√(running_var + eps) and c = β − running_mean·a,
+/// where running_mean and 1/√(running_var + eps) are constants recorded on the tape (so a replay reads the values of
 /// the record) and γ, β carry their gradients through the ops.
 template <class T>
 Var<T> batch_norm_evaluation(const Var<T>& x, const Parameter<T>& running_mean, const Parameter<T>& running_var,
@@ -317,8 +317,8 @@ Var<T> batch_norm_evaluation(const Var<T>& x, const Parameter<T>& running_mean, 
 ///
 /// Evaluation (the default, training(false)): μ and σ² are running_mean and running_var, both required; it is
 /// recorded as x·a + c with a = γ/√(running_var + eps), c = β − μ·a (one pass over x, and small ops on
-/// [1, C, 1, …] that fold a and c); the running statistics are copied to the tape, so changing them later changes nothing
-/// recorded.
+/// [1, C, 1, …] that fold a and c); the running statistics are copied to the tape, so changing them later changes
+/// nothing recorded.
 ///
 /// x: [N, C, *] (rank ≥ 2); weight, bias: [C]; running_mean, running_var: Parameters of C elements, or null.
 /// Returns x's shape. Throws shape_error naming batch_norm for other shapes or, in training, a single value per
