@@ -311,7 +311,8 @@ Var<T> batch_norm_evaluation(const Var<T>& x, const Parameter<T>& running_mean, 
 /// σ²·M/(M − 1) for running_var: once per recorded step (and per run of a CapturedStep), never when a checkpoint
 /// replays the op or a memory budget regenerates it (ForwardContext::recording), so the running statistics after
 /// a step are the same, bitwise, under every policy — unlike PyTorch's reentrant torch.utils.checkpoint, which
-/// updates them again in its recomputation. A shapes-only tape (estimate_memory) updates nothing. The running
+/// updates them again in its recomputation. A shapes-only tape (estimate_memory) updates nothing; under anomaly
+/// detection, an output that is refused (anomaly_error) has already updated them. The running
 /// statistics' buffers are written through pointers kept with the op: they must stay alive and unresized while the
 /// tape (or a CapturedStep of it) may record or run it.
 ///
