@@ -84,13 +84,6 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
   return r;
 }
 
-::testing::AssertionResult close(const double* got, const std::vector<double>& want) {
-  for (std::size_t i = 0; i < want.size(); ++i)
-    if (!(std::abs(got[i] - want[i]) <= 1e-12 * std::max(1.0, std::abs(want[i]))))
-      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << ", PyTorch " << want[i];
-  return ::testing::AssertionSuccess();
-}
-
 TEST(BatchNorm, MatchesPyTorchInTrainingAndEvaluationAndEveryPolicyIsBitwiseEqualToPlain) {
   const auto cases = remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/batch_norm_reference.txt");
   ASSERT_EQ(cases.size(), 7u);
@@ -103,12 +96,13 @@ TEST(BatchNorm, MatchesPyTorchInTrainingAndEvaluationAndEveryPolicyIsBitwiseEqua
       x.push_back(tape.variable(c.inputs[k].shape, c.inputs[k].values.data()));
     const V y = m.forward(x);
     ASSERT_EQ(y.shape(), c.output.shape);
-    EXPECT_TRUE(close(y.value().data(), c.output.values));
+    EXPECT_TRUE(remat_test::close_to_reference(y.value(), c.output.values));
     tape.backward(remat::sum(y * tape.constant(c.output.shape, c.weight.data())));
-    for (const auto& [k, g] : c.grads) EXPECT_TRUE(close(x[static_cast<std::size_t>(k)].grad().data(), g.values)) << k;
+    for (const auto& [k, g] : c.grads)
+      EXPECT_TRUE(remat_test::close_to_reference(x[static_cast<std::size_t>(k)].grad(), g.values)) << k;
     if (m.training()) {
-      EXPECT_TRUE(close(m.running_mean.value().data(), c.attributes.at("running_mean_after")));
-      EXPECT_TRUE(close(m.running_var.value().data(), c.attributes.at("running_var_after")));
+      EXPECT_TRUE(remat_test::close_to_reference(m.running_mean.value(), c.attributes.at("running_mean_after")));
+      EXPECT_TRUE(remat_test::close_to_reference(m.running_var.value(), c.attributes.at("running_var_after")));
     } else {  // evaluation reads them and leaves them as they were
       EXPECT_TRUE(bitwise(m.running_mean.value(), row(c.inputs[c.inputs.size() - 2].values)));
       EXPECT_TRUE(bitwise(m.running_var.value(), row(c.inputs[c.inputs.size() - 1].values)));

@@ -97,15 +97,6 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
   return r;
 }
 
-::testing::AssertionResult close(const std::vector<double>& got, const std::vector<double>& want) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << got.size() << " values, expected " << want.size();
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(got[i] - want[i]) <= 1e-12 * std::max(1.0, std::abs(want[i]))))
-      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << ", PyTorch " << want[i];
-  return ::testing::AssertionSuccess();
-}
-
 TEST(Conv2d, ItAndThePoolingOpsMatchPyTorchAndEveryPolicyIsBitwiseEqualToPlain) {
   const auto cases = remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/conv_reference.txt");
   ASSERT_EQ(cases.size(), 39u);
@@ -117,11 +108,11 @@ TEST(Conv2d, ItAndThePoolingOpsMatchPyTorchAndEveryPolicyIsBitwiseEqualToPlain) 
     for (const auto& in : c.inputs) x.push_back(tape.variable(in.shape, in.values.data()));
     const V y = build(x, c);
     ASSERT_EQ(y.shape(), c.output.shape);
-    EXPECT_TRUE(close(std::vector<double>(y.value().data(), y.value().data() + y.value().size()), c.output.values));
+    EXPECT_TRUE(remat_test::close_to_reference(y.value(), c.output.values));
     tape.backward(remat::sum(y * tape.constant(c.output.shape, c.weight.data())));
     for (const auto& [k, g] : c.grads) {
       const auto got = x[static_cast<std::size_t>(k)].grad();
-      EXPECT_TRUE(close(std::vector<double>(got.data(), got.data() + got.size()), g.values)) << "input " << k;
+      EXPECT_TRUE(remat_test::close_to_reference(got, g.values)) << "input " << k;
     }
     // Behind a tanh, whose backward reads the output: every policy replays to the same bits.
     const Result plain = run(c, nullptr);

@@ -191,15 +191,6 @@ Result run(const ReferenceCase& c, const Builder& build, const remat_test::AnyPo
   return r;
 }
 
-::testing::AssertionResult close(const std::vector<double>& got, const std::vector<double>& want) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << got.size() << " values, expected " << want.size();
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(got[i] - want[i]) <= 1e-12 * std::max(1.0, std::abs(want[i]))))
-      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << ", PyTorch " << want[i];
-  return ::testing::AssertionSuccess();
-}
-
 bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
 }
@@ -218,10 +209,10 @@ TEST(NdReference, EveryImplementedOpMatchesPyTorchAndEveryPolicyIsBitwiseEqualTo
     SCOPED_TRACE("case " + c.name + " at nd_reference.txt:" + std::to_string(c.line));
     const Result plain = run(c, b->second, nullptr);
     EXPECT_EQ(plain.shape, c.output.shape) << remat::to_string(plain.shape);
-    EXPECT_TRUE(close(plain.output, c.output.values));
+    EXPECT_TRUE(remat_test::close_to_reference(plain.output, c.output.values));
     for (const auto& [k, g] : c.grads) {
       SCOPED_TRACE("grad of input " + std::to_string(k));
-      EXPECT_TRUE(close(plain.grads[static_cast<std::size_t>(k)], g.values));
+      EXPECT_TRUE(remat_test::close_to_reference(plain.grads[static_cast<std::size_t>(k)], g.values));
     }
     for (const auto& [name, policy] : remat_test::every_policy()) {
       SCOPED_TRACE(name);

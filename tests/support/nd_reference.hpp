@@ -2,6 +2,11 @@
 // tests/ops/make_nd_reference.py (its docstring defines the format). The tests read this file and never need torch.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -109,6 +114,23 @@ inline std::vector<ReferenceCase> read_reference_cases(const std::string& path) 
     }
   }
   return cases;
+}
+
+/// Whether `got` equals PyTorch's `want` element by element within 1e-12 relative (absolute below 1), the tolerance
+/// of the reference tests; the failure names the first element that differs, or the counts.
+inline ::testing::AssertionResult close_to_reference(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " values, expected " << want.size();
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= 1e-12 * std::max(1.0, std::abs(want[i]))))
+      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << ", PyTorch " << want[i];
+  return ::testing::AssertionSuccess();
+}
+/// The same for an Eigen matrix or map (its elements in storage order: row-major for remat's values).
+template <class Derived>
+::testing::AssertionResult close_to_reference(const Eigen::DenseBase<Derived>& got, const std::vector<double>& want) {
+  const auto& m = got.derived();
+  return close_to_reference(std::vector<double>(m.data(), m.data() + m.size()), want);
 }
 
 }  // namespace remat_test
