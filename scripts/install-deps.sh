@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages remat's build, tests and examples need, if any is missing.
 set -euo pipefail
-packages=(cmake g++ make python3 libeigen3-dev libopenblas-dev libopenblas-openmp-dev libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev nlohmann-json3-dev doxygen
+packages=(cmake g++ make python3 libeigen3-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev libgtest-dev libbenchmark-dev zlib1g-dev libcli11-dev nlohmann-json3-dev doxygen
           libopenmpi-dev openmpi-bin
           dataset-fashion-mnist fortunes)
 missing=()

@@ -1,10 +1,13 @@
-// conv2d: 2-D convolution (cross-correlation) of an [N,C,H,W] batch with PyTorch's semantics, by im2col and GEMM.
+// conv2d: 2-D convolution (cross-correlation) of an [N,C,H,W] batch with PyTorch's semantics, on oneDNN or im2col.
 #pragma once
 
 #include <algorithm>
 #include <climits>
+#include <new>
 #include <string>
 
+#include "remat/backends.hpp"
+#include "remat/detail/onednn_conv.hpp"
 #include "remat/op.hpp"
 
 namespace remat {
@@ -62,6 +65,9 @@ struct Conv2dOp : OpBase {
     std::int32_t stride[2] = {1, 1}, padding[2] = {0, 0}, dilation[2] = {1, 1};
     std::int32_t groups = 1;
     std::int32_t bias = 0;  // 1: input 2 is a bias [O]
+    // > 0: the float kernels run on oneDNN, with a scratch sized for this many threads (the count when recorded);
+    // 0: im2col and GEMM.
+    std::int32_t onednn_threads = 0;
   };
 
   /// Sizes of one product: per sample and group, out [Og, P] = W_g [Og, K] · col [K, P].
@@ -90,8 +96,12 @@ struct Conv2dOp : OpBase {
     return Shape{g.n, g.o, g.oh, g.ow};
   }
   /// The im2col matrix of one sample and group, [K, P] (as [K, Hout, Wout]); the backward reuses it for W_gᵀ · dY.
+  /// On oneDNN: the blocked copies of the tensors and the primitives' scratchpads ([floats]).
   static Shape scratch_shape(const Shape* in, const Params& a) {
     const Geometry g = geometry(in, a);
+#ifdef REMAT_USE_ONEDNN
+    if (a.onednn_threads > 0) return Shape{std::max<Index>(onednn::plan(onednn_key(g, a)).floats(), 1)};
+#endif
     return Shape{g.k(), g.oh, g.ow};  // not {K, Hout · Wout}: apply_op's checks refuse sizes whose product overflows
   }
 
@@ -162,11 +172,37 @@ struct Conv2dOp : OpBase {
     });
   }
 
+#ifdef REMAT_USE_ONEDNN
+  static onednn::ConvKey onednn_key(const Geometry& g, const Params& a) {
+    return {g.n,
+            g.c,
+            g.h,
+            g.w,
+            g.o,
+            g.kh,
+            g.kw,
+            a.groups,
+            {a.stride[0], a.stride[1]},
+            {a.padding[0], a.padding[1]},
+            {a.dilation[0], a.dilation[1]},
+            a.bias,
+            a.onednn_threads};
+  }
+#endif
+
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const Params a = params_of<Params>(c);
     const Shape in[2] = {c.in_shape(0), c.in_shape(1)};
     const Geometry g = geometry(in, a);
+#ifdef REMAT_USE_ONEDNN
+    if constexpr (std::is_same_v<T, float>)
+      if (a.onednn_threads > 0) {
+        onednn::forward(onednn_key(g, a), c.scratch().size(), c.in(0).data(), c.in(1).data(),
+                        a.bias ? c.in(2).data() : nullptr, c.out().data(), c.scratch().data());
+        return;
+      }
+#endif
     const T* x = c.in(0).data();
     const T* w = c.in(1).data();
     T* y = c.out().data();
@@ -197,6 +233,31 @@ struct Conv2dOp : OpBase {
         db.map.data()[o] = sum;
       }
     }
+#ifdef REMAT_USE_ONEDNN
+    if constexpr (std::is_same_v<T, float>)
+      if (a.onednn_threads > 0) {
+        float *dx = nullptr, *dw = nullptr;
+        bool accumulate_dx = false, accumulate_dw = false;
+        if (c.wants_grad(0)) {
+          GradTarget<T> t = c.grad_target(0);
+          dx = t.map.data();
+          accumulate_dx = t.accumulate;
+        }
+        if (c.wants_grad(1)) {
+          GradTarget<T> t = c.grad_target(1);
+          dw = t.map.data();
+          accumulate_dw = t.accumulate;
+        }
+        const onednn::ConvPlan* staged = nullptr;  // the plan whose copy of dY backward_data left in the scratch
+        if (dx)
+          staged = onednn::backward_data(onednn_key(g, a), c.scratch().size(), c.in(1).data(), dy, dx, accumulate_dx,
+                                         c.scratch().data());
+        if (dw)
+          onednn::backward_weights(onednn_key(g, a), c.scratch().size(), c.in(0).data(), dy, dw, accumulate_dw, staged,
+                                   c.scratch().data());
+        return;
+      }
+#endif
     if (c.wants_grad(1)) {  // dW_g = Σ_n dY_ng · col_ngᵀ
       GradTarget<T> dw = c.grad_target(1);
       if (!dw.accumulate) dw.map.setZero();
@@ -273,21 +334,61 @@ inline Conv2dOp::Params conv2d_params(const Conv2dOptions& o) {
   return p;
 }
 
+/// Sets p.onednn_threads when T is float, oneDNN is enabled (backends::onednn) and oneDNN can run this
+/// convolution: then its kernels, scratch and plan follow remat's current thread count. Throws what conv2d
+/// throws for bad shapes (before oneDNN sees them).
+template <class T>
+void choose_conv2d_kernel(Conv2dOp::Params& p, const Shape* in) {
+#ifdef REMAT_USE_ONEDNN
+  if constexpr (std::is_same_v<T, float>) {
+    if (!backends::onednn::enabled()) return;
+    Conv2dOp::check_shapes(in, p);
+    p.onednn_threads = num_threads();
+    try {
+      onednn::plan(Conv2dOp::onednn_key(Conv2dOp::geometry(in, p), p));
+    } catch (const dnnl::error& e) {
+      if (e.status == dnnl_out_of_memory) throw std::bad_alloc();
+      p.onednn_threads = 0;  // a convolution oneDNN does not run: im2col
+    }
+  }
+#else
+  static_cast<void>(p);
+  static_cast<void>(in);
+#endif
+}
+
 }  // namespace detail
 
 /// 2-D convolution, torch.nn.functional.conv2d without bias: y[n, o, i, j] = Σ_{c, a, b} w[o, c, a, b] ·
 /// x[n, g·C/G + c, i·sh − ph + a·dh, j·sw − pw + b·dw] over the C/G input channels of o's group g (zero outside
 /// the input). x: [N, C, H, W]; weight: [O, C/G, kH, kW] → [N, O, Hout, Wout] with
 /// Hout = ⌊(H + 2·ph − dh·(kH − 1) − 1) / sh⌋ + 1 (Wout likewise). dx is the transposed convolution of dy with w,
-/// dw the correlation of x with dy. FLOPs 2·N·O·Hout·Wout·(C/G)·kH·kW. Kernel: im2col (Chellapilla, Puri & Simard,
-/// "High Performance Convolutional Neural Networks for Document Processing", 2006) of one sample and group into
-/// the op's temporary ([C/G·kH·kW, Hout·Wout] elements, counted in the peak) and one GEMM. Its OpInfo kind is
+/// dw the correlation of x with dy. FLOPs 2·N·O·Hout·Wout·(C/G)·kH·kW.
+///
+/// Kernels. In float, when remat was built with oneDNN and backends::onednn::enabled() when the op is recorded,
+/// oneDNN's convolution primitives (forward, backward data, backward weights), in the blocked layouts oneDNN
+/// chooses: the op's temporary then holds the reordered copies of the tensors and oneDNN's scratchpad, sized for
+/// the thread count at the record (remat::num_threads()); a backward or replay at another count runs on that
+/// count if its plan fits the temporary, else on the recorded one. oneDNN's value and dx came out bitwise the
+/// same at 1, 2 and 3 threads (tests/ops/conv2d_onednn_test.cpp); its dw is summed over the batch in per-thread
+/// parts, so it may differ in the last bits between thread counts, as OpenBLAS's threaded products do (bitwise
+/// reproducible at a fixed count, replays included). oneDNN allocates small objects at each call: an allocation
+/// failure there while the op is recorded throws (nothing is recorded), but in a backward sweep it
+/// ends the program, as any exception from a backward does (and oneDNN 2.6 itself crashed when malloc returned
+/// null inside it in a fault-injection run); backends::onednn::set_enabled(false) gives im2col, whose kernels
+/// allocate nothing. Otherwise (double, or without oneDNN): im2col (Chellapilla,
+/// Puri & Simard, "High Performance Convolutional Neural Networks for Document Processing", 2006) of one sample
+/// and group into the op's temporary ([C/G·kH·kW, Hout·Wout] elements) and one GEMM, bitwise the same at every
+/// thread count. Either temporary counts in the peak, never in the saved bytes. Its OpInfo kind is
 /// convolution: dots_saveable keeps its output, dots_with_no_batch_dims_saveable does not (as JAX's policies treat
 /// conv_general_dilated). Throws shape_error naming conv2d for shapes that do not fit, domain_error for bad
 /// options, tape_error for an empty or stale Var.
 template <class T>
 Var<T> conv2d(const Var<T>& x, const Var<T>& weight, const Conv2dOptions& options = {}) {
-  return apply_op<detail::Conv2dOp>(detail::conv2d_params(options), x, weight);
+  detail::Conv2dOp::Params p = detail::conv2d_params(options);
+  const Shape in[2] = {x.shape("conv2d"), weight.shape("conv2d")};
+  detail::choose_conv2d_kernel<T>(p, in);
+  return apply_op<detail::Conv2dOp>(p, x, weight);
 }
 
 /// conv2d plus a bias [O] added to every output channel (fused: no other node): y[n, o, i, j] += bias[o];
@@ -296,6 +397,8 @@ template <class T>
 Var<T> conv2d(const Var<T>& x, const Var<T>& weight, const Var<T>& bias, const Conv2dOptions& options = {}) {
   detail::Conv2dOp::Params p = detail::conv2d_params(options);
   p.bias = 1;
+  const Shape in[3] = {x.shape("conv2d"), weight.shape("conv2d"), bias.shape("conv2d")};
+  detail::choose_conv2d_kernel<T>(p, in);
   return apply_op<detail::Conv2dOp>(p, x, weight, bias);
 }
 

@@ -1,0 +1,313 @@
+// conv2d's float kernels on oneDNN (Debian's libdnnl-dev, the library LibTorch's CPU convolutions call), when
+// remat is built with it (REMAT_USE_ONEDNN, CMake's REMAT_USE_ONEDNN option). oneDNN's fast convolutions read
+// and write blocked layouts (nChw16c on AVX-512): remat's NCHW tensors are reordered into them and back, as
+// PyTorch's mkldnn_convolution does with plain tensors. Every buffer oneDNN uses — the blocked copies and the
+// primitive's own scratchpad (scratchpad_mode::user) — lies in the op's scratch, so memory() counts it.
+#pragma once
+
+#ifdef REMAT_USE_ONEDNN
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+#include <vector>
+
+#include "remat/shape.hpp"
+#include "remat/threads.hpp"
+
+namespace remat::detail::onednn {
+
+/// What selects a plan: the sizes, the attributes and the thread count it runs on (oneDNN sizes its
+/// scratchpad for that many threads).
+struct ConvKey {
+  std::int64_t n, c, h, w, o, kh, kw, groups;
+  std::int32_t stride[2], padding[2], dilation[2], bias, threads;
+  bool operator==(const ConvKey& k) const { return std::memcmp(this, &k, sizeof k) == 0; }
+};
+static_assert(std::has_unique_object_representations_v<ConvKey>, "ConvKey is compared and hashed by its bytes");
+
+struct ConvKeyHash {
+  std::size_t operator()(const ConvKey& k) const {
+    std::size_t h = 1469598103934665603ull;  // FNV-1a over the key's bytes
+    const auto* p = reinterpret_cast<const unsigned char*>(&k);
+    for (std::size_t i = 0; i < sizeof k; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+  }
+};
+
+/// The calling thread's OpenMP thread count set to `n` while it lives: oneDNN's OpenMP runtime sizes its
+/// primitives and parallel regions by omp_get_max_threads(), and remat's thread setting is its own.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int n) : saved_(omp_get_max_threads()) {
+    if (n != saved_) omp_set_num_threads(n);
+  }
+  ~OmpThreads() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+inline const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+/// Scratch offsets are whole 64-byte lines (16 floats), where oneDNN's kernels want their buffers.
+constexpr std::int64_t line_floats = 16;
+inline std::int64_t round_up(std::int64_t floats) {
+  return (floats + line_floats - 1) / line_floats * line_floats;
+}
+inline std::int64_t floats_of(const dnnl::memory::desc& d) {
+  return static_cast<std::int64_t>(d.get_size() / sizeof(float));
+}
+
+/// One tensor a primitive reads or writes: remat's plain layout, the primitive's, and where in the scratch a
+/// copy in the primitive's layout lives (-1: the primitive reads the plain tensor in place).
+struct Staged {
+  dnnl::memory::desc plain, blocked;
+  std::int64_t offset = -1;
+  dnnl::reorder to_blocked, to_plain, add_to_plain;
+};
+
+/// The three primitives of one convolution and the scratch layout of its forward and backward.
+struct ConvPlan {
+  dnnl::convolution_forward forward;
+  dnnl::convolution_backward_data backward_data;
+  dnnl::convolution_backward_weights backward_weights;
+  Staged src, weights, dst;                      // the forward's
+  Staged diff_dst_data, weights_data, diff_src;  // backward_data's
+  Staged src_weights, diff_dst_weights, diff_weights;
+  dnnl::memory::desc bias, forward_pad, data_pad, weights_pad;  // the bias's and the primitives' scratchpads
+  std::int64_t forward_scratchpad = 0, data_scratchpad = 0, weights_scratchpad = 0;  // their offsets
+  int threads = 1;                                       // the OpenMP thread count it was made for
+  std::int64_t forward_floats = 0, backward_floats = 0;  // the scratch each direction needs
+  std::int64_t floats() const { return std::max(forward_floats, backward_floats); }
+};
+
+inline dnnl::memory::desc plain_desc(const dnnl::memory::dims& dims, dnnl::memory::format_tag tag) {
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, tag);
+}
+inline dnnl::memory::desc any_desc(const dnnl::memory::dims& dims) {
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
+}
+
+/// Places `s` in the scratch at `next` (advancing it) unless the primitive takes the plain layout and
+/// `always` is false; makes the reorders between the two layouts.
+inline void stage(Staged& s, const dnnl::memory::desc& plain, const dnnl::memory::desc& blocked, bool always,
+                  std::int64_t& next) {
+  const dnnl::engine& e = cpu_engine();
+  s.plain = plain;
+  s.blocked = blocked;
+  if (!always && plain == blocked) return;
+  s.offset = next;
+  next += round_up(floats_of(blocked));
+  s.to_blocked = dnnl::reorder(dnnl::reorder::primitive_desc(e, plain, e, blocked));
+  s.to_plain = dnnl::reorder(dnnl::reorder::primitive_desc(e, blocked, e, plain));
+  dnnl::post_ops sum;
+  sum.append_sum(1.0f);
+  dnnl::primitive_attr add;
+  add.set_post_ops(sum);
+  s.add_to_plain = dnnl::reorder(dnnl::reorder::primitive_desc(e, blocked, e, plain, add));
+}
+
+inline std::int64_t scratchpad_floats(const dnnl::memory::desc& d) {
+  return round_up(floats_of(d));
+}
+
+/// Builds the plan of `k` (oneDNN's primitive descriptors for the format `any`, so that it picks its fastest
+/// layout). Throws dnnl::error if oneDNN cannot run this convolution.
+inline std::unique_ptr<ConvPlan> make_plan(const ConvKey& k) {
+  using dnnl::algorithm;
+  using dnnl::memory;
+  using tag = memory::format_tag;
+  const OmpThreads threads(k.threads);
+  const dnnl::engine& e = cpu_engine();
+  const std::int64_t oh = (k.h + 2 * k.padding[0] - k.dilation[0] * (k.kh - 1) - 1) / k.stride[0] + 1;
+  const std::int64_t ow = (k.w + 2 * k.padding[1] - k.dilation[1] * (k.kw - 1) - 1) / k.stride[1] + 1;
+  const memory::dims src{k.n, k.c, k.h, k.w}, dst{k.n, k.o, oh, ow};
+  // PyTorch's [O, C/G, kH, kW] is oneDNN's [G, O/G, C/G, kH, kW] with the same bytes.
+  const memory::dims weights = k.groups == 1 ? memory::dims{k.o, k.c, k.kh, k.kw}
+                                             : memory::dims{k.groups, k.o / k.groups, k.c / k.groups, k.kh, k.kw};
+  const tag weights_tag = k.groups == 1 ? tag::oihw : tag::goihw;
+  const memory::dims strides{k.stride[0], k.stride[1]}, dilates{k.dilation[0] - 1, k.dilation[1] - 1},
+      padding{k.padding[0], k.padding[1]};
+  const memory::desc bias = k.bias ? plain_desc({k.o}, tag::a) : memory::desc();
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+
+  const dnnl::convolution_forward::primitive_desc fwd(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algorithm::convolution_direct, any_desc(src),
+                                      any_desc(weights), bias, any_desc(dst), strides, dilates, padding, padding),
+      attr, e);
+  const dnnl::convolution_backward_data::primitive_desc bwd_data(
+      dnnl::convolution_backward_data::desc(algorithm::convolution_direct, any_desc(src), any_desc(weights),
+                                            any_desc(dst), strides, dilates, padding, padding),
+      attr, e, fwd);
+  const dnnl::convolution_backward_weights::primitive_desc bwd_weights(
+      dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, any_desc(src), any_desc(weights),
+                                               any_desc(dst), strides, dilates, padding, padding),
+      attr, e, fwd);
+
+  auto p = std::make_unique<ConvPlan>();
+  p->threads = k.threads;
+  p->bias = bias;
+  p->forward_pad = fwd.scratchpad_desc();
+  p->data_pad = bwd_data.scratchpad_desc();
+  p->weights_pad = bwd_weights.scratchpad_desc();
+  p->forward = dnnl::convolution_forward(fwd);
+  p->backward_data = dnnl::convolution_backward_data(bwd_data);
+  p->backward_weights = dnnl::convolution_backward_weights(bwd_weights);
+  const memory::desc plain_src = plain_desc(src, tag::nchw), plain_dst = plain_desc(dst, tag::nchw),
+                     plain_weights = plain_desc(weights, weights_tag);
+  // Forward: the output is written in place when its layout is plain (the tape's fresh buffer).
+  std::int64_t next = 0;
+  stage(p->src, plain_src, fwd.src_desc(), false, next);
+  stage(p->weights, plain_weights, fwd.weights_desc(), false, next);
+  stage(p->dst, plain_dst, fwd.dst_desc(), false, next);
+  p->forward_scratchpad = next;
+  p->forward_floats = next + scratchpad_floats(fwd.scratchpad_desc());
+  // Backward: dY in each primitive's layout first (both read it), then the two gradients one after the other
+  // over the same bytes. A gradient is always computed in the scratch: it may be added to what the target holds.
+  next = 0;
+  stage(p->diff_dst_data, plain_dst, bwd_data.diff_dst_desc(), false, next);
+  if (bwd_weights.diff_dst_desc() == bwd_data.diff_dst_desc())
+    p->diff_dst_weights = p->diff_dst_data;
+  else
+    stage(p->diff_dst_weights, plain_dst, bwd_weights.diff_dst_desc(), false, next);
+  const std::int64_t gradients = next;
+  stage(p->weights_data, plain_weights, bwd_data.weights_desc(), false, next);
+  stage(p->diff_src, plain_src, bwd_data.diff_src_desc(), true, next);
+  p->data_scratchpad = next;
+  const std::int64_t data_end = next + scratchpad_floats(bwd_data.scratchpad_desc());
+  next = gradients;
+  stage(p->src_weights, plain_src, bwd_weights.src_desc(), false, next);
+  stage(p->diff_weights, plain_weights, bwd_weights.diff_weights_desc(), true, next);
+  p->weights_scratchpad = next;
+  const std::int64_t weights_end = next + scratchpad_floats(bwd_weights.scratchpad_desc());
+  p->backward_floats = std::max(data_end, weights_end);
+  return p;
+}
+
+/// The plan of `k`, made once and kept for the process (one per convolution shape and thread count).
+/// Throws dnnl::error if oneDNN cannot run it, std::bad_alloc.
+inline const ConvPlan& plan(const ConvKey& k) {
+  static std::mutex mutex;
+  static std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, ConvKeyHash> plans;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = plans.find(k);
+  if (it == plans.end()) it = plans.emplace(k, make_plan(k)).first;
+  return *it->second;
+}
+
+/// A oneDNN memory over `data` in the layout `d`.
+inline dnnl::memory wrap(const dnnl::memory::desc& d, const float* data) {
+  return dnnl::memory(d, cpu_engine(), const_cast<float*>(data));  // oneDNN takes inputs as non-const handles
+}
+
+/// What the primitive reads for `s`: the plain tensor, or its copy in the scratch after a reorder.
+inline dnnl::memory read(const Staged& s, const float* plain, float* scratch, dnnl::stream& st) {
+  if (s.offset < 0) return wrap(s.plain, plain);
+  dnnl::memory from = wrap(s.plain, plain), to = wrap(s.blocked, scratch + s.offset);
+  s.to_blocked.execute(st, from, to);
+  return to;
+}
+
+/// Writes (or adds, if `accumulate`) the scratch copy of `s` into the plain tensor `plain`.
+inline void write(const Staged& s, float* scratch, float* plain, bool accumulate, dnnl::stream& st) {
+  if (s.offset < 0) return;  // the primitive wrote the plain tensor itself
+  dnnl::memory from = wrap(s.blocked, scratch + s.offset), to = wrap(s.plain, plain);
+  (accumulate ? s.add_to_plain : s.to_plain).execute(st, from, to);
+}
+
+inline dnnl::memory where(const Staged& s, float* plain, float* scratch) {
+  return s.offset < 0 ? wrap(s.plain, plain) : wrap(s.blocked, scratch + s.offset);
+}
+
+/// The key `k` at the thread count to run on now: remat's current setting when its plan fits the op's scratch
+/// of `floats` (it may have changed since the op was recorded), else the count the scratch was sized for.
+/// Never throws (the kernels run in the backward sweep): the recorded count's plan exists.
+inline const ConvPlan& runnable_plan(ConvKey k, std::int64_t floats) {
+  const std::int32_t recorded = k.threads;
+  k.threads = num_threads();
+  if (k.threads != recorded) try {
+      const ConvPlan& now = plan(k);
+      if (now.floats() <= floats) return now;
+    } catch (...) {
+    }
+  k.threads = recorded;
+  return plan(k);
+}
+
+/// The calling thread's oneDNN stream (CPU streams execute in order on the calling thread).
+inline dnnl::stream& stream() {
+  static thread_local dnnl::stream s(cpu_engine());
+  return s;
+}
+
+/// y = conv(x, w) (+ b) into the plain [N, O, Hout, Wout] output `y`; `b` is null without a bias. `scratch`
+/// holds `floats` floats.
+inline void forward(const ConvKey& key, std::int64_t floats, const float* x, const float* w, const float* b, float* y,
+                    float* scratch) {
+  const ConvPlan& p = runnable_plan(key, floats);
+  const OmpThreads threads(p.threads);
+  dnnl::stream& st = stream();
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, read(p.src, x, scratch, st)},
+      {DNNL_ARG_WEIGHTS, read(p.weights, w, scratch, st)},
+      {DNNL_ARG_DST, where(p.dst, y, scratch)},
+      {DNNL_ARG_SCRATCHPAD, wrap(p.forward_pad, scratch + p.forward_scratchpad)}};
+  if (b) args.emplace(DNNL_ARG_BIAS, wrap(p.bias, b));
+  p.forward.execute(st, args);
+  write(p.dst, scratch, y, false, st);
+  st.wait();
+}
+
+/// dx of the convolution from dy, written or, with `accumulate`, added into the plain dx. Leaves dY in
+/// backward_data's layout in the scratch, where backward_weights may read it; returns the plan it ran.
+inline const ConvPlan* backward_data(const ConvKey& key, std::int64_t floats, const float* w, const float* dy,
+                                     float* dx, bool accumulate, float* scratch) {
+  const ConvPlan& p = runnable_plan(key, floats);
+  const OmpThreads threads(p.threads);
+  dnnl::stream& st = stream();
+  p.backward_data.execute(st, {{DNNL_ARG_DIFF_DST, read(p.diff_dst_data, dy, scratch, st)},
+                               {DNNL_ARG_WEIGHTS, read(p.weights_data, w, scratch, st)},
+                               {DNNL_ARG_DIFF_SRC, where(p.diff_src, dx, scratch)},
+                               {DNNL_ARG_SCRATCHPAD, wrap(p.data_pad, scratch + p.data_scratchpad)}});
+  write(p.diff_src, scratch, dx, accumulate, st);
+  st.wait();
+  return &p;
+}
+
+/// dw of the convolution from x and dy, written or, with `accumulate`, added into the plain dw. `staged`: the
+/// plan backward_data has just run on this scratch (its copy of dY is there), or null.
+inline void backward_weights(const ConvKey& key, std::int64_t floats, const float* x, const float* dy, float* dw,
+                             bool accumulate, const ConvPlan* staged, float* scratch) {
+  const ConvPlan& p = runnable_plan(key, floats);
+  const OmpThreads threads(p.threads);
+  dnnl::stream& st = stream();
+  const bool shared = staged == &p && p.diff_dst_weights.offset == p.diff_dst_data.offset;
+  const dnnl::memory dy_weights =
+      shared ? where(p.diff_dst_weights, const_cast<float*>(dy), scratch) : read(p.diff_dst_weights, dy, scratch, st);
+  p.backward_weights.execute(st, {{DNNL_ARG_SRC, read(p.src_weights, x, scratch, st)},
+                                  {DNNL_ARG_DIFF_DST, dy_weights},
+                                  {DNNL_ARG_DIFF_WEIGHTS, where(p.diff_weights, dw, scratch)},
+                                  {DNNL_ARG_SCRATCHPAD, wrap(p.weights_pad, scratch + p.weights_scratchpad)}});
+  write(p.diff_weights, scratch, dw, accumulate, st);
+  st.wait();
+}
+
+}  // namespace remat::detail::onednn
+
+#endif  // REMAT_USE_ONEDNN
