@@ -15,16 +15,16 @@
 #include "../common/report.hpp"
 #include "../common/threads.hpp"
 #include "../mlp/idx.hpp"
+#include "resnet.hpp"
 
 namespace {
 
 using remat::Shape;
 using remat::Tape;
-using remat::Var;
-using V = Var<float>;
-
-constexpr int classes = 10;
-constexpr remat::Index side = 28;  // Fashion-MNIST's images are 28×28, one channel
+using resnet::classes;
+using resnet::ResNet;
+using resnet::side;
+using resnet::V;
 
 struct Options {
   std::string data = "/usr/share/datasets/fashion-mnist";
@@ -43,105 +43,6 @@ struct Options {
   bool estimate = false;
   std::string save, load;
 };
-
-/// One basic block: conv3×3 → BN → relu → conv3×3 → BN, plus the input or its 1×1 projection, then relu.
-struct BasicBlock {
-  remat::nn::Conv2d<float> conv1, conv2;
-  remat::nn::BatchNorm2d<float> bn1, bn2;
-  std::vector<remat::nn::Conv2d<float>> shortcut_conv;  // one, when the block changes the shape
-  std::vector<remat::nn::BatchNorm2d<float>> shortcut_bn;
-
-  BasicBlock(remat::Index in, remat::Index out, remat::Index stride, remat::nn::Generator& g)
-      : conv1(in, out, 3, g, remat::Conv2dOptions().stride(stride).padding(1), false),
-        conv2(out, out, 3, g, remat::Conv2dOptions().padding(1), false),
-        bn1(out),
-        bn2(out) {
-    if (stride != 1 || in != out) {
-      shortcut_conv.emplace_back(in, out, 1, g, remat::Conv2dOptions().stride(stride), false);
-      shortcut_bn.emplace_back(out);
-    }
-  }
-};
-
-/// The network: stem conv3×3 → BN → relu, stages of widths w, 2w, 4w (strides 1, 2, 2), global average
-/// pooling, a linear layer to the classes.
-struct ResNet {
-  remat::nn::Conv2d<float> stem;
-  remat::nn::BatchNorm2d<float> stem_bn;
-  std::vector<BasicBlock> blocks;
-  remat::nn::Linear<float> fc;
-
-  ResNet(const Options& o, remat::nn::Generator& g)
-      : stem(1, o.width, 3, g, remat::Conv2dOptions().padding(1), false),
-        stem_bn(o.width),
-        fc(4 * o.width, classes, g) {
-    // PyTorch's nn.Linear initialisation, U(−1/√in, 1/√in) for the weight and the bias, as the reference has.
-    const double bound = 1 / std::sqrt(4.0 * o.width);
-    for (remat::Parameter<float>* p : {&fc.weight, &fc.bias})
-      for (remat::Index i = 0; i < p->value().size(); ++i)
-        p->mutable_value().data()[i] = static_cast<float>((2 * g.uniform() - 1) * bound);
-    remat::Index in = o.width;
-    for (int stage = 0; stage < 3; ++stage)
-      for (int b = 0; b < o.blocks; ++b) {
-        const remat::Index out = o.width << stage;
-        blocks.emplace_back(in, out, stage > 0 && b == 0 ? 2 : 1, g);
-        in = out;
-      }
-  }
-
-  /// Every Parameter the optimizer updates: conv and linear weights (decayed) and the rest (not decayed).
-  void parameters(std::vector<remat::Parameter<float>*>& decayed, std::vector<remat::Parameter<float>*>& other) {
-    auto bn = [&](remat::nn::BatchNorm2d<float>& n) {
-      other.push_back(&n.weight);
-      other.push_back(&n.bias);
-    };
-    decayed.push_back(&stem.weight);
-    bn(stem_bn);
-    for (BasicBlock& b : blocks) {
-      decayed.push_back(&b.conv1.weight);
-      decayed.push_back(&b.conv2.weight);
-      bn(b.bn1);
-      bn(b.bn2);
-      for (auto& c : b.shortcut_conv) decayed.push_back(&c.weight);
-      for (auto& n : b.shortcut_bn) bn(n);
-    }
-    decayed.push_back(&fc.weight);
-    other.push_back(&fc.bias);
-  }
-};
-
-/// A basic block's forward on `tape` (its Parameters recorded where the block is).
-V block_forward(Tape<float>& tape, BasicBlock& b, const V& x) {
-  V h = remat::relu(b.bn1.forward(tape, b.conv1.forward(tape, x)));
-  h = b.bn2.forward(tape, b.conv2.forward(tape, h));
-  const V shortcut = b.shortcut_conv.empty() ? x : b.shortcut_bn[0].forward(tape, b.shortcut_conv[0].forward(tape, x));
-  return remat::relu(h + shortcut);
-}
-
-/// The logits [B, classes] of images x [B, 1, 28, 28], the blocks checkpointed as --checkpoint says.
-V forward(const Options& o, Tape<float>& tape, ResNet& net, const V& x) {
-  V h = remat::relu(net.stem_bn.forward(tape, net.stem.forward(tape, x)));
-  const std::size_t n = net.blocks.size();
-  // Blocks per checkpointed segment: 1 for block and dots, about √n for sqrt (Chen et al. 2016), all otherwise.
-  const std::size_t segment = o.checkpoint == "sqrt" ? static_cast<std::size_t>(std::ceil(std::sqrt(double(n)))) : 1;
-  const bool checkpointed = o.checkpoint == "block" || o.checkpoint == "dots" || o.checkpoint == "sqrt";
-  for (std::size_t first = 0; first < n; first += segment) {
-    const std::size_t last = std::min(n, first + segment);
-    auto run = [&](const V& in) {
-      V y = in;
-      for (std::size_t k = first; k < last; ++k) y = block_forward(tape, net.blocks[k], y);
-      return y;
-    };
-    if (!checkpointed)
-      h = run(h);
-    else if (o.checkpoint == "dots")
-      h = remat::checkpoint(run, remat::policies::dots_saveable)(h);
-    else
-      h = remat::checkpoint(run, remat::policies::nothing_saveable)(h);
-  }
-  h = remat::flatten(remat::adaptive_avg_pool2d(h, {1, 1}), 1);  // [B, 4w]
-  return remat::linear(h, tape.variable(net.fc.weight), tape.variable(net.fc.bias));
-}
 
 /// The images as [count, 784] normalised by the training set's mean and standard deviation.
 struct Data {
@@ -164,18 +65,16 @@ Data load(const Options& o) {
 }
 
 /// Test accuracy in evaluation mode (running statistics) without gradients, batches of 1000.
-double evaluate(const Options& o, ResNet& net, const mlp::Dataset& test) {
+double evaluate(ResNet& net, const mlp::Dataset& test) {
   Tape<float> tape;
   tape.set_training(false);
   remat::NoGradGuard<float> no_grad(tape);
-  Options plain = o;
-  plain.checkpoint = "none";
   long correct = 0;
   const remat::Index n = test.images.rows();
   for (remat::Index first = 0; first < n; first += 1000) {
     const remat::Index m = std::min<remat::Index>(1000, n - first);
     const remat::Matrix<float> batch = test.images.middleRows(first, m);
-    const V logits = forward(plain, tape, net, tape.constant(Shape{m, 1, side, side}, batch.data()));
+    const V logits = resnet::forward("none", tape, net, tape.constant(Shape{m, 1, side, side}, batch.data()));
     const remat::Matrix<float> l = logits.value();
     for (remat::Index i = 0; i < m; ++i) {
       remat::Index best = 0;
@@ -196,13 +95,13 @@ std::size_t budget_bytes(const std::string& mode) {
 /// --estimate: one training step's memory on a shapes-only tape, no data read.
 int estimate(const Options& o) {
   remat::nn::Generator g(o.seed);
-  ResNet net(o, g);
+  ResNet net(o.width, o.blocks, g);
   const std::vector<int> labels(static_cast<std::size_t>(o.batch), 0);
   const remat::Matrix<float> zeros = remat::Matrix<float>::Zero(o.batch, side * side);
   const remat::MemoryEstimate e = remat::estimate_memory([&](Tape<float>& tape) {
     if (budget_bytes(o.checkpoint) > 0) tape.set_memory_budget(budget_bytes(o.checkpoint));
     const V x = tape.constant(Shape{o.batch, 1, side, side}, zeros.data());
-    return remat::cross_entropy(forward(o, tape, net, x), labels);
+    return remat::cross_entropy(resnet::forward(o.checkpoint, tape, net, x), labels);
   });
   std::printf(
       "ResNet width %d, %d block(s) per stage, batch %d, checkpoint %s: one training step, estimated from "
@@ -216,7 +115,7 @@ int estimate(const Options& o) {
 int train(const Options& o) {
   const Data data = load(o);
   remat::nn::Generator g(o.seed);
-  ResNet net(o, g);
+  ResNet net(o.width, o.blocks, g);
   std::vector<remat::Parameter<float>*> decayed, other;
   net.parameters(decayed, other);
   remat::nn::SGD<float> sgd({{decayed}, {other, 0.0}}, {o.lr, o.momentum, o.weight_decay, true});
@@ -253,7 +152,7 @@ int train(const Options& o) {
       }
       tape.clear();
       const V x = tape.constant(Shape{m, 1, side, side}, batch.data());
-      const V loss = remat::cross_entropy(forward(o, tape, net, x), labels);
+      const V loss = remat::cross_entropy(resnet::forward(o.checkpoint, tape, net, x), labels);
       saved = std::max(saved, tape.memory().saved_bytes);
       tape.backward(loss);
       peak = std::max(peak, tape.memory().peak_bytes);
@@ -267,7 +166,7 @@ int train(const Options& o) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     total_seconds += seconds;
     last_loss = loss_sum / static_cast<double>(n);
-    accuracy = evaluate(o, net, data.test);
+    accuracy = evaluate(net, data.test);
     std::printf("epoch %d: loss %s, test accuracy %.2f %%, %.1f s, saved %s, peak %s\n", epoch,
                 examples::number(last_loss).c_str(), 100 * accuracy, seconds, examples::megabytes(saved).c_str(),
                 examples::megabytes(peak).c_str());
