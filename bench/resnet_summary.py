@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""The W4 table of bench/RESULTS.md §23 from bench/run_resnet.sh's results: per row and thread count, the median
+step time in ms and its interquartile range over the repetitions, and remat's saved bytes and peak (MB).
+
+  python3 bench/resnet_summary.py resnet_step.json resnet_pytorch_threads1.json resnet_pytorch_threads2.json
+"""
+import json
+import statistics
+import sys
+
+ROWS = [  # (row label, Google Benchmark name or ("pytorch", mode))
+    ("remat, none (conv2d on oneDNN)", "remat_step/none"),
+    ("remat, none (conv2d on im2col)", "remat_step/none_im2col"),
+    ("remat, block (each block, nothing_saveable)", "remat_step/block"),
+    ("remat, dots (each block, dots_saveable)", "remat_step/dots"),
+    ("remat, sqrt (segments of ⌈√6⌉ = 3 blocks)", "remat_step/sqrt"),
+    ("LibTorch 1.13 (no checkpoint in C++)", "libtorch_step"),
+    ("PyTorch 1.13, plain", ("pytorch", "none")),
+    ("PyTorch 1.13, each block under torch.utils.checkpoint", ("pytorch", "block")),
+]
+
+
+def iqr(values):
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
+def main(gbench, *pytorch):
+    runs, counters = {}, {}
+    for b in json.load(open(gbench))["benchmarks"]:
+        if b.get("run_type") != "iteration":
+            continue
+        name, threads = b["run_name"].split("/process_time")[0].rsplit("/", 1)
+        runs.setdefault((name, int(threads)), []).append(b["real_time"])
+        counters[(name, int(threads))] = (b.get("saved_MB"), b.get("peak_MB"))
+    torch_runs = {}
+    for path in pytorch:
+        d = json.load(open(path))
+        for r in d["results"]:
+            torch_runs[(r["mode"], d["threads"])] = (r["median_ms"], r["iqr_ms"])
+    print("| row | 1 thread: ms (IQR) | 2 threads: ms (IQR) | saved MB | peak MB, 1 / 2 threads |")
+    print("|---|---|---|---|---|")
+    for label, key in ROWS:
+        cells, saved, peaks = [], None, []
+        for threads in (1, 2):
+            if isinstance(key, tuple):
+                m = torch_runs.get((key[1], threads))
+                cells.append(f"{m[0]:.1f} ({m[1]:.1f})" if m else "–")
+            else:
+                v = runs.get((key, threads))
+                cells.append(f"{statistics.median(v):.1f} ({iqr(v):.1f})" if v else "–")
+                s, peak = counters.get((key, threads), (None, None))
+                if s is not None:
+                    saved = s
+                    peaks.append(f"{peak:.2f}")
+        memory = f"| {saved:.2f} | {' / '.join(peaks)} |" if saved is not None else "| – | – |"
+        print(f"| {label} | {cells[0]} | {cells[1]} {memory}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
