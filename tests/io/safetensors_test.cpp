@@ -291,8 +291,9 @@ TEST(SafetensorsRoundTrip, TorchLinearNamesAndLaysOutAsPyTorch) {
 // ---- a file written by PyTorch ----
 
 /// tests/io/reference.txt: NAME DTYPE [SHAPE] VALUES... (float.hex).
-std::map<std::string, std::vector<double>> read_reference() {
-  std::ifstream in(std::string(REMAT_SOURCE_DIR) + "/tests/io/reference.txt");
+/// NAME → values of tests/io/`file` (reference.txt or reference_cnn.txt, make_safetensors_reference.py's).
+std::map<std::string, std::vector<double>> read_reference(const std::string& file = "reference.txt") {
+  std::ifstream in(std::string(REMAT_SOURCE_DIR) + "/tests/io/" + file);
   std::map<std::string, std::vector<double>> out;
   std::string line;
   while (std::getline(in, line)) {
@@ -363,6 +364,92 @@ TEST(SafetensorsPyTorchFile, LoadsEveryValueExactly) {
   expect_exactly<double>(all.at("linear.weight"), expected.at("linear.weight"), "linear.weight as double");
   expect_io_error<remat::mismatch_error>([&] { st::load_matrices<double>(path); },
                                          {path, "\"float.special\"", "F32", "F64", "convert_dtype"}, "float.special");
+}
+
+// ---- N-D Parameters: PyTorch's convolution and batch norm ----
+
+TEST(SafetensorsNd, PyTorchsConv2dAndBatchNorm2dLoadExactlyIntoTheNnLayers) {
+  const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/io/reference_cnn.safetensors";
+  const auto expected = read_reference("reference_cnn.txt");
+  ASSERT_EQ(expected.size(), 9u) << "tests/io/reference_cnn.txt not found or incomplete";
+  remat::nn::Generator g(1);
+  remat::nn::Conv2d<float> conv(2, 3, {3, 2}, g, remat::Conv2dOptions().padding(1), true);
+  remat::nn::BatchNorm2d<float> bn(3);
+  std::vector<st::Entry> entries = st::torch_conv2d("conv", conv);
+  for (st::Entry& e : st::torch_batch_norm2d("bn", bn)) entries.push_back(e);
+  // PyTorch's batch norm state also holds num_batches_tracked (I64), which remat does not keep.
+  Snapshot unchanged({&conv.weight, &conv.bias, &bn.weight, &bn.bias, &bn.running_mean, &bn.running_var}, {});
+  expect_io_error<remat::mismatch_error>([&] { st::load(path, entries); },
+                                         {"\"bn.num_batches_tracked\"", "allow_extra"}, "bn.num_batches_tracked");
+  unchanged.expect_unchanged();
+  st::LoadOptions extra;
+  extra.allow_extra = true;
+  st::load(path, entries, extra);
+  EXPECT_EQ(conv.weight.shape(), (remat::Shape{3, 2, 3, 2}));
+  expect_exactly<float>(conv.weight.value(), expected.at("conv.weight"), "conv.weight");
+  expect_exactly<float>(conv.bias.value(), expected.at("conv.bias"), "conv.bias");
+  for (const char* name : {"weight", "bias", "running_mean", "running_var"}) {
+    const Parameter<float>& p = std::string(name) == "weight"         ? bn.weight
+                                : std::string(name) == "bias"         ? bn.bias
+                                : std::string(name) == "running_mean" ? bn.running_mean
+                                                                      : bn.running_var;
+    expect_exactly<float>(p.value(), expected.at(std::string("bn.") + name), std::string("bn.") + name);
+  }
+  // remat's conv2d with the loaded layer equals PyTorch's output (to float's rounding of 13-term sums).
+  const std::vector<double>& x = expected.at("input");
+  const std::vector<float> input(x.begin(), x.end());
+  remat::Tape<float> tape;
+  const Matrix<float> y = conv.forward(tape, tape.constant(remat::Shape{1, 2, 4, 4}, input.data())).value();
+  const std::vector<double>& want = expected.at("output");
+  ASSERT_EQ(static_cast<std::size_t>(y.size()), want.size());
+  for (remat::Index i = 0; i < y.size(); ++i)
+    EXPECT_NEAR(y.data()[i], want[static_cast<std::size_t>(i)], 1e-6) << "output[" << i << "]";
+}
+
+TEST(SafetensorsNd, SaveWritesTheNdShapeAndLoadChecksIt) {
+  TemporaryDirectory dir;
+  const std::string path = dir.file("cnn.safetensors");
+  remat::nn::Generator g(7);
+  remat::nn::Conv2d<float> conv(2, 3, {3, 2}, g, remat::Conv2dOptions().padding(1), true);
+  remat::nn::BatchNorm2d<float> bn(3);
+  bn.running_var.mutable_value().setConstant(0.5f);
+  std::vector<st::Entry> entries = st::torch_conv2d("conv", conv);
+  for (st::Entry& e : st::torch_batch_norm2d("bn", bn)) entries.push_back(e);
+  st::save(path, entries);
+  const st::Header h = st::read_header(path);
+  EXPECT_EQ(h.find("conv.weight")->shape, (std::vector<std::uint64_t>{3, 2, 3, 2}));
+  EXPECT_EQ(h.find("conv.bias")->shape, (std::vector<std::uint64_t>{3}));
+  EXPECT_EQ(h.find("bn.running_var")->shape, (std::vector<std::uint64_t>{3}));
+
+  remat::nn::Generator other(8);
+  remat::nn::Conv2d<float> conv2(2, 3, {3, 2}, other, remat::Conv2dOptions().padding(1), true);
+  remat::nn::BatchNorm2d<float> bn2(3);
+  std::vector<st::Entry> back = st::torch_conv2d("conv", conv2);
+  for (st::Entry& e : st::torch_batch_norm2d("bn", bn2)) back.push_back(e);
+  st::load(path, back);
+  EXPECT_TRUE(conv2.weight.value() == conv.weight.value());
+  EXPECT_TRUE(conv2.bias.value() == conv.bias.value());
+  EXPECT_TRUE(bn2.running_var.value() == bn.running_var.value());
+
+  // Another N-D shape of the same size is refused, naming both; the matrix view [18, 2] (the leading dimensions
+  // by the last: what remat wrote for an N-D Parameter before) loads, and [3, 12] does not.
+  Parameter<float> swapped(remat::Tensor<float, 4>(2, 3, 3, 2).setZero());
+  st::LoadOptions extra;
+  extra.allow_extra = true;
+  expect_io_error<remat::mismatch_error>(
+      [&] {
+        st::load(path, {{"conv.weight", swapped}}, extra);
+      },
+      {"\"conv.weight\" is [3,2,3,2]", "[2,3,3,2]"}, "conv.weight");
+  const std::string old = dir.file("matrix_view.safetensors");
+  st::save_matrices<float>(old, {{"conv.weight", Matrix<float>::Constant(18, 2, 0.25f)}});
+  st::load(old, {{"conv.weight", conv2.weight}});
+  EXPECT_EQ(conv2.weight.shape(), (remat::Shape{3, 2, 3, 2}));
+  EXPECT_TRUE((conv2.weight.value().array() == 0.25f).all());
+  st::save_matrices<float>(old, {{"conv.weight", Matrix<float>::Constant(3, 12, 0.5f)}});
+  EXPECT_THROW(st::load(old, {{"conv.weight", conv2.weight}}), remat::mismatch_error);
+  // Only a matrix is transposed.
+  EXPECT_THROW(st::save(path, {{"conv.weight", conv.weight, Layout::transposed}}), remat::shape_error);
 }
 
 // ---- files that break the format ----

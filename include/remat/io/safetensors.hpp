@@ -52,6 +52,8 @@
 #include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
+#include "remat/nn/batch_norm2d.hpp"
+#include "remat/nn/conv2d.hpp"
 #include "remat/nn/linear.hpp"
 #include "remat/parameter.hpp"
 
@@ -64,16 +66,20 @@ static_assert(std::numeric_limits<double>::is_iec559 && sizeof(double) == 8, "F6
 /// keeps a damaged or hostile length from making the reader allocate and parse gigabytes.
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;
 
-/// How a Parameter's [rows, cols] value is laid out in the file. remat's matrices are 2-D; PyTorch's tensors
-/// have any rank, and PyTorch's nn.Linear stores its weight as [out, in] and its bias as [out], where remat's
-/// nn::Linear holds W [in, out] and b [1, out] (y = x·W + b against PyTorch's y = x·Wᵀ + b). Nothing is ever
-/// transposed or reshaped unless the Entry asks for it; a shape that does not fit is a mismatch_error.
+/// How a Parameter's value is laid out in the file. PyTorch's tensors have any rank, as remat's N-D
+/// Parameters (made from a remat::Tensor, e.g. nn::Conv2d's weight [out, in/groups, kH, kW]) do; PyTorch's
+/// nn.Linear stores its weight as [out, in] and its bias as [out], where remat's nn::Linear holds W [in, out] and
+/// b [1, out] (y = x·W + b against PyTorch's y = x·Wᵀ + b). Nothing is ever transposed or reshaped unless the
+/// Entry asks for it; a shape that does not fit is a mismatch_error.
 enum class Layout {
-  /// Shape [rows, cols]. On load a [1, n] Parameter also accepts a 1-D tensor [n] (PyTorch's bias), and a
-  /// [1, 1] Parameter a scalar [] (rank 0): the same elements in the same order.
+  /// The Parameter's own shape (Parameter::shape()): its N-D dimensions, or [rows, cols] for a matrix. On load a
+  /// [1, n] Parameter also accepts a 1-D tensor [n] (PyTorch's bias), a [1, 1] Parameter a scalar [] (rank 0),
+  /// and an N-D Parameter the [rows, cols] of its matrix view (what remat wrote before it saved N-D shapes):
+  /// the same elements in the same order.
   matrix,
   /// Shape [cols, rows]: the file holds the transpose, as PyTorch's nn.Linear weight [out, in] is of remat's
-  /// nn::Linear weight [in, out]. Saving writes valueᵀ; loading transposes back.
+  /// nn::Linear weight [in, out]. Saving writes valueᵀ; loading transposes back. Only for matrices (a Parameter
+  /// whose shape() has rank 2): any other is a shape_error.
   transposed,
   /// Shape [cols] for a [1, cols] Parameter (PyTorch's nn.Linear bias). On load [1, cols] is accepted too.
   /// Only for Parameters of one row: any other is a shape_error.
@@ -113,6 +119,25 @@ template <class T>
 std::vector<Entry> torch_linear(const std::string& prefix, nn::Linear<T>& layer) {
   return {Entry(prefix + ".weight", layer.weight, Layout::transposed),
           Entry(prefix + ".bias", layer.bias, Layout::vector)};
+}
+
+/// The entries of an nn::Conv2d as PyTorch's nn.Conv2d names them: "PREFIX.weight" [out, in/groups, kH, kW] and,
+/// if the layer has a bias, "PREFIX.bias" [out], in the same layouts as PyTorch's.
+template <class T>
+std::vector<Entry> torch_conv2d(const std::string& prefix, nn::Conv2d<T>& layer) {
+  std::vector<Entry> entries{Entry(prefix + ".weight", layer.weight)};
+  if (layer.bias.value().size() > 0) entries.emplace_back(prefix + ".bias", layer.bias);
+  return entries;
+}
+
+/// The entries of an nn::BatchNorm2d as PyTorch's nn.BatchNorm2d names them: "PREFIX.weight", "PREFIX.bias",
+/// "PREFIX.running_mean", "PREFIX.running_var", each [C]. PyTorch's state_dict also holds
+/// "PREFIX.num_batches_tracked", an I64 scalar remat does not keep: load such a file with
+/// LoadOptions::allow_extra.
+template <class T>
+std::vector<Entry> torch_batch_norm2d(const std::string& prefix, nn::BatchNorm2d<T>& layer) {
+  return {Entry(prefix + ".weight", layer.weight), Entry(prefix + ".bias", layer.bias),
+          Entry(prefix + ".running_mean", layer.running_mean), Entry(prefix + ".running_var", layer.running_var)};
 }
 
 /// What load accepts besides an exact match of names, dtypes and shapes.
@@ -408,11 +433,20 @@ inline Header parse_header(const std::string& path, const InputFile& file) {
   return header;
 }
 
-/// The shape a [rows, cols] Parameter has in the file under `layout` (what save writes).
-inline std::vector<std::uint64_t> file_shape(Index rows, Index cols, Layout layout) {
+/// The dimensions of `s`, as the file's shape.
+inline std::vector<std::uint64_t> dims_of(const Shape& s) {
+  std::vector<std::uint64_t> d;
+  for (int i = 0; i < s.rank(); ++i) d.push_back(static_cast<std::uint64_t>(s[i]));
+  return d;
+}
+
+/// The shape a Parameter of shape() `dims` ([rows, cols] as a matrix) has in the file under `layout` (what save
+/// writes).
+inline std::vector<std::uint64_t> file_shape(const Shape& dims, Index rows, Index cols, Layout layout) {
   const auto r = static_cast<std::uint64_t>(rows), c = static_cast<std::uint64_t>(cols);
   if (layout == Layout::transposed) return {c, r};
   if (layout == Layout::vector) return {c};
+  if (dims.rank() != 2) return dims_of(dims);
   return {r, c};
 }
 
@@ -422,10 +456,12 @@ inline const char* layout_name(Layout layout) {
                                       : "Layout::matrix";
 }
 
-/// Whether a tensor of `shape` fits a [rows, cols] destination under `layout` (see Layout for what each
-/// accepts).
-inline bool shape_fits(const std::vector<std::uint64_t>& shape, Index rows, Index cols, Layout layout) {
+/// Whether a tensor of `shape` fits a destination of shape() `dims` ([rows, cols] as a matrix) under `layout`
+/// (see Layout for what each accepts).
+inline bool shape_fits(const std::vector<std::uint64_t>& shape, const Shape& dims, Index rows, Index cols,
+                       Layout layout) {
   const auto r = static_cast<std::uint64_t>(rows), c = static_cast<std::uint64_t>(cols);
+  if (layout == Layout::matrix && dims.rank() != 2 && shape == dims_of(dims)) return true;
   switch (layout) {
     case Layout::transposed:
       return shape.size() == 2 && shape[0] == c && shape[1] == r;
@@ -440,12 +476,12 @@ inline bool shape_fits(const std::vector<std::uint64_t>& shape, Index rows, Inde
 }
 
 /// Why a tensor does not fit, and what to do (a mismatch_error).
-inline mismatch_error shape_mismatch(const std::string& path, const TensorInfo& t, Index rows, Index cols,
-                                     Layout layout) {
+inline mismatch_error shape_mismatch(const std::string& path, const TensorInfo& t, const Shape& dims, Index rows,
+                                     Index cols, Layout layout) {
   const auto r = static_cast<std::uint64_t>(rows), c = static_cast<std::uint64_t>(cols);
   std::string message = path + ": tensor " + quote_name(t.name) + " is " + shape_text(t.shape) +
-                        " in the file but its Parameter is " + to_string(Shape{rows, cols}) + " (" +
-                        layout_name(layout) + " expects " + shape_text(file_shape(rows, cols, layout)) + ")";
+                        " in the file but its Parameter is " + to_string(dims) + " (" + layout_name(layout) +
+                        " expects " + shape_text(file_shape(dims, rows, cols, layout)) + ")";
   if (layout == Layout::matrix && t.shape.size() == 2 && t.shape[0] == c && t.shape[1] == r)
     message +=
         "; the file holds its transpose, as PyTorch's nn.Linear stores its weight [out, in] for remat's "
@@ -544,6 +580,10 @@ inline void check_entries(const std::vector<Entry>& entries, const char* op) {
     if (e.layout() == Layout::vector && rows != 1)
       throw shape_error(where + "tensor " + quote_name(e.name()) + " has Layout::vector but its Parameter is " +
                         to_string(Shape{rows, cols}) + "; a vector is a [1,n] Parameter");
+    const Shape dims = e.float_parameter() ? e.float_parameter()->shape() : e.double_parameter()->shape();
+    if (e.layout() == Layout::transposed && dims.rank() != 2)
+      throw shape_error(where + "tensor " + quote_name(e.name()) + " has Layout::transposed but its Parameter is " +
+                        to_string(dims) + "; only a matrix is transposed (Layout::matrix keeps N-D shapes)");
   }
 }
 
@@ -559,11 +599,11 @@ struct Source {
 };
 
 template <class T>
-Source make_source(const std::string& name, const Matrix<T>& value, Layout layout) {
+Source make_source(const std::string& name, const Matrix<T>& value, const Shape& dims, Layout layout) {
   Source s;
   s.name = name;
   s.dtype = dtype_of<T>();
-  s.shape = file_shape(value.rows(), value.cols(), layout);
+  s.shape = file_shape(dims, value.rows(), value.cols(), layout);
   s.bytes = static_cast<std::uint64_t>(value.size()) * sizeof(T);
   s.data = value.data();
   if (layout == Layout::transposed && value.size() > 0) {
@@ -726,8 +766,10 @@ inline void save(const std::string& path, const std::vector<Entry>& entries, con
   std::vector<detail::Source> sources;
   sources.reserve(entries.size());
   for (const Entry& e : entries)
-    sources.push_back(e.float_parameter() ? detail::make_source(e.name(), e.float_parameter()->value(), e.layout())
-                                          : detail::make_source(e.name(), e.double_parameter()->value(), e.layout()));
+    sources.push_back(
+        e.float_parameter()
+            ? detail::make_source(e.name(), e.float_parameter()->value(), e.float_parameter()->shape(), e.layout())
+            : detail::make_source(e.name(), e.double_parameter()->value(), e.double_parameter()->shape(), e.layout()));
   detail::write_file(path, sources, metadata);
 }
 
@@ -781,8 +823,9 @@ inline void load(const std::string& path, const std::vector<Entry>& entries, con
       detail::check_dtype<double>(path, t, options, into);
     const Index rows = e.float_parameter() ? e.float_parameter()->rows() : e.double_parameter()->rows();
     const Index cols = e.float_parameter() ? e.float_parameter()->cols() : e.double_parameter()->cols();
-    if (!detail::shape_fits(t.shape, rows, cols, e.layout()))
-      throw detail::shape_mismatch(path, t, rows, cols, e.layout());
+    const Shape dims = e.float_parameter() ? e.float_parameter()->shape() : e.double_parameter()->shape();
+    if (!detail::shape_fits(t.shape, dims, rows, cols, e.layout()))
+      throw detail::shape_mismatch(path, t, dims, rows, cols, e.layout());
   }
   if (!options.allow_extra && header.tensors.size() > entries.size()) {
     std::set<std::string> named;
@@ -845,7 +888,7 @@ void save_matrices(const std::string& path, const std::map<std::string, Matrix<T
       throw name_error("safetensors::save_matrices: the tensor name " + detail::quote_name(name) +
                        " is not valid UTF-8");
     }
-    sources.push_back(detail::make_source(name, value, Layout::matrix));
+    sources.push_back(detail::make_source(name, value, Shape{value.rows(), value.cols()}, Layout::matrix));
   }
   detail::write_file(path, sources, metadata);
 }
