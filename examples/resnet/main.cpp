@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include <remat/io/safetensors.hpp>
 #include <remat/remat.hpp>
 
 #include "../common/report.hpp"
+#include "../common/state_file.hpp"
 #include "../common/threads.hpp"
 #include "../mlp/idx.hpp"
 #include "resnet.hpp"
@@ -112,10 +114,42 @@ int estimate(const Options& o) {
   return 0;
 }
 
+/// The network's weights and batch-norm statistics under the names PyTorch's state_dict gives the reference
+/// model's (bench/peers/resnet_fashion_mnist.py): "conv.weight", "bn.*", "blocks.K.conv1.weight", "blocks.K.bn1.*",
+/// "blocks.K.shortcut.0.weight", "blocks.K.shortcut.1.*", "fc.weight", "fc.bias".
+std::vector<remat::safetensors::Entry> weight_entries(ResNet& net) {
+  namespace st = remat::safetensors;
+  std::vector<st::Entry> entries;
+  auto add = [&](std::vector<st::Entry> more) { entries.insert(entries.end(), more.begin(), more.end()); };
+  add(st::torch_conv2d("conv", net.stem));
+  add(st::torch_batch_norm2d("bn", net.stem_bn));
+  for (std::size_t k = 0; k < net.blocks.size(); ++k) {
+    resnet::BasicBlock& b = net.blocks[k];
+    const std::string prefix = "blocks." + std::to_string(k);
+    add(st::torch_conv2d(prefix + ".conv1", b.conv1));
+    add(st::torch_batch_norm2d(prefix + ".bn1", b.bn1));
+    add(st::torch_conv2d(prefix + ".conv2", b.conv2));
+    add(st::torch_batch_norm2d(prefix + ".bn2", b.bn2));
+    if (!b.shortcut_conv.empty()) {
+      add(st::torch_conv2d(prefix + ".shortcut.0", b.shortcut_conv[0]));
+      add(st::torch_batch_norm2d(prefix + ".shortcut.1", b.shortcut_bn[0]));
+    }
+  }
+  add(st::torch_linear("fc", net.fc));
+  return entries;
+}
+
 int train(const Options& o) {
+  if (!o.save.empty()) examples::check_state_destination(o.save);  // before an epoch is spent
   const Data data = load(o);
   remat::nn::Generator g(o.seed);
   ResNet net(o.width, o.blocks, g);
+  if (!o.load.empty()) {
+    // A PyTorch state_dict also holds each batch norm's num_batches_tracked, which remat does not keep.
+    remat::safetensors::LoadOptions options;
+    options.allow_extra = true;
+    remat::safetensors::load(o.load, weight_entries(net), options);
+  }
   std::vector<remat::Parameter<float>*> decayed, other;
   net.parameters(decayed, other);
   remat::nn::SGD<float> sgd({{decayed}, {other, 0.0}}, {o.lr, o.momentum, o.weight_decay, true});
@@ -123,7 +157,8 @@ int train(const Options& o) {
   const std::int64_t steps_per_epoch = (n + o.batch - 1) / o.batch;
   // As the PyTorch reference (bench/peers/resnet_fashion_mnist.py): OneCycleLR with pct_start 0.25 and a fixed
   // momentum (cycle_momentum=False).
-  const remat::nn::OneCycleSchedule schedule(o.lr, std::max<std::int64_t>(4, steps_per_epoch * o.epochs), 0.25);
+  // At least 8 steps: the schedule needs pct_start · total_steps > 1 (a run of --epochs 0 or a few images has fewer).
+  const remat::nn::OneCycleSchedule schedule(o.lr, std::max<std::int64_t>(8, steps_per_epoch * o.epochs), 0.25);
   std::printf(
       "ResNet width %d, %d block(s) per stage, %lld training images, batch %d, %d epochs, checkpoint %s, "
       "%d threads\n",
@@ -172,6 +207,11 @@ int train(const Options& o) {
                 examples::megabytes(peak).c_str());
     std::fflush(stdout);
   }
+  if (o.epochs == 0) {  // evaluation only, of the initial or --load'ed weights
+    accuracy = evaluate(net, data.test);
+    std::printf("test accuracy %.2f %%\n", 100 * accuracy);
+  }
+  if (!o.save.empty()) remat::safetensors::save(o.save, weight_entries(net), {{"format", "pt"}});
   if (o.json)
     std::printf(
         "{\"final_loss\":%s,\"test_accuracy\":%s,\"train_seconds\":%s,\"saved_bytes\":%zu,\"peak_bytes\":%zu,"
@@ -222,6 +262,12 @@ int main(int argc, char** argv) {
           return std::string();
         return std::string("must be none, block, dots, sqrt or budget=<bytes>");
       });
+  app.add_option("--save", o.save,
+                 "write the weights and batch-norm statistics to this safetensors file after training, under "
+                 "PyTorch's state_dict names for the same model");
+  app.add_option("--load", o.load,
+                 "start from the weights and batch-norm statistics of this safetensors file (--epochs 0: evaluate "
+                 "them only)");
   app.add_flag("--json", o.json, "print a JSON line of the results at the end");
   app.add_flag("--estimate", o.estimate, "print one step's memory from shapes alone, train nothing");
   CLI11_PARSE(app, argc, argv);

@@ -6,7 +6,14 @@
       losses are the same text (bitwise the same doubles), and the saved bytes fall from none to dots to block
   resnet_test.py estimate <resnet binary> <data dir>
       --estimate's saved and peak bytes (shapes only, no data) equal those of a real step, for none and block
+  resnet_test.py save_load <resnet binary> <data dir>
+      a short training run with --save, then --load with --epochs 0: the same test accuracy (and not the untrained
+      model's); the file holds
+      PyTorch's state_dict names and shapes (conv.weight [8,1,3,3], bn.running_var [8], fc.weight [10,32])
 """
+import os
+import struct
+import tempfile
 import json
 import subprocess
 import sys
@@ -39,6 +46,29 @@ def estimate(binary, data):
         print(mode, "estimate equals the run:", e["saved_bytes"], e["peak_bytes"])
 
 
+def safetensors_header(path):
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length))
+
+
+def save_load(binary, data):
+    flags = ["--limit", "2048", "--batch", "64", "--width", "8", "--threads", "2", "--json"]  # above chance: ~56 %
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "resnet.safetensors")
+        trained = run(binary, data, *flags, "--epochs", "1", "--save", path)
+        h = safetensors_header(path)
+        shapes = {"conv.weight": [8, 1, 3, 3], "bn.running_var": [8], "blocks.2.shortcut.0.weight": [16, 8, 1, 1],
+                  "fc.weight": [10, 32], "fc.bias": [10]}
+        for name, shape in shapes.items():
+            assert h[name]["shape"] == shape, (name, h.get(name))
+        loaded = run(binary, data, *flags, "--epochs", "0", "--load", path)
+        initial = run(binary, data, *flags, "--epochs", "0")
+        assert loaded["test_accuracy"] == trained["test_accuracy"] != initial["test_accuracy"], (trained, loaded, initial)
+        print("save and load: test accuracy", trained["test_accuracy"], "from", len(h) - 1, "tensors; untrained",
+              initial["test_accuracy"])
+
+
 if __name__ == "__main__":
     case, binary, data = sys.argv[1:4]
-    {"checkpoint_modes": checkpoint_modes, "estimate": estimate}[case](binary, data)
+    {"checkpoint_modes": checkpoint_modes, "estimate": estimate, "save_load": save_load}[case](binary, data)
