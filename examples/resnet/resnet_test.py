@@ -3,7 +3,8 @@
 
   resnet_test.py checkpoint_modes <resnet binary> <data dir>
       one short epoch (512 images, batch 64) under --checkpoint none, block, dots, sqrt and a budget: the final
-      losses are the same text (bitwise the same doubles), and the saved bytes fall from none to dots to block
+      losses are the same text (bitwise the same doubles), the saved bytes fall from none to dots to block, and
+      dots saves exactly docs/resnet.md's formula
   resnet_test.py estimate <resnet binary> <data dir>
       --estimate's saved and peak bytes (shapes only, no data) equal those of a real step, for none and block
   resnet_test.py save_load <resnet binary> <data dir>
@@ -26,6 +27,13 @@ def run(binary, data, *flags):
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
 
 
+def dots_saved_bytes(batch, width, blocks):
+    """docs/resnet.md's formula for --checkpoint dots: the images, 2.5 + 5.25·blocks stage-1 feature maps, the
+    linear layer's input, the loss's softmax and the stem batch norm's statistics, in float32 bytes."""
+    s1 = 4 * batch * width * 28 * 28
+    return 4 * batch * 784 + (10 + 21 * blocks) * s1 // 4 + 4 * batch * (4 * width + 10) + 8 * width
+
+
 def checkpoint_modes(binary, data):
     results = {m: run(binary, data, *SMALL, "--checkpoint", m) for m in ["none", "block", "dots", "sqrt"]}
     peak = results["none"]["peak_bytes"]
@@ -34,6 +42,7 @@ def checkpoint_modes(binary, data):
     assert len(set(losses.values())) == 1, f"losses differ between checkpoint modes: {losses}"
     saved = {m: r["saved_bytes"] for m, r in results.items()}
     assert saved["block"] < saved["dots"] < saved["none"], f"saved bytes not ordered: {saved}"
+    assert saved["dots"] == dots_saved_bytes(64, 8, 2), (saved["dots"], dots_saved_bytes(64, 8, 2))
     assert results["budget"]["peak_bytes"] <= peak * 7 // 10, results["budget"]
     print("checkpoint modes: same loss", losses["none"], "saved", saved)
 
