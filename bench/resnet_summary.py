@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The W4 table of bench/RESULTS.md §23 from bench/run_resnet.sh's results: per row and thread count, the median
-step time in ms and its interquartile range over the repetitions, and remat's saved bytes and peak (MB).
+"""The W4 tables of bench/RESULTS.md §23 from bench/run_resnet.sh's results: per row and thread count, the median
+step time in ms and its interquartile range over the repetitions, and remat's saved bytes and peak (MB); then the
+ResNet-104 rows, with each mode's time and peak as a ratio of plain's.
 
   python3 bench/resnet_summary.py resnet_step.json resnet_pytorch_threads1.json resnet_pytorch_threads2.json
 """
@@ -17,6 +18,16 @@ ROWS = [  # (row label, Google Benchmark name or ("pytorch", mode))
     ("LibTorch 1.13 (no checkpoint in C++)", "libtorch_step"),
     ("PyTorch 1.13, plain", ("pytorch", "none")),
     ("PyTorch 1.13, each block under torch.utils.checkpoint", ("pytorch", "block")),
+]
+
+
+DEEP_ROWS = [
+    ("none", "deep_step/none"),
+    ("block (each block, nothing_saveable)", "deep_step/block"),
+    ("dots (each block, dots_saveable)", "deep_step/dots"),
+    ("sqrt (segments of ⌈√51⌉ = 8 blocks)", "deep_step/sqrt"),
+    ("DTR budget, 50 % of plain's peak", "deep_step/budget50"),
+    ("DTR budget, 25 % of plain's peak", "deep_step/budget25"),
 ]
 
 
@@ -55,6 +66,23 @@ def main(gbench, *pytorch):
                     peaks.append(f"{peak:.2f}")
         memory = f"| {saved:.2f} | {' / '.join(peaks)} |" if saved is not None else "| – | – |"
         print(f"| {label} | {cells[0]} | {cells[1]} {memory}")
+    plain = {t: statistics.median(runs[("deep_step/none", t)]) for t in (1, 2) if ("deep_step/none", t) in runs}
+    if not plain:
+        return
+    plain_peak = counters[("deep_step/none", 2)][1]
+    print()
+    print("ResNet-104 (17 blocks per stage), width 16, batch 128:")
+    print()
+    print("| mode | 1 thread: ms (IQR), × plain | 2 threads: ms (IQR), × plain | saved MB | peak MB (× plain) |")
+    print("|---|---|---|---|---|")
+    for label, key in DEEP_ROWS:
+        cells = []
+        for threads in (1, 2):
+            v = runs.get((key, threads))
+            cells.append(f"{statistics.median(v):.0f} ({iqr(v):.0f}), {statistics.median(v) / plain[threads]:.2f}×"
+                         if v else "–")
+        saved, peak = counters.get((key, 2), (0, 0))
+        print(f"| {label} | {cells[0]} | {cells[1]} | {saved:.1f} | {peak:.1f} ({peak / plain_peak:.2f}) |")
 
 
 if __name__ == "__main__":

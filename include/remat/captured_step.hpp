@@ -26,7 +26,8 @@ namespace remat {
 /// step's constants and variables (set_input()) and the integer data of its ops (set_indices(): class labels,
 /// token ids). What does not: the ops, their shapes and attributes, the policies' choices, which values are
 /// saved and which replayed (memory() is the captured step's). Each replay() gives bitwise the gradients and loss
-/// that recording the same step on a Tape and calling backward() would give with the same values.
+/// that recording the same step on a Tape and calling backward() would give with the same values (at the thread
+/// count of the capture, for ops that keep the count they were recorded with: conv2d on oneDNN).
 ///
 ///     remat::Parameter<float> w(...), b(...);
 ///     remat::Var<float> x;  // kept to set the next batch

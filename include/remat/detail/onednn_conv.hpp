@@ -10,12 +10,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -93,6 +95,8 @@ struct ConvPlan {
   std::int64_t forward_scratchpad = 0, data_scratchpad = 0, weights_scratchpad = 0;  // their offsets
   int threads = 1;                                       // the OpenMP thread count it was made for
   std::int64_t forward_floats = 0, backward_floats = 0;  // the scratch each direction needs
+  // False when remat runs this convolution on im2col instead (see make_plan).
+  bool usable = true;
   std::int64_t floats() const { return std::max(forward_floats, backward_floats); }
 };
 
@@ -127,7 +131,11 @@ inline std::int64_t scratchpad_floats(const dnnl::memory::desc& d) {
 }
 
 /// Builds the plan of `k` (oneDNN's primitive descriptors for the format `any`, so that it picks its fastest
-/// layout). Throws dnnl::error if oneDNN cannot run this convolution.
+/// layout). Throws dnnl::error if oneDNN cannot run this convolution. The plan is not `usable` (im2col runs the
+/// op) when oneDNN would run it on other than its direct JIT kernels (jit, jit_1x1, jit_dw): its GEMM-based
+/// convolution, which it picks for dilated, oddly grouped or rectangular-kernel shapes, rounds the value
+/// differently at different thread counts; or when its temporary would exceed 4× the sizes of x, y and w together
+/// (channels padded to its 16-channel blocks: a one-channel input's copies are 16× its size).
 inline std::unique_ptr<ConvPlan> make_plan(const ConvKey& k) {
   using dnnl::algorithm;
   using dnnl::memory;
@@ -197,6 +205,10 @@ inline std::unique_ptr<ConvPlan> make_plan(const ConvKey& k) {
   p->weights_scratchpad = next;
   const std::int64_t weights_end = next + scratchpad_floats(bwd_weights.scratchpad_desc());
   p->backward_floats = std::max(data_end, weights_end);
+  auto direct = [](const char* impl) { return std::string(impl).rfind("jit", 0) == 0; };
+  const std::int64_t tensors = k.n * k.c * k.h * k.w + k.n * k.o * oh * ow + k.o * (k.c / k.groups) * k.kh * k.kw;
+  p->usable = direct(fwd.impl_info_str()) && direct(bwd_data.impl_info_str()) && direct(bwd_weights.impl_info_str()) &&
+              p->floats() <= 4 * tensors;
   return p;
 }
 
@@ -235,19 +247,14 @@ inline dnnl::memory where(const Staged& s, float* plain, float* scratch) {
   return s.offset < 0 ? wrap(s.plain, plain) : wrap(s.blocked, scratch + s.offset);
 }
 
-/// The key `k` at the thread count to run on now: remat's current setting when its plan fits the op's scratch
-/// of `floats` (it may have changed since the op was recorded), else the count the scratch was sized for.
-/// Never throws (the kernels run in the backward sweep): the recorded count's plan exists.
-inline const ConvPlan& runnable_plan(ConvKey k, std::int64_t floats) {
-  const std::int32_t recorded = k.threads;
-  k.threads = num_threads();
-  if (k.threads != recorded) try {
-      const ConvPlan& now = plan(k);
-      if (now.floats() <= floats) return now;
-    } catch (...) {
-    }
-  k.threads = recorded;
-  return plan(k);
+/// The plan of `key` (made when the op was recorded, at the thread count it was recorded with): an op runs every
+/// call — its forward, a replay's or a budget's regeneration, its backward — on that plan, so a replay reproduces
+/// the recorded value bitwise whatever the thread setting is now. Never throws: the plan exists.
+inline const ConvPlan& recorded_plan(const ConvKey& key, std::int64_t floats) {
+  const ConvPlan& p = plan(key);
+  assert(p.usable && p.floats() <= floats);
+  static_cast<void>(floats);
+  return p;
 }
 
 /// The calling thread's oneDNN stream (CPU streams execute in order on the calling thread).
@@ -260,7 +267,7 @@ inline dnnl::stream& stream() {
 /// holds `floats` floats.
 inline void forward(const ConvKey& key, std::int64_t floats, const float* x, const float* w, const float* b, float* y,
                     float* scratch) {
-  const ConvPlan& p = runnable_plan(key, floats);
+  const ConvPlan& p = recorded_plan(key, floats);
   const OmpThreads threads(p.threads);
   dnnl::stream& st = stream();
   std::unordered_map<int, dnnl::memory> args{
@@ -278,7 +285,7 @@ inline void forward(const ConvKey& key, std::int64_t floats, const float* x, con
 /// backward_data's layout in the scratch, where backward_weights may read it; returns the plan it ran.
 inline const ConvPlan* backward_data(const ConvKey& key, std::int64_t floats, const float* w, const float* dy,
                                      float* dx, bool accumulate, float* scratch) {
-  const ConvPlan& p = runnable_plan(key, floats);
+  const ConvPlan& p = recorded_plan(key, floats);
   const OmpThreads threads(p.threads);
   dnnl::stream& st = stream();
   p.backward_data.execute(st, {{DNNL_ARG_DIFF_DST, read(p.diff_dst_data, dy, scratch, st)},
@@ -294,7 +301,7 @@ inline const ConvPlan* backward_data(const ConvKey& key, std::int64_t floats, co
 /// plan backward_data has just run on this scratch (its copy of dY is there), or null.
 inline void backward_weights(const ConvKey& key, std::int64_t floats, const float* x, const float* dy, float* dw,
                              bool accumulate, const ConvPlan* staged, float* scratch) {
-  const ConvPlan& p = runnable_plan(key, floats);
+  const ConvPlan& p = recorded_plan(key, floats);
   const OmpThreads threads(p.threads);
   dnnl::stream& st = stream();
   const bool shared = staged == &p && p.diff_dst_weights.offset == p.diff_dst_data.offset;

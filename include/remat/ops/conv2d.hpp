@@ -345,7 +345,7 @@ void choose_conv2d_kernel(Conv2dOp::Params& p, const Shape* in) {
     Conv2dOp::check_shapes(in, p);
     p.onednn_threads = num_threads();
     try {
-      onednn::plan(Conv2dOp::onednn_key(Conv2dOp::geometry(in, p), p));
+      if (!onednn::plan(Conv2dOp::onednn_key(Conv2dOp::geometry(in, p), p)).usable) p.onednn_threads = 0;
     } catch (const dnnl::error& e) {
       if (e.status == dnnl_out_of_memory) throw std::bad_alloc();
       p.onednn_threads = 0;  // a convolution oneDNN does not run: im2col
@@ -366,20 +366,24 @@ void choose_conv2d_kernel(Conv2dOp::Params& p, const Shape* in) {
 /// dw the correlation of x with dy. FLOPs 2·N·O·Hout·Wout·(C/G)·kH·kW.
 ///
 /// Kernels. In float, when remat was built with oneDNN and backends::onednn::enabled() when the op is recorded,
-/// oneDNN's convolution primitives (forward, backward data, backward weights), in the blocked layouts oneDNN
-/// chooses: the op's temporary then holds the reordered copies of the tensors and oneDNN's scratchpad, sized for
-/// the thread count at the record (remat::num_threads()); a backward or replay at another count runs on that
-/// count if its plan fits the temporary, else on the recorded one. oneDNN's value and dx came out bitwise the
-/// same at 1, 2 and 3 threads (tests/ops/conv2d_onednn_test.cpp); its dw is summed over the batch in per-thread
-/// parts, so it may differ in the last bits between thread counts, as OpenBLAS's threaded products do (bitwise
-/// reproducible at a fixed count, replays included). oneDNN allocates small objects at each call: an allocation
-/// failure there while the op is recorded throws (nothing is recorded), but in a backward sweep it
-/// ends the program, as any exception from a backward does (and oneDNN 2.6 itself crashed when malloc returned
-/// null inside it in a fault-injection run); backends::onednn::set_enabled(false) gives im2col, whose kernels
-/// allocate nothing. Otherwise (double, or without oneDNN): im2col (Chellapilla,
-/// Puri & Simard, "High Performance Convolutional Neural Networks for Document Processing", 2006) of one sample
-/// and group into the op's temporary ([C/G·kH·kW, Hout·Wout] elements) and one GEMM, bitwise the same at every
-/// thread count. Either temporary counts in the peak, never in the saved bytes. Its OpInfo kind is
+/// oneDNN's direct convolution kernels (forward, backward data, backward weights), in the blocked layouts oneDNN
+/// chooses: the op's temporary then holds the reordered copies of the tensors and oneDNN's scratchpad. The op
+/// runs every call — forward, replay, backward — on the thread count remat::num_threads() had when it was
+/// recorded, so a replay reproduces its value bitwise whatever the setting is then (a CapturedStep keeps the
+/// thread count of its capture for its convolutions). oneDNN's value and dx came out bitwise the same at every
+/// thread count on its direct kernels (tests/ops/conv2d_onednn_test.cpp); its dw is summed over the batch in
+/// per-thread parts, so it may differ in the last bits between thread counts, as OpenBLAS's threaded products do
+/// (bitwise reproducible at a fixed count). Shapes oneDNN would run on its GEMM-based convolution, whose value
+/// rounds differently by thread count, and shapes whose blocked copies would exceed 4× the tensors (few channels,
+/// padded to oneDNN's 16-channel blocks) run on im2col. oneDNN allocates small objects at each call: an
+/// allocation failure there while the op is recorded throws (nothing is recorded), but in a backward sweep it ends
+/// the program, as any exception from a backward does (and oneDNN 2.6 itself crashed when malloc returned null
+/// inside it in a fault-injection run); backends::onednn::set_enabled(false) gives im2col, whose kernels allocate
+/// nothing. A plan (oneDNN's primitives, about 200 KB) is kept for the process per distinct shape and thread count.
+/// Otherwise (double, or without oneDNN): im2col (Chellapilla, Puri & Simard, "High Performance Convolutional
+/// Neural Networks for Document Processing", 2006) of one sample and group into the op's temporary
+/// ([C/G·kH·kW, Hout·Wout] elements) and one GEMM, bitwise the same at every thread count. Either temporary counts
+/// in the peak, never in the saved bytes. Its OpInfo kind is
 /// convolution: dots_saveable keeps its output, dots_with_no_batch_dims_saveable does not (as JAX's policies treat
 /// conv_general_dilated). Throws shape_error naming conv2d for shapes that do not fit, domain_error for bad
 /// options, tape_error for an empty or stale Var.
