@@ -11,8 +11,9 @@
 // OpenBLAS threads itself (matmul, linear, the GPT's linear layers) OpenBLAS is kept on one thread while
 // remat's team takes 1, 2 and 3 threads. The attention ops make their products on remat's team with OpenBLAS
 // on one thread anyway, so their tests let OpenBLAS follow set_num_threads. conv2d's float kernels run on oneDNN
-// when remat is built with it: the op list's grouped convolution runs on oneDNN's GEMM-based kernel, bitwise equal
-// here; the blocked kernels' weight gradient is not (conv2d_onednn_test.cpp checks their value and input gradient).
+// when remat is built with it, but the op list's small grouped convolutions are shapes oneDNN would run on its
+// GEMM-based kernel, so they run on im2col; oneDNN's direct kernels' weight gradient is not bitwise equal between
+// thread counts (conv2d_onednn_test.cpp checks their value and input gradient).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
