@@ -64,6 +64,17 @@ F conv(const std::vector<F>& x, const Conv2dOptions& o) {
   return x.size() == 3 ? remat::conv2d(x[0], x[1], x[2], o) : remat::conv2d(x[0], x[1], o);
 }
 
+/// The peak over the forward's output of conv2d(x, w, options) recorded on a fresh float tape: its temporary.
+std::size_t temporary_of(const Shape& xs, const Shape& ws, const Conv2dOptions& options) {
+  Tape<float> tape;
+  const remat::Matrix<float> xv = remat_test::nd_values(xs, 3).cast<float>(),
+                             wv = remat_test::nd_values(ws, 4).cast<float>();
+  const F x = tape.constant(xs, xv.data()), w = tape.constant(ws, wv.data());
+  const std::size_t before = tape.memory().live_bytes;
+  const F y = remat::conv2d(x, w, options);
+  return tape.memory().peak_bytes - before - y.shape().numel() * sizeof(float);
+}
+
 std::vector<float> to_float(const std::vector<double>& v) {
   return std::vector<float>(v.begin(), v.end());
 }
@@ -108,12 +119,18 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
 
 TEST(Conv2dOnednn, MatchesPyTorchInFloatAndEveryPolicyIsBitwiseEqualToPlain) {
   REMAT_SKIP_WITHOUT_ONEDNN();
-  const OnednnEnabled on(true);
-  int cases = 0;
+  int cases = 0, on_onednn = 0;
   for (const ReferenceCase& c : remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/conv_reference.txt")) {
     if (c.name != "conv2d") continue;
     ++cases;
     SCOPED_TRACE("conv_reference.txt:" + std::to_string(c.line));
+    {  // which kernel runs it: the temporaries differ
+      const OnednnEnabled off(false);
+      const std::size_t im2col = temporary_of(c.inputs[0].shape, c.inputs[1].shape, options_of(c));
+      remat::backends::onednn::set_enabled(true);
+      on_onednn += temporary_of(c.inputs[0].shape, c.inputs[1].shape, options_of(c)) != im2col;
+    }
+    const OnednnEnabled on(true);
     Tape<float> tape;
     std::vector<F> x;
     for (const auto& in : c.inputs) x.push_back(tape.variable(in.shape, to_float(in.values).data()));
@@ -132,7 +149,8 @@ TEST(Conv2dOnednn, MatchesPyTorchInFloatAndEveryPolicyIsBitwiseEqualToPlain) {
             << name << ", input " << k;
     }
   }
-  EXPECT_GE(cases, 10);
+  EXPECT_EQ(cases, 19);
+  EXPECT_GE(on_onednn, 5);  // the file's last five conv2d cases are shapes oneDNN's direct kernels run
 }
 
 /// A convolution with padding 1 and its inputs; by default x [2,16,6,6] and w [16,16,3,3], which oneDNN runs in
@@ -314,17 +332,6 @@ TEST(Conv2dOnednn, ValueAndInputGradientAreBitwiseEqualAtEveryThreadCount) {
       EXPECT_TRUE(moved.output == r.output && moved.grads == r.grads) << "backward at " << backward << " threads";
     }
   }
-}
-
-/// The peak over the forward's output of conv2d(x, w, options) recorded on a fresh float tape: its temporary.
-std::size_t temporary_of(const Shape& xs, const Shape& ws, const Conv2dOptions& options) {
-  Tape<float> tape;
-  const remat::Matrix<float> xv = remat_test::nd_values(xs, 3).cast<float>(),
-                             wv = remat_test::nd_values(ws, 4).cast<float>();
-  const F x = tape.constant(xs, xv.data()), w = tape.constant(ws, wv.data());
-  const std::size_t before = tape.memory().live_bytes;
-  const F y = remat::conv2d(x, w, options);
-  return tape.memory().peak_bytes - before - y.shape().numel() * sizeof(float);
 }
 
 TEST(Conv2dOnednn, ShapesOnWhichOneDnnRoundsByThreadCountOrPadsChannelsRunOnIm2col) {

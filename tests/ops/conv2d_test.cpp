@@ -99,7 +99,7 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
 
 TEST(Conv2d, ItAndThePoolingOpsMatchPyTorchAndEveryPolicyIsBitwiseEqualToPlain) {
   const auto cases = remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/conv_reference.txt");
-  ASSERT_EQ(cases.size(), 39u);
+  ASSERT_EQ(cases.size(), 44u);
   for (const ReferenceCase& c : cases) {
     SCOPED_TRACE(c.name + " at conv_reference.txt:" + std::to_string(c.line));
     // The file's gradients are of sum(y ⊙ g); check the values and those first, on a tape of their own.

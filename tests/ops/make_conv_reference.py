@@ -65,6 +65,13 @@ def cases():
         conv_case(1, 2, 3, 3, 2, 3, 3),                                    # output 1x1
         conv_case(3, 1, 1, 1, 2, 1, 1),                                    # a 1x1 image
         conv_case(1, 1, 5, 5, 1, 5, 5, padding=(0, 0), bias=False),       # kernel covers the image
+        # Shapes oneDNN runs on its direct kernels (conv2d_onednn_test.cpp checks that it does): 16 channels,
+        # strided, 1x1, depthwise, and a one-channel stem.
+        conv_case(2, 16, 6, 6, 16, 3, 3, padding=(1, 1)),
+        conv_case(2, 16, 7, 7, 32, 3, 3, stride=(2, 2), padding=(1, 1), bias=False),
+        conv_case(2, 16, 6, 6, 32, 1, 1, stride=(2, 2), bias=False),
+        conv_case(2, 16, 6, 6, 16, 3, 3, padding=(1, 1), groups=16),
+        conv_case(2, 1, 8, 8, 16, 3, 3, padding=(1, 1), bias=False),
     ]
 
 
