@@ -80,7 +80,7 @@ inline std::int64_t floats_of(const dnnl::memory::desc& d) {
 struct Staged {
   dnnl::memory::desc plain, blocked;
   std::int64_t offset = -1;
-  dnnl::reorder to_blocked, to_plain, add_to_plain;
+  dnnl::reorder to_blocked, to_plain, add_to_plain;  // only those its Direction uses
 };
 
 /// The three primitives of one convolution and the scratch layout of its forward and backward.
@@ -107,18 +107,26 @@ inline dnnl::memory::desc any_desc(const dnnl::memory::dims& dims) {
   return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
 }
 
-/// Places `s` in the scratch at `next` (advancing it) unless the primitive takes the plain layout and
-/// `always` is false; makes the reorders between the two layouts.
-inline void stage(Staged& s, const dnnl::memory::desc& plain, const dnnl::memory::desc& blocked, bool always,
-                  std::int64_t& next) {
+/// Which way a staged tensor's reorders go: an input is copied into the primitive's layout; an output is copied
+/// back, or added back when it is a gradient that may accumulate.
+enum class Direction { in, out, out_or_add };
+
+/// Places `s` in the scratch at `next` (advancing it) unless the primitive takes the plain layout and the tensor
+/// is not `always` staged; makes the reorders `direction` needs (each is a JIT compile: only those).
+inline void stage(Staged& s, const dnnl::memory::desc& plain, const dnnl::memory::desc& blocked, Direction direction,
+                  bool always, std::int64_t& next) {
   const dnnl::engine& e = cpu_engine();
   s.plain = plain;
   s.blocked = blocked;
   if (!always && plain == blocked) return;
   s.offset = next;
   next += round_up(floats_of(blocked));
-  s.to_blocked = dnnl::reorder(dnnl::reorder::primitive_desc(e, plain, e, blocked));
+  if (direction == Direction::in) {
+    s.to_blocked = dnnl::reorder(dnnl::reorder::primitive_desc(e, plain, e, blocked));
+    return;
+  }
   s.to_plain = dnnl::reorder(dnnl::reorder::primitive_desc(e, blocked, e, plain));
+  if (direction == Direction::out) return;
   dnnl::post_ops sum;
   sum.append_sum(1.0f);
   dnnl::primitive_attr add;
@@ -181,27 +189,27 @@ inline std::unique_ptr<ConvPlan> make_plan(const ConvKey& k) {
                      plain_weights = plain_desc(weights, weights_tag);
   // Forward: the output is written in place when its layout is plain (the tape's fresh buffer).
   std::int64_t next = 0;
-  stage(p->src, plain_src, fwd.src_desc(), false, next);
-  stage(p->weights, plain_weights, fwd.weights_desc(), false, next);
-  stage(p->dst, plain_dst, fwd.dst_desc(), false, next);
+  stage(p->src, plain_src, fwd.src_desc(), Direction::in, false, next);
+  stage(p->weights, plain_weights, fwd.weights_desc(), Direction::in, false, next);
+  stage(p->dst, plain_dst, fwd.dst_desc(), Direction::out, false, next);
   p->forward_scratchpad = next;
   p->forward_floats = next + scratchpad_floats(fwd.scratchpad_desc());
   // Backward: dY in each primitive's layout first (both read it), then the two gradients one after the other
   // over the same bytes. A gradient is always computed in the scratch: it may be added to what the target holds.
   next = 0;
-  stage(p->diff_dst_data, plain_dst, bwd_data.diff_dst_desc(), false, next);
+  stage(p->diff_dst_data, plain_dst, bwd_data.diff_dst_desc(), Direction::in, false, next);
   if (bwd_weights.diff_dst_desc() == bwd_data.diff_dst_desc())
     p->diff_dst_weights = p->diff_dst_data;
   else
-    stage(p->diff_dst_weights, plain_dst, bwd_weights.diff_dst_desc(), false, next);
+    stage(p->diff_dst_weights, plain_dst, bwd_weights.diff_dst_desc(), Direction::in, false, next);
   const std::int64_t gradients = next;
-  stage(p->weights_data, plain_weights, bwd_data.weights_desc(), false, next);
-  stage(p->diff_src, plain_src, bwd_data.diff_src_desc(), true, next);
+  stage(p->weights_data, plain_weights, bwd_data.weights_desc(), Direction::in, false, next);
+  stage(p->diff_src, plain_src, bwd_data.diff_src_desc(), Direction::out_or_add, true, next);
   p->data_scratchpad = next;
   const std::int64_t data_end = next + scratchpad_floats(bwd_data.scratchpad_desc());
   next = gradients;
-  stage(p->src_weights, plain_src, bwd_weights.src_desc(), false, next);
-  stage(p->diff_weights, plain_weights, bwd_weights.diff_weights_desc(), true, next);
+  stage(p->src_weights, plain_src, bwd_weights.src_desc(), Direction::in, false, next);
+  stage(p->diff_weights, plain_weights, bwd_weights.diff_weights_desc(), Direction::out_or_add, true, next);
   p->weights_scratchpad = next;
   const std::int64_t weights_end = next + scratchpad_floats(bwd_weights.scratchpad_desc());
   p->backward_floats = std::max(data_end, weights_end);
@@ -282,9 +290,9 @@ inline void forward(const ConvKey& key, std::int64_t floats, const float* x, con
 }
 
 /// dx of the convolution from dy, written or, with `accumulate`, added into the plain dx. Leaves dY in
-/// backward_data's layout in the scratch, where backward_weights may read it; returns the plan it ran.
-inline const ConvPlan* backward_data(const ConvKey& key, std::int64_t floats, const float* w, const float* dy,
-                                     float* dx, bool accumulate, float* scratch) {
+/// backward_data's layout in the scratch, where backward_weights may read it.
+inline void backward_data(const ConvKey& key, std::int64_t floats, const float* w, const float* dy, float* dx,
+                          bool accumulate, float* scratch) {
   const ConvPlan& p = recorded_plan(key, floats);
   const OmpThreads threads(p.threads);
   dnnl::stream& st = stream();
@@ -294,17 +302,16 @@ inline const ConvPlan* backward_data(const ConvKey& key, std::int64_t floats, co
                                {DNNL_ARG_SCRATCHPAD, wrap(p.data_pad, scratch + p.data_scratchpad)}});
   write(p.diff_src, scratch, dx, accumulate, st);
   st.wait();
-  return &p;
 }
 
-/// dw of the convolution from x and dy, written or, with `accumulate`, added into the plain dw. `staged`: the
-/// plan backward_data has just run on this scratch (its copy of dY is there), or null.
+/// dw of the convolution from x and dy, written or, with `accumulate`, added into the plain dw. `dy_staged`:
+/// backward_data has just run on this scratch, so its copy of dY is there.
 inline void backward_weights(const ConvKey& key, std::int64_t floats, const float* x, const float* dy, float* dw,
-                             bool accumulate, const ConvPlan* staged, float* scratch) {
+                             bool accumulate, bool dy_staged, float* scratch) {
   const ConvPlan& p = recorded_plan(key, floats);
   const OmpThreads threads(p.threads);
   dnnl::stream& st = stream();
-  const bool shared = staged == &p && p.diff_dst_weights.offset == p.diff_dst_data.offset;
+  const bool shared = dy_staged && p.diff_dst_weights.offset == p.diff_dst_data.offset;
   const dnnl::memory dy_weights =
       shared ? where(p.diff_dst_weights, const_cast<float*>(dy), scratch) : read(p.diff_dst_weights, dy, scratch, st);
   p.backward_weights.execute(st, {{DNNL_ARG_SRC, read(p.src_weights, x, scratch, st)},

@@ -248,13 +248,12 @@ struct Conv2dOp : OpBase {
           dw = t.map.data();
           accumulate_dw = t.accumulate;
         }
-        const onednn::ConvPlan* staged = nullptr;  // the plan whose copy of dY backward_data left in the scratch
         if (dx)
-          staged = onednn::backward_data(onednn_key(g, a), c.scratch().size(), c.in(1).data(), dy, dx, accumulate_dx,
-                                         c.scratch().data());
+          onednn::backward_data(onednn_key(g, a), c.scratch().size(), c.in(1).data(), dy, dx, accumulate_dx,
+                                c.scratch().data());
         if (dw)
-          onednn::backward_weights(onednn_key(g, a), c.scratch().size(), c.in(0).data(), dy, dw, accumulate_dw, staged,
-                                   c.scratch().data());
+          onednn::backward_weights(onednn_key(g, a), c.scratch().size(), c.in(0).data(), dy, dw, accumulate_dw,
+                                   dx != nullptr, c.scratch().data());
         return;
       }
 #endif
