@@ -12,16 +12,15 @@
 
 #include <remat/remat.hpp>
 
+#include "restore_threads.hpp"
+
 namespace column_sums_test {
 
 using remat::Index;
 using remat::detail::column_sum_partition;
 using remat::detail::ColumnSumPartition;
 
-struct RestoreThreads {
-  int saved = remat::num_threads();
-  ~RestoreThreads() { remat::set_num_threads(saved); }
-};
+using remat_test::RestoreThreads;
 
 template <class T>
 remat::Matrix<T> values(Index rows, Index cols, unsigned seed) {

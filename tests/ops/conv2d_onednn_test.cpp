@@ -16,6 +16,7 @@
 #include "nd_gradcheck.hpp"
 #include "nd_reference.hpp"
 #include "remat/remat.hpp"
+#include "restore_threads.hpp"
 
 #ifdef REMAT_USE_ONEDNN
 #include <omp.h>
@@ -46,11 +47,7 @@ class OnednnEnabled {
   bool saved_;
 };
 
-/// Puts the thread setting back after a test (set_num_threads is process-wide).
-struct RestoreThreads {
-  int saved = remat::num_threads();
-  ~RestoreThreads() { remat::set_num_threads(saved); }
-};
+using remat_test::RestoreThreads;
 
 #define REMAT_SKIP_WITHOUT_ONEDNN() \
   if (!remat::backends::onednn::is_available()) GTEST_SKIP() << "remat was built without oneDNN"

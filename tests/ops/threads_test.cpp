@@ -38,6 +38,7 @@
 #include "random.hpp"
 #include "remat/remat.hpp"
 #include "remat/threads.hpp"
+#include "restore_threads.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -54,11 +55,7 @@ using remat_test::ShapeSet;
 /// The thread counts compared; the first is the reference.
 constexpr int thread_counts[] = {1, 2, 3};
 
-/// Puts the thread setting back after a test (set_num_threads is process-wide).
-struct RestoreThreads {
-  int saved = remat::num_threads();
-  ~RestoreThreads() { remat::set_num_threads(saved); }
-};
+using remat_test::RestoreThreads;
 
 /// A dimension of the op list's tiny shapes → a large one, consistently (1 stays 1, so broadcasting forms
 /// stay broadcasting, and inner dimensions of products still match). [800,45] has 36000 elements, 5 row
