@@ -3,6 +3,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -96,6 +97,59 @@ class Shape {
   Index dims_[max_rank] = {};
 };
 
+/// A read-only view of a contiguous list of E (c10::ArrayRef's role): what the ops taking a list of sizes or dims
+/// (reshape, view, permute, sum, mean, max) take, so that `reshape(x, {4, -1})` or a list kept by the caller reads
+/// the elements where they are, with no copy and no allocation. It converts from a std::vector, a std::array and
+/// a braced list; it refers to them and must not outlive them (as a parameter, the list lives until the call
+/// returns).
+template <class E>
+class ArrayRef {
+ public:
+  /// An empty list.
+  constexpr ArrayRef() = default;
+  /// `size` elements from `data`.
+  constexpr ArrayRef(const E* data, std::size_t size) : data_(data), size_(size) {}
+  /// The elements of a braced list, e.g. {4, -1}. The list's array lives until the end of the full expression
+  /// that wrote it, which covers the call it is an argument of (GCC warns of the reference all the same; as
+  /// c10::ArrayRef does, the warning is silenced for this constructor only).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winit-list-lifetime"
+#endif
+  constexpr ArrayRef(std::initializer_list<E> list) : data_(list.begin()), size_(list.size()) {}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+  /// The elements of a vector.
+  ArrayRef(const std::vector<E>& v) : data_(v.data()), size_(v.size()) {}
+  /// The elements of an array.
+  template <std::size_t N>
+  constexpr ArrayRef(const std::array<E, N>& a) : data_(a.data()), size_(N) {}
+
+  constexpr const E* data() const {
+    return data_;
+  }  ///< the first element
+  constexpr std::size_t size() const {
+    return size_;
+  }  ///< the number of elements
+  constexpr bool empty() const {
+    return size_ == 0;
+  }  ///< no elements
+  constexpr const E* begin() const {
+    return data_;
+  }  ///< the first element
+  constexpr const E* end() const {
+    return data_ + size_;
+  }  ///< one past the last element
+  constexpr const E& operator[](std::size_t i) const {
+    return data_[i];
+  }  ///< element i, i < size()
+
+ private:
+  const E* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
 /// "[2,3,8,8]" ("[]" for a scalar, "[0,0]" for Shape{}), the form every error message uses.
 inline std::string to_string(const Shape& s) {
   std::string text = "[";
@@ -114,6 +168,30 @@ inline int wrap_dim(int dim, int rank, const char* op) {
 }
 
 namespace detail {
+/// The shape of `rank` dimensions `d` (0 ≤ rank ≤ Shape::max_rank), without allocating.
+inline Shape make_shape(const Index* d, int rank) {
+  switch (rank) {
+    case 0:
+      return Shape::scalar();
+    case 1:
+      return Shape{d[0]};
+    case 2:
+      return Shape{d[0], d[1]};
+    case 3:
+      return Shape{d[0], d[1], d[2]};
+    case 4:
+      return Shape{d[0], d[1], d[2], d[3]};
+    case 5:
+      return Shape{d[0], d[1], d[2], d[3], d[4]};
+    case 6:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
+    case 7:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+    default:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+  }
+}
+
 /// Throws shape_error naming `op` and its operand `what` unless `s` has rank `rank`: for the ops whose
 /// arguments are matrices (or vectors) by definition.
 inline void require_rank(const char* op, const char* what, const Shape& s, int rank) {

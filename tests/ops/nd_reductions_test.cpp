@@ -47,7 +47,7 @@ std::string describe(const Shape& s, const std::vector<int>& dims, bool keepdim)
 }
 
 TEST(NdReductions, SumMeanMaxOverDimsGradcheckOnRanks1To4) {
-  using Reduce = V (*)(const V&, const std::vector<int>&, bool);
+  using Reduce = V (*)(const V&, remat::ArrayRef<int>, bool);
   const std::pair<const char*, Reduce> ops[] = {
       {"sum", remat::sum<double>}, {"mean", remat::mean<double>}, {"max", remat::max<double>}};
   for (const auto& [name, f] : ops)

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "remat/op_context.hpp"
 #include "remat/detail/parallel.hpp"
 #include "remat/errors.hpp"
+#include "remat/op_context.hpp"
 
 namespace remat::detail {
 
@@ -18,7 +18,7 @@ namespace remat::detail {
 inline Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
   if (a == b) return a;
   const int rank = std::max(a.rank(), b.rank());
-  std::vector<Index> dims(static_cast<std::size_t>(rank));
+  Index dims[Shape::max_rank];
   for (int d = 0; d < rank; ++d) {
     const Index x = d < rank - a.rank() ? 1 : a[d - (rank - a.rank())];
     const Index y = d < rank - b.rank() ? 1 : b[d - (rank - b.rank())];
@@ -26,9 +26,9 @@ inline Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
       throw shape_error(std::string(op) + ": cannot broadcast a " + to_string(a) + " with b " + to_string(b) +
                         "; dimension " + std::to_string(d - rank) + " (" + std::to_string(x) + " and " +
                         std::to_string(y) + ") must be equal or 1");
-    dims[static_cast<std::size_t>(d)] = x == 1 ? y : x;
+    dims[d] = x == 1 ? y : x;
   }
-  return Shape(dims);
+  return make_shape(dims, rank);
 }
 
 /// Whether an operand of shape `x` broadcast to `out` is the 2-D broadcast of its matrix view: its leading

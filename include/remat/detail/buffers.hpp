@@ -171,17 +171,21 @@ class Buffers {
   /// All or nothing: throws std::bad_alloc with the pool as it was. The buffers stay cached once used.
   void make_room(const Shape* outputs, std::size_t n) {
     if (shapes_only_) return;
-    std::vector<std::pair<std::size_t, std::size_t>> wanted;  // (elements, buffers)
+    // Member scratch, kept with its capacity: a steady training loop's joins allocate nothing here.
+    std::vector<std::pair<std::size_t, std::size_t>>& wanted = join_wanted_;  // (elements, buffers)
+    std::vector<std::size_t>& added = join_added_;
+    wanted.clear();
+    wanted.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       const auto count = static_cast<std::size_t>(outputs[i].numel());
       auto it = std::find_if(wanted.begin(), wanted.end(), [count](const auto& w) { return w.first == count; });
       if (it == wanted.end())
-        wanted.emplace_back(count, 1);
+        wanted.emplace_back(count, 1);  // within capacity
       else
         ++it->second;
     }
+    added.assign(wanted.size(), 0);
     std::size_t done = 0;
-    std::vector<std::size_t> added(wanted.size(), 0);
     try {
       for (; done < wanted.size(); ++done) {
         const std::size_t have = pool_.available(wanted[done].first);
@@ -360,7 +364,9 @@ class Buffers {
   bool simulating_ = false;
   SizeMap<Simulated> simulated_;
   std::size_t simulated_live_ = 0, simulated_peak_ = 0;
-  std::size_t simulated_high_ = 0, simulated_start_ = 0;  // the most live bytes, where they started
+  std::size_t simulated_high_ = 0, simulated_start_ = 0;          // the most live bytes, where they started
+  std::vector<std::pair<std::size_t, std::size_t>> join_wanted_;  // make_room(outputs, n)'s scratch
+  std::vector<std::size_t> join_added_;
 };
 
 }  // namespace remat::detail

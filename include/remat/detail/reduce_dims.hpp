@@ -23,7 +23,7 @@ struct ReduceDimsParams {
 /// The mask of `dims` for a rank-`rank` input (an empty list: every dim). Negative dims count from the end;
 /// throws index_error naming `op` for a dim out of range or repeated. A rank-0 input takes dim 0 or -1, as
 /// PyTorch (and reduces nothing).
-inline ReduceDimsParams reduce_dims_params(const char* op, const std::vector<int>& dims, int rank, bool keepdim) {
+inline ReduceDimsParams reduce_dims_params(const char* op, ArrayRef<int> dims, int rank, bool keepdim) {
   ReduceDimsParams p;
   p.keepdim = keepdim;
   if (dims.empty()) {
@@ -44,15 +44,15 @@ inline ReduceDimsParams reduce_dims_params(const char* op, const std::vector<int
 
 /// The output shape of reducing `in` over p's dims: the reduced dims removed, or kept as 1 with keepdim.
 inline Shape reduce_dims_shape(const Shape& in, const ReduceDimsParams& p) {
-  std::vector<Index> dims;
+  Index dims[Shape::max_rank];
+  int rank = 0;
   for (int d = 0; d < in.rank(); ++d) {
     if (!(p.mask & (1u << d)))
-      dims.push_back(in[d]);
+      dims[rank++] = in[d];
     else if (p.keepdim)
-      dims.push_back(1);
+      dims[rank++] = 1;
   }
-  if (dims.empty()) return Shape::scalar();
-  return Shape(dims);
+  return make_shape(dims, rank);
 }
 
 /// An input seen as kept and reduced dimensions (adjacent dims of one kind merged, dims of 1 dropped): output

@@ -53,30 +53,6 @@ inline PackedShape pack(const Shape& s) {
   return p;
 }
 
-/// The shape of `rank` dimensions `dims` (0 ≤ rank ≤ Shape::max_rank), without allocating.
-inline Shape make_shape(const Index* d, int rank) {
-  switch (rank) {
-    case 0:
-      return Shape::scalar();
-    case 1:
-      return Shape{d[0]};
-    case 2:
-      return Shape{d[0], d[1]};
-    case 3:
-      return Shape{d[0], d[1], d[2]};
-    case 4:
-      return Shape{d[0], d[1], d[2], d[3]};
-    case 5:
-      return Shape{d[0], d[1], d[2], d[3], d[4]};
-    case 6:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
-    case 7:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
-    default:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
-  }
-}
-
 /// `s` with a dimension of size `n` inserted at `dim` (in [0, rank]); s has fewer than Shape::max_rank dimensions.
 inline Shape inserted(const Shape& s, int dim, Index n) {
   Index d[Shape::max_rank];
@@ -93,7 +69,7 @@ inline Shape unpack(const PackedShape& p) {
 }
 
 /// "[2,-1,4]": a list of dimensions as given (any length, -1 kept), for error messages.
-inline std::string to_string_dims(const std::vector<Index>& dims) {
+inline std::string to_string_dims(ArrayRef<Index> dims) {
   std::string text = "[";
   for (std::size_t d = 0; d < dims.size(); ++d) text += (d ? "," : "") + std::to_string(dims[d]);
   return text + "]";

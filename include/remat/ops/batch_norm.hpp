@@ -289,12 +289,13 @@ Var<T> batch_norm_evaluation(const Var<T>& x, const Parameter<T>& running_mean, 
   Var<T> scale = new_tensor(x, cs, host.row(0).eval().data());
   Var<T> shift = new_tensor(x, cs, host.row(1).eval().data());
   if (o.has_weight()) {
-    const std::vector<Index> dims(cs.begin(), cs.end());
+    const ArrayRef<Index> dims(cs.begin(), static_cast<std::size_t>(cs.rank()));
     const Var<T> w = reshape(o.weight(), dims);
     scale = multiply(scale, w);
     shift = multiply(shift, w);
   }
-  if (o.has_bias()) shift = add(shift, reshape(o.bias(), std::vector<Index>(cs.begin(), cs.end())));
+  if (o.has_bias())
+    shift = add(shift, reshape(o.bias(), ArrayRef<Index>(cs.begin(), static_cast<std::size_t>(cs.rank()))));
   return apply_op<ChannelAffineOp>(x, scale, shift);
 }
 

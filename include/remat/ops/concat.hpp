@@ -91,6 +91,31 @@ struct ConcatOp : JoinOp {
   static Shape output_shape(const Shape* in, const Params& p) { return joined_shape(name, in, p); }
 };
 
+/// The output shapes of a join's records, in order: on the stack for up to 16 records (joins of up to about 32
+/// parts, so that recording them allocates nothing), on the heap beyond.
+class JoinShapes {
+ public:
+  void push_back(const Shape& s) {
+    if (n_ < local_size) {
+      local_[n_] = s;
+    } else {
+      if (n_ == local_size) heap_.assign(local_, local_ + local_size);
+      heap_.push_back(s);
+    }
+    ++n_;
+  }
+  const Shape& back() const { return data()[n_ - 1]; }
+  const Shape* data() const { return n_ <= local_size ? local_ : heap_.data(); }
+  std::size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+
+ private:
+  static constexpr std::size_t local_size = 16;
+  Shape local_[local_size];
+  std::vector<Shape> heap_;
+  std::size_t n_ = 0;
+};
+
 /// Joins parts [begin, end) as a tree of records of at most max_inputs inputs: `record(params, inputs…)` records
 /// one, `shape(params, shapes)` is its output shape. Appends each record's output shape to `shapes` when
 /// `shapes_only` (records nothing then).
@@ -101,7 +126,7 @@ struct JoinTree {
   bool stack;  ///< the parts are leaves (one dimension short of the output)
 
   /// The output shape of the tree over [begin, end), appending every record's shape to `shapes`.
-  Shape shapes(std::size_t begin, std::size_t end, std::vector<Shape>& shapes_out) const {
+  Shape shapes(std::size_t begin, std::size_t end, JoinShapes& shapes_out) const {
     if (end - begin == 1 && !stack) return parts[begin].shape();
     Shape in[max_inputs];
     JoinOp::Params p = node(begin, end);
@@ -201,7 +226,7 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
     throw shape_error(std::string(op) + ": the parts make a " + to_string(whole) +
                       " tensor, more than the 2^48 bytes a tensor may have");
   const JoinTree<Op, T> tree{parts, dim, stack};
-  std::vector<Shape> shapes;
+  JoinShapes shapes;
   tree.shapes(0, parts.size(), shapes);
   // Room for every record of the tree first: a std::bad_alloc must not leave the records made before it.
   if (!shapes.empty()) detail::VarAccess::state(parts[0])->reserve_records(op, shapes.data(), shapes.size());

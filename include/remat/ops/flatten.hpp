@@ -22,10 +22,12 @@ struct FlattenOp : SameElementsOp {
                         std::to_string(start) + ") comes after end_dim " + std::to_string(p.end) + " (dimension " +
                         std::to_string(end) + ") of x " + to_string(x) + "; pass start_dim <= end_dim");
     if (x.rank() == 0) return Shape{1};
-    std::vector<Index> dims(x.begin(), x.begin() + start);
-    dims.push_back(product(x, start, end + 1));
-    dims.insert(dims.end(), x.begin() + end + 1, x.end());
-    return Shape(dims);
+    Index dims[Shape::max_rank];
+    int rank = 0;
+    for (int d = 0; d < start; ++d) dims[rank++] = x[d];
+    dims[rank++] = product(x, start, end + 1);
+    for (int d = end + 1; d < x.rank(); ++d) dims[rank++] = x[d];
+    return make_shape(dims, rank);
   }
 };
 

@@ -65,7 +65,7 @@ struct MaxDimsOp : OpBase {
 /// amax), 0 elsewhere. Keeps x and y as residuals. Throws index_error naming max for a dim out of [−r, r) or
 /// given twice.
 template <class T>
-Var<T> max(const Var<T>& x, const std::vector<int>& dims, bool keepdim = false) {
+Var<T> max(const Var<T>& x, ArrayRef<int> dims, bool keepdim = false) {
   return apply_op<detail::MaxDimsOp>(detail::reduce_dims_params("max", dims, x.shape("max").rank(), keepdim), x);
 }
 

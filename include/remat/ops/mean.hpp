@@ -82,7 +82,7 @@ Var<T> mean(const Var<T>& x) {
 /// (ReduceGeometry::sum): the same bits at every thread count. Throws index_error naming mean for a dim out of [−r, r)
 /// or given twice.
 template <class T>
-Var<T> mean(const Var<T>& x, const std::vector<int>& dims, bool keepdim = false) {
+Var<T> mean(const Var<T>& x, ArrayRef<int> dims, bool keepdim = false) {
   return apply_op<detail::MeanDimsOp>(detail::reduce_dims_params("mean", dims, x.shape("mean").rank(), keepdim), x);
 }
 

@@ -44,7 +44,7 @@ struct PermuteOp : OpBase {
 /// otherwise. Throws shape_error naming permute for another number of dims than x's rank, index_error for a dim out
 /// of range or repeated.
 template <class T>
-Var<T> permute(const Var<T>& x, const std::vector<int>& dims) {
+Var<T> permute(const Var<T>& x, ArrayRef<int> dims) {
   detail::PermuteOp::Params p;
   if (dims.size() > static_cast<std::size_t>(Shape::max_rank))
     throw shape_error("permute: " + std::to_string(dims.size()) + " dims for x " + to_string(x.shape()) + " of rank " +

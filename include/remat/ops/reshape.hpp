@@ -42,37 +42,41 @@ struct ReshapeOp : OpBase {
 /// `shape` with its one -1 inferred from x's elements (torch.reshape's rule): throws shape_error naming `op` for
 /// more than max_rank dimensions, more than one -1, a dimension below 1 other than -1, or another number of
 /// elements than x's.
-inline Shape resolve_shape(const char* op, const Shape& x, const std::vector<Index>& shape) {
-  const std::string asked = std::string(op) + ": x " + to_string(x) + " (" + std::to_string(x.numel()) +
-                            " elements) cannot be read as " + to_string_dims(shape);
+inline Shape resolve_shape(const char* op, const Shape& x, ArrayRef<Index> shape) {
+  // The message's start, built only on the way to a throw: a reshape that succeeds allocates nothing.
+  auto asked = [&] {
+    return std::string(op) + ": x " + to_string(x) + " (" + std::to_string(x.numel()) +
+           " elements) cannot be read as " + to_string_dims(shape);
+  };
   if (shape.size() > static_cast<std::size_t>(Shape::max_rank))
-    throw shape_error(asked + ": " + std::to_string(shape.size()) + " dimensions; remat holds at most " +
+    throw shape_error(asked() + ": " + std::to_string(shape.size()) + " dimensions; remat holds at most " +
                       std::to_string(Shape::max_rank));
   int inferred = -1;
   Index known = 1;
+  Index dims[Shape::max_rank];
   for (std::size_t d = 0; d < shape.size(); ++d) {
+    dims[d] = shape[d];
     if (shape[d] == -1) {
-      if (inferred >= 0) throw shape_error(asked + ": only one dimension may be -1 (inferred)");
+      if (inferred >= 0) throw shape_error(asked() + ": only one dimension may be -1 (inferred)");
       inferred = static_cast<int>(d);
     } else if (shape[d] < 1) {
-      throw shape_error(asked + ": dimension " + std::to_string(d) + " is " + std::to_string(shape[d]) +
+      throw shape_error(asked() + ": dimension " + std::to_string(d) + " is " + std::to_string(shape[d]) +
                         "; each must be at least 1, or -1 for the one inferred (remat has no empty tensors)");
     } else if (__builtin_mul_overflow(known, shape[d], &known) || known > x.numel()) {
-      throw shape_error(asked + ": that has more elements than x; the dimensions' product must be " +
+      throw shape_error(asked() + ": that has more elements than x; the dimensions' product must be " +
                         std::to_string(x.numel()));
     }
   }
-  std::vector<Index> dims = shape;
   if (inferred >= 0) {
     if (x.numel() % known != 0)
-      throw shape_error(asked + ": " + std::to_string(x.numel()) + " is not a multiple of " + std::to_string(known) +
+      throw shape_error(asked() + ": " + std::to_string(x.numel()) + " is not a multiple of " + std::to_string(known) +
                         ", the product of the other dimensions, so the -1 cannot be inferred");
-    dims[static_cast<std::size_t>(inferred)] = x.numel() / known;
+    dims[inferred] = x.numel() / known;
   } else if (known != x.numel()) {
-    throw shape_error(asked + ": that has " + std::to_string(known) + " elements; the dimensions' product must be " +
+    throw shape_error(asked() + ": that has " + std::to_string(known) + " elements; the dimensions' product must be " +
                       std::to_string(x.numel()));
   }
-  return Shape(dims);
+  return make_shape(dims, static_cast<int>(shape.size()));
 }
 
 /// reshape to any shape: its Params hold the target shape, -1 resolved.
@@ -105,7 +109,7 @@ Var<T> reshape(const Var<T>& x, Index rows, Index cols) {
 /// a later change will make it share x's buffer). Throws shape_error naming reshape, x's shape and the shape asked
 /// for, for more than one -1, a dimension below 1 other than -1, or another number of elements.
 template <class T>
-Var<T> reshape(const Var<T>& x, const std::vector<Index>& shape) {
+Var<T> reshape(const Var<T>& x, ArrayRef<Index> shape) {
   const Shape out = detail::resolve_shape(detail::ReshapeNdOp::name, x.shape(), shape);
   return apply_op<detail::ReshapeNdOp>(detail::ReshapeNdOp::Params{detail::pack(out)}, x);
 }

@@ -18,9 +18,10 @@ struct SqueezeOp : SameElementsOp {
     const Shape& x = in[0];
     const int dim = wrap_dim_or_scalar(p.dim, x.rank(), name);
     if (x.rank() == 0 || x[dim] != 1) return x;
-    std::vector<Index> dims = x.dims();
-    dims.erase(dims.begin() + dim);
-    return Shape(dims);
+    Index dims[Shape::max_rank];
+    for (int d = 0, k = 0; d < x.rank(); ++d)
+      if (d != dim) dims[k++] = x[d];
+    return make_shape(dims, x.rank() - 1);
   }
 };
 

@@ -78,7 +78,7 @@ Var<T> sum(const Var<T>& x) {
 /// element adds its terms in a fixed order (ReduceGeometry::sum): the same bits at every thread count. Throws
 /// index_error naming sum for a dim out of [−r, r) or given twice.
 template <class T>
-Var<T> sum(const Var<T>& x, const std::vector<int>& dims, bool keepdim = false) {
+Var<T> sum(const Var<T>& x, ArrayRef<int> dims, bool keepdim = false) {
   return apply_op<detail::SumDimsOp>(detail::reduce_dims_params("sum", dims, x.shape("sum").rank(), keepdim), x);
 }
 

@@ -20,9 +20,7 @@ struct UnsqueezeOp : SameElementsOp {
     if (x.rank() == Shape::max_rank)
       throw shape_error(std::string(name) + ": x " + to_string(x) + " already has " + std::to_string(x.rank()) +
                         " dimensions, the most a remat shape holds; reshape it to fewer first");
-    std::vector<Index> dims = x.dims();
-    dims.insert(dims.begin() + dim, 1);
-    return Shape(dims);
+    return inserted(x, dim, 1);
   }
 };
 

@@ -28,7 +28,7 @@ struct ViewOp : ReshapeNdOp {
 /// and the shape asked for, for more than one -1, a dimension below 1 other than -1, or another number of
 /// elements.
 template <class T>
-Var<T> view(const Var<T>& x, const std::vector<Index>& shape) {
+Var<T> view(const Var<T>& x, ArrayRef<Index> shape) {
   const Shape out = detail::resolve_shape(detail::ViewOp::name, x.shape(), shape);
   return apply_op<detail::ViewOp>(detail::ViewOp::Params{detail::pack(out)}, x);
 }
