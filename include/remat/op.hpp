@@ -12,6 +12,9 @@
 //   static constexpr bool batch_dims;             optional: a dot with batch dimensions
 //   static constexpr bool stops_gradient;         optional: its output requires no gradient (detach); the
 //                                                 sweep never runs its backward
+//   static constexpr bool view;                   optional: its output is input 0's buffer read with another
+//                                                 shape of as many elements (reshape): no copy, its forward
+//                                                 never runs, and the buffer counts once
 //   static constexpr bool estimable;              optional, default true: false if the program depends, at
 //                                                 record time, on what its forward computes (a shapes-only
 //                                                 tape, remat::estimate_memory, then refuses it: shapes_only_error)
@@ -87,6 +90,13 @@ struct OpBase {
   static constexpr bool batch_dims = false;
   /// Its output requires no gradient whatever its inputs (detach): the sweep never runs its backward.
   static constexpr bool stops_gradient = false;
+  /// Its output is input 0's elements as they are, read with another shape of as many elements (reshape, view,
+  /// flatten, squeeze, unsqueeze: PyTorch's views of a contiguous tensor). Then the output shares input 0's buffer:
+  /// nothing is copied, the forward is never called (a replay re-points the output instead), the buffer counts
+  /// once in memory() and stays while either value is wanted, and a memory budget evicts neither while the view
+  /// refers to it. apply_op throws shape_error naming the op if the output's element count is not input 0's. The
+  /// backward runs as for any op (a view's copies dy into dx).
+  static constexpr bool view = false;
   /// A shapes-only tape (remat::estimate_memory) may record it without running its forward. Every op that
   /// keeps to the recipe is: its buffers follow from its shapes. Declare false for an op whose forward the
   /// program depends on at record time (it writes, through a pointer in its Params, something the program
@@ -130,6 +140,16 @@ Var<T> evaluation_identity(const Var<T>& first, const Shape* shapes, const P& pa
   return first;
 }
 
+/// Throws shape_error naming a view op (OpBase::view) whose output would not hold as many elements as its input 0
+/// (it reads that buffer as it is), or that declares an extra or a temporary (a view computes nothing).
+inline void check_view_shapes(const char* op, const Shape& input, const OpShapes& shapes) {
+  if (shapes.output.numel() != input.numel())
+    throw shape_error(std::string(op) + ": a view op's output " + to_string(shapes.output) + " must hold as many " +
+                      "elements as its input 0 " + to_string(input) + ", whose buffer it reads as it is");
+  if (shapes.extra.numel() != 0 || shapes.scratch.numel() != 0)
+    throw shape_error(std::string(op) + ": a view op computes nothing, so it has no extra residual or temporary");
+}
+
 /// For an op of kind OpKind::random: keeps the tape's current (seed, offset) in the op's node (its RandomStream)
 /// and returns how far the tape's offset must advance once the op is recorded. 0 for any other op.
 template <class Op, class T, class P>
@@ -170,6 +190,7 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
                                    Op::scratch_shape(shapes, call.params)};
   detail::check_op_shapes<T>(Op::name, op_shapes);
+  if constexpr (Op::view) detail::check_view_shapes(Op::name, shapes[0], op_shapes);
   detail::Attributes attributes;
   attributes.set_params(call.params);
   if (!call.tag.empty()) attributes.tag = state->intern_tag(call.tag);
@@ -187,6 +208,7 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
 template <class Op, class T>
 Var<T> apply_op_without_inputs(const typename Op::Params& params, const Var<T>& on_tape_of) {
   static_assert(!Op::training_only, "a training_only op returns its first input in evaluation: it needs one");
+  static_assert(!Op::view, "a view op reads its input 0's buffer: it needs one");
   using detail::VarAccess;
   VarAccess::node(on_tape_of, Op::name);
   detail::TapeState<T>* state = VarAccess::state(on_tape_of);

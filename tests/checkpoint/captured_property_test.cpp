@@ -32,6 +32,10 @@ std::vector<Matrix<T>> recorded(const Program& program, std::size_t budget) {
   const Var<T> loss = Executor<T>(program, rec).run(leaves).var;
   std::vector<Matrix<T>> out{Matrix<T>(loss.value())};
   tape.backward(loss);
+  // The budget is the step's. Reading a variable's gradient afterwards allocates zeros for one the loss does not
+  // reach (a CapturedStep returns its zeros without allocating), which a tight budget may not hold: a program
+  // whose views leave its peak just under its leaves and gradients would throw here and nowhere in the step.
+  tape.set_memory_budget(0);
   std::size_t p = 0;
   for (std::size_t k = 0; k < program.leaves.size(); ++k) {
     const auto kind = program.leaves[k].kind;

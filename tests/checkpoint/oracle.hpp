@@ -149,6 +149,12 @@ inline bool stops_gradient(const std::string& op) {
   return op == "detach";
 }
 
+/// Whether the op's output is its input 0's buffer read with another shape (a view, §2.5): PyTorch's reshape,
+/// view, flatten, squeeze and unsqueeze of a contiguous tensor. Its buffer is its root's (below).
+inline bool is_view(const std::string& op) {
+  return op == "reshape" || op == "view" || op == "flatten" || op == "squeeze" || op == "unsqueeze";
+}
+
 /// The oracle's answer for one region.
 struct RegionResult {
   int depth = 0;
@@ -354,23 +360,34 @@ inline Result compute(const Graph& g) {
   }
 
   // Section 6: replayed_ops = ops re-run by the replays of this backward; replayed_bytes = their output
-  // plus extra bytes.
+  // plus extra bytes, where a view's output is no new buffer (§2.5).
   for (const RegionResult& rr : res.regions) {
     if (!rr.replays) continue;
     for (int m : rr.members) {
       const Node& x = node(m);
       ++res.replayed_ops;
-      res.replayed_bytes += static_cast<std::size_t>(numel(x.shape) + extra_numel(x)) * g.scalar_bytes;
+      res.replayed_bytes +=
+          static_cast<std::size_t>((is_view(x.op) ? 0 : numel(x.shape)) + extra_numel(x)) * g.scalar_bytes;
     }
   }
 
   // Section 5: after the forward pass the tape keeps the values some reader reads at level 0 (a backward, a
-  // replay's source), and the extras of L = 0 nodes whose own backward reads them. Parameters: 0 bytes.
+  // replay's source), and the extras of L = 0 nodes whose own backward reads them. Parameters: 0 bytes. A
+  // view's value is its root's buffer (the first non-view up its chain of inputs 0): each buffer counts once,
+  // when its root or any view of it is kept.
+  auto root = [&](int v) {
+    while (is_op(v) && is_view(node(v).op)) v = node(v).inputs[0];
+    return v;
+  };
+  std::vector<bool> buffer_kept(static_cast<std::size_t>(n), false);
   for (int v = 0; v < n; ++v) {
     const Node& x = node(v);
     if (read_at(v, 0)) {
       res.saved_values.push_back(v);
-      if (x.leaf != Leaf::parameter) res.saved_bytes += static_cast<std::size_t>(numel(x.shape)) * g.scalar_bytes;
+      const int b = root(v);
+      if (node(b).leaf != Leaf::parameter && !buffer_kept[static_cast<std::size_t>(b)])
+        res.saved_bytes += static_cast<std::size_t>(numel(node(b).shape)) * g.scalar_bytes;
+      buffer_kept[static_cast<std::size_t>(b)] = true;
     }
     if (extra_read[static_cast<std::size_t>(v)] && L(v) == 0) {
       res.saved_extras.push_back(v);

@@ -61,6 +61,7 @@ const OpTable<T>* op_table_of() {
                                        Op::kind,
                                        Op::batch_dims,
                                        Op::stops_gradient,
+                                       Op::view,
                                        &Op::reads,
                                        &Op::template forward<T>,
                                        &Op::template backward<T>,

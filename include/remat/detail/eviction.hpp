@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
-#include "remat/op_context.hpp"
 #include "remat/detail/eviction_choice.hpp"
 #include "remat/detail/eviction_classes.hpp"
 #include "remat/detail/lifetime.hpp"
@@ -38,6 +37,7 @@
 #include "remat/detail/trace.hpp"
 #include "remat/errors.hpp"
 #include "remat/memory.hpp"
+#include "remat/op_context.hpp"
 
 namespace remat::detail {
 
@@ -114,7 +114,7 @@ class Evictor : public EvictorChoice<T> {
   void reserve(std::size_t nodes) {
     graph_.track_budget(nodes);
     lifetime_.reserve(nodes);
-    for (std::vector<std::int32_t>* v : {&members_, &work_, &walk_, &stack_, &held_})
+    for (std::vector<std::int32_t>* v : {&members_, &work_, &walk_, &stack_, &held_, &views_})
       if (v->capacity() < nodes) v->reserve(std::max(nodes, 2 * v->capacity()));
     const std::size_t choices = std::max(nodes, choices_wanted_);
     if (choices_.capacity() < choices) choices_.reserve(std::max(choices, 2 * choices_.capacity()));
@@ -243,7 +243,7 @@ class Evictor : public EvictorChoice<T> {
       Base::classes_exact_at_, Base::clock_, Base::evictions_, Base::failed_, Base::failed_least_, Base::failed_needed_,
       Base::graph_, Base::held_, Base::heuristic_, Base::lifetime_, Base::members_, Base::regen_stamp_,
       Base::rematerialized_bytes_, Base::rematerialized_flops_, Base::rematerialized_ops_, Base::stack_, Base::stale_,
-      Base::walk_, Base::walk_stamp_, Base::work_;  // its state
+      Base::views_, Base::walk_, Base::walk_stamp_, Base::work_;  // its state
   using typename Base::ChoicesState;
 
   /// make_room()'s evictions.
@@ -271,6 +271,15 @@ class Evictor : public EvictorChoice<T> {
     Node<T>& n = graph_[u];
     lifetime_.note(u);
     invalidate_bounds();  // u becomes resident: a bound through it no longer holds
+    n.view_kept = false;  // computed again
+    if (n.is_view()) {    // its input's buffer again: nothing to allocate or compute
+      if (!n.value) lifetime_.share_view(u);
+      touch(n.inputs[0]);
+      if (rematerialization) ++rematerialized_ops_;
+      touch(u);
+      lifetime_.mark_resident(u);
+      return;
+    }
     std::size_t need = Buffers<T>::bytes(n.scratch_shape);
     if (!n.value) need += Buffers<T>::bytes(n.shape);
     if (n.extra_shape.numel() > 0 && !n.extra) need += Buffers<T>::bytes(n.extra_shape);
@@ -395,6 +404,7 @@ class Evictor : public EvictorChoice<T> {
   void evict(std::int32_t id) noexcept {
     Node<T>& n = graph_[id];
     lifetime_.note(id);
+    const std::size_t views = n.view_holds > 0 ? detach_views(id) : 0;  // they go with the buffer
     buffers_.free(n.value, n.shape);
     ++evictions_;
     const std::uint32_t stamp = next_stamp(walk_stamp_, &BudgetFields::walk_mark);
@@ -424,6 +434,32 @@ class Evictor : public EvictorChoice<T> {
     // already evicted.
     std::sort(held_.begin(), held_.end());
     for (std::int32_t v : held_) lifetime_.mark_evicted(v);
+    // Then the views that were the buffer, in recording order: each holds its input, evicted before it.
+    std::sort(views_.begin(), views_.begin() + static_cast<std::ptrdiff_t>(views));
+    for (std::size_t i = 0; i < views; ++i) lifetime_.mark_evicted(views_[i]);
+  }
+
+  /// Before `id`'s buffer is evicted: every view whose value it is (its views, theirs, …) loses it and gives back
+  /// its hold, without settling (they are evicted with it). Lists them in views_ and returns how many. Never throws.
+  std::size_t detach_views(std::int32_t id) noexcept {
+    views_.clear();
+    std::size_t next = 0;
+    std::int32_t base = id;
+    for (;;) {
+      Node<T>& b = graph_[base];
+      for (std::int32_t e = b.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
+        const std::int32_t c = e / max_inputs;
+        Node<T>& v = graph_[c];
+        if (e % max_inputs != 0 || !v.is_view() || !v.value) continue;
+        lifetime_.note(c);
+        lifetime_.note(base);
+        v.value = nullptr;
+        --b.view_holds;
+        views_.push_back(c);  // within capacity: each node once
+      }
+      if (next == views_.size()) return views_.size();
+      base = views_[next++];
+    }
   }
 };
 

@@ -154,7 +154,9 @@ class EvictorChoice {
 
   /// The evictable value of lowest score cost / (bytes · staleness); the lowest id on a tie; -1 if none.
   /// Evictable: an op's tape-owned output, resident, wanted (the rule would keep it), not read by an op or a
-  /// regeneration running now, and regenerable from what is there.
+  /// regeneration running now, not a view (OpBase::view: evicting it would free nothing), not the buffer of a view
+  /// that a running op reads (evicting a buffer evicts the views that are it, detail/eviction.hpp), and
+  /// regenerable from what is there.
   std::int32_t best_victim() noexcept {
     next_stamp(scan_, &BudgetFields::evict_mark);
     if (heuristic_ == EvictionHeuristic::dtr && classes_exact_at_ != lifetime_.class_leaves()) rebuild_classes();
@@ -166,7 +168,8 @@ class EvictorChoice {
     double best_score = 0;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
-      if (!n.value || n.is_leaf() || n.pins > 0) continue;  // an op's output is tape-owned
+      if (!n.value || n.is_leaf() || n.pins > 0 || n.is_view()) continue;  // an op's output is tape-owned
+      if (n.view_holds > 0 && view_pinned(i)) continue;
       const double scale =
           static_cast<double>(Buffers<T>::bytes(n.shape)) * static_cast<double>(clock_ - n.last_access + 1);
       // A node whose lower bound already scores no better than the best so far cannot win, and its neighbourhood
@@ -183,6 +186,17 @@ class EvictorChoice {
       }
     }
     return best;
+  }
+
+  /// Some view whose value is node `id`'s buffer (directly or through views of views) is read by an op running now.
+  bool view_pinned(std::int32_t id) const noexcept {
+    const Node<T>& b = graph_[id];
+    for (std::int32_t e = b.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
+      const Node<T>& v = graph_[e / max_inputs];
+      if (e % max_inputs != 0 || !v.is_view() || !v.value) continue;
+      if (v.pins > 0 || (v.view_holds > 0 && view_pinned(e / max_inputs))) return true;
+    }
+    return false;
   }
 
   /// Makes the union-find classes the exact connected components of the evicted values (through inputs and
@@ -307,6 +321,7 @@ class EvictorChoice {
   std::vector<std::int32_t> members_, work_;  // a regeneration's members, and its walk
   std::vector<std::int32_t> walk_, stack_;    // the neighbourhood walk, eviction's walk; regenerable's, bound's
   std::vector<std::int32_t> held_;            // an eviction's newly evicted values
+  std::vector<std::int32_t> views_;           // an eviction's views of the evicted buffer
   std::vector<std::int32_t> choices_;         // the victims of the last trial or dry run
   std::size_t choices_next_ = 0, choices_wanted_ = 0;
   ChoicesState choices_state_ = ChoicesState::off;

@@ -21,6 +21,11 @@
 // buffer; it takes a regeneration read on each of its op's inputs, so what it is regenerated from stays.
 // When the rule stops wanting it, it stops being evicted and gives those reads back.
 //
+// A view (OpBase::view: reshape and its kin) has no buffer of its own: while its value is there, it is its input
+// 0's buffer, and it holds that input at every level (a view hold), so the buffer stays while either is wanted.
+// Freeing a view's value gives the hold back. The buffer counts once: with its owner, saved while the owner or a
+// view of it is kept for a reader.
+//
 // A chain run by its schedule (ChainPlan, run_schedule with a non-persistent schedule) holds the
 // activations its schedule keeps at every level too (a schedule hold), from the operation that computes
 // one to the one that frees it: the schedule, not a region, says when such a checkpoint goes.
@@ -50,13 +55,14 @@ namespace remat::detail {
 template <class T>
 struct NodeSnapshot {
   T *value, *extra, *grad;
-  std::int32_t backward_reads, replay_reads, pins, regen_reads, schedule_holds;
-  bool grad_assigned, extra_read, evicted;
+  std::int32_t backward_reads, replay_reads, pins, regen_reads, schedule_holds, view_holds;
+  bool grad_assigned, extra_read, evicted, view_kept;
   std::uint64_t last_access;
 
   static NodeSnapshot of(const Node<T>& n) {
-    return {n.value,       n.extra,          n.grad,          n.backward_reads, n.replay_reads, n.pins,
-            n.regen_reads, n.schedule_holds, n.grad_assigned, n.extra_read,     n.evicted,      n.last_access};
+    return {n.value,      n.extra,       n.grad,           n.backward_reads, n.replay_reads,
+            n.pins,       n.regen_reads, n.schedule_holds, n.view_holds,     n.grad_assigned,
+            n.extra_read, n.evicted,     n.view_kept,      n.last_access};
   }
   void restore(Node<T>& n) const {
     n.value = value;
@@ -67,9 +73,11 @@ struct NodeSnapshot {
     n.pins = pins;
     n.regen_reads = regen_reads;
     n.schedule_holds = schedule_holds;
+    n.view_holds = view_holds;
     n.grad_assigned = grad_assigned;
     n.extra_read = extra_read;
     n.evicted = evicted;
+    n.view_kept = view_kept;
     n.last_access = last_access;
   }
 };
@@ -125,13 +133,60 @@ class Lifetime {
   }
 
   // ---- the rule ----
-  bool value_wanted(const Node<T>& n) const {
+  bool value_wanted(const Node<T>& n) const { return n.view_holds > 0 || wanted_for_itself(n); }
+  /// Wanted by something other than a view of it.
+  bool wanted_for_itself(const Node<T>& n) const {
     return n.handles > 0 || n.pins > 0 || n.regen_reads > 0 || n.schedule_holds > 0 || read_at_this_level(n);
   }
   bool extra_wanted(const Node<T>& n) const { return n.extra_read && (n.handles > 0 || n.level <= level_); }
-  /// Kept for a reader (not only for a handle), and tape-owned: what memory().saved_bytes counts.
+  /// A tape-owned buffer kept for a reader (not only for a handle), its own or a view's of it: what
+  /// memory().saved_bytes counts (a buffer once, with its owner).
   bool saved_value(const Node<T>& n) const {
-    return n.value && n.value_owned() && (n.regen_reads > 0 || n.schedule_holds > 0 || read_at_this_level(n));
+    return n.value && n.value_owned() && (held_for_reader(n) || (n.view_holds > 0 && view_saved(n)));
+  }
+  /// A reader (not only a handle) keeps n's value: a backward or a replay at this level, a regeneration, a schedule.
+  bool held_for_reader(const Node<T>& n) const {
+    return n.regen_reads > 0 || n.schedule_holds > 0 || read_at_this_level(n);
+  }
+  /// Some view whose value is n's buffer now (directly or through views of views) is held for a reader. Walks n's
+  /// consumers: only memory() and the reports ask.
+  bool view_saved(const Node<T>& n) const {
+    const auto id = static_cast<std::int32_t>(&n - graph_.nodes.data());
+    for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
+      const Node<T>& v = graph_[e / max_inputs];
+      if (e % max_inputs != 0 || !v.is_view() || !v.value || v.inputs[0] != id) continue;
+      if (held_for_reader(v) || (v.view_holds > 0 && view_saved(v))) return true;
+    }
+    return false;
+  }
+  /// The first view (by recording order) that keeps n's buffer for a reader (view_saved), -1 if none.
+  std::int32_t saving_view(const Node<T>& n) const {
+    const auto id = static_cast<std::int32_t>(&n - graph_.nodes.data());
+    std::int32_t first = -1;
+    for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
+      const Node<T>& v = graph_[e / max_inputs];
+      if (e % max_inputs != 0 || !v.is_view() || !v.value || v.inputs[0] != id) continue;
+      if (held_for_reader(v) || (v.view_holds > 0 && view_saved(v)))
+        first = first < 0 ? e / max_inputs : std::min(first, e / max_inputs);
+    }
+    return first;
+  }
+
+  // ---- views ----
+  /// A value the rule keeps only for views of it (its buffer is theirs) is there by accident as far as a replay
+  /// is concerned: Node::view_kept, until it is computed again (replay_plan.hpp, PresentNow).
+  void mark_view_kept(Node<T>& n) noexcept {
+    if (n.value && n.view_holds > 0 && !n.view_kept && !wanted_for_itself(n)) n.view_kept = true;
+  }
+  /// View `id` (OpBase::view) takes its input 0's buffer as its value, holding that input. Never throws.
+  void share_view(std::int32_t id) noexcept {
+    Node<T>& v = graph_[id];
+    Node<T>& base = graph_[v.inputs[0]];
+    assert(v.is_view() && !v.value && base.value);
+    note(id);
+    note(v.inputs[0]);
+    v.value = base.value;
+    ++base.view_holds;
   }
   /// A pending reader needs n at the current level (levels.hpp: read_at_or_below).
   bool read_at_this_level(const Node<T>& n) const { return read_at_or_below(graph_, n, level_); }
@@ -142,6 +197,7 @@ class Lifetime {
     Node<T>& n = graph_[id];
     note(id);
     if (n.value && !value_wanted(n)) free_value(n);
+    mark_view_kept(n);
     if (n.evicted && !value_wanted(n)) forget_eviction(id);
     if (n.extra && !extra_wanted(n)) free_extra(n);
   }
@@ -155,9 +211,11 @@ class Lifetime {
     Node<T>& n = graph_[id];
     const bool value = n.value && !value_wanted(n), evicted = n.evicted && !value_wanted(n),
                extra = n.extra && !extra_wanted(n);
+    const bool view_kept = n.value && !value && n.view_holds > 0 && !wanted_for_itself(n);
     level_ = current;
     note(id);
     if (value) free_value(n);
+    if (view_kept) n.view_kept = true;
     if (evicted) forget_eviction(id);
     if (extra) free_extra(n);
   }
@@ -317,6 +375,7 @@ class Lifetime {
         note(w);
         --in.regen_reads;
         if (in.value && !value_wanted(in)) free_value(in);
+        mark_view_kept(in);
         if (in.evicted && !value_wanted(in)) {
           in.evicted = false;     // marked now, so that another reader's release does not list it twice
           cascade_.push_back(w);  // within capacity: each evicted node once
@@ -328,6 +387,17 @@ class Lifetime {
 
   void free_value(Node<T>& n) noexcept {
     note(static_cast<std::int32_t>(&n - graph_.nodes.data()));
+    n.view_kept = false;
+    if (n.is_view()) {  // its input's buffer: the hold goes, and the input may go with it
+      if (!n.value) return;
+      n.value = nullptr;
+      Node<T>& base = graph_[n.inputs[0]];
+      assert(base.view_holds > 0);
+      note(n.inputs[0]);
+      --base.view_holds;
+      settle(n.inputs[0]);
+      return;
+    }
     if (!n.value_owned()) {
       n.value = nullptr;  // a Parameter's storage is not the tape's to free
       return;

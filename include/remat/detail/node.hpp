@@ -126,6 +126,7 @@ struct OpTable {
   OpKind kind;
   bool batch_dims;                ///< a dot with batch dimensions (OpInfo::batch_dims)
   bool stops_gradient;            ///< its output requires no gradient whatever its inputs (detach)
+  bool view;                      ///< its output is input 0's buffer, read with another shape (OpBase::view)
   unsigned (*reads)(GradInputs);  ///< residuals its backward reads for these input gradients
   void (*forward)(const ForwardContext<T>&);
   void (*backward)(const BackwardContext<T>&);
@@ -222,6 +223,8 @@ struct Node {
   std::int32_t pins = 0;            // running ops (forward, regeneration, backward) that read it now
   std::int32_t regen_reads = 0;     // evicted values whose regeneration reads it (the lifetime rule reads it)
   std::int32_t schedule_holds = 0;  // an executed chain schedule keeps it (ChainPlan): at every level
+  std::int32_t view_holds = 0;      // views (OpBase::view) whose value is its buffer now: at every level
+  bool view_kept = false;           // its value stayed only for views of it, not recomputed since: absent for a replay
   // Kept on every tape, as touch() keeps it: a budget set halfway through a recording ranks the values recorded
   // before it by their staleness all the same.
   std::uint64_t last_access = 0;  // the tape's logical clock at its last read or write (staleness)
@@ -234,7 +237,10 @@ struct Node {
   std::uint64_t parameter_assignments = 0;
 
   bool is_leaf() const { return op == nullptr; }
-  bool value_owned() const { return parameter == nullptr; }
+  /// The tape allocated its buffer and frees it: not a Parameter's storage, not a view of another value's.
+  bool value_owned() const { return parameter == nullptr && !is_view(); }
+  /// Its value is input 0's buffer (OpBase::view).
+  bool is_view() const { return op != nullptr && op->view; }
   std::int32_t holds() const { return backward_reads + replay_reads + (pending ? 1 : 0); }
 };
 

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
-#include "remat/op_context.hpp"
 #include "remat/detail/eviction.hpp"
 #include "remat/detail/levels.hpp"
 #include "remat/detail/lifetime.hpp"
@@ -21,6 +20,7 @@
 #include "remat/detail/replay_plan.hpp"
 #include "remat/detail/trace.hpp"
 #include "remat/errors.hpp"
+#include "remat/op_context.hpp"
 
 namespace remat::detail {
 
@@ -83,8 +83,9 @@ class Recorder : public RegionRecorder<T> {
   std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
                       const OpShapes& shapes, const int* indices, std::size_t index_count) {
     const Shape& shape = shapes.output;
-    // The element counts of its value, extra and temporary, each taken once: numel() loops over the rank.
-    const std::size_t counts[3] = {static_cast<std::size_t>(shape.numel()),
+    // The element counts of its value, extra and temporary, each taken once: numel() loops over the rank. A view
+    // allocates no value: it is its input 0's buffer.
+    const std::size_t counts[3] = {table->view ? std::size_t{0} : static_cast<std::size_t>(shape.numel()),
                                    static_cast<std::size_t>(shapes.extra.numel()),
                                    static_cast<std::size_t>(shapes.scratch.numel())};
     for (int k = 0; k < arity; ++k) check_input(table->name, inputs[k]);
@@ -136,11 +137,14 @@ class Recorder : public RegionRecorder<T> {
     n.region = in_region ? graph_.open.back() : -1;
     n.drop_mask = drop_mask;
     n.cost = cost;
-    n.value = buffers_.allocate_elements(counts[0]);
+    if (table->view)
+      lifetime_.share_view(id);  // its input is resident: evictor_.acquire made it so under a budget
+    else
+      n.value = buffers_.allocate_elements(counts[0]);
     if (counts[1] > 0) n.extra = buffers_.allocate_elements(counts[1]);
     if (counts[2] > 0) n.scratch = buffers_.allocate_elements(counts[2]);
     try {
-      if (!buffers_.shapes_only()) {  // placeholders: no kernel
+      if (!buffers_.shapes_only() && !table->view) {  // placeholders: no kernel; a view computes nothing
         if (graph_.trace) graph_.trace->log_forward(graph_, id, true);
         table->forward(ForwardContext<T>{graph_, n, true});
         if (graph_.detect_anomaly) check_finite_forward(id);  // throws: undone below

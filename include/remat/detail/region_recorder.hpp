@@ -81,7 +81,8 @@ class RegionRecorder {
     r.replays = !members_.empty();
     r.replay_bytes = 0;
     for (std::int32_t m : members_)
-      r.replay_bytes += Buffers<T>::bytes(graph_[m].shape) + Buffers<T>::bytes(graph_[m].extra_shape);
+      r.replay_bytes +=
+          (graph_[m].is_view() ? 0 : Buffers<T>::bytes(graph_[m].shape)) + Buffers<T>::bytes(graph_[m].extra_shape);
     if (r.plan >= 0) {
       // A chain run by its schedule may recompute any of its ops: every value they read from outside
       // the chain, and every leaf inside it, is a source (within capacity: members_ holds `length`).

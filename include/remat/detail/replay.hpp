@@ -34,7 +34,7 @@ class Replays : public GradientDelivery<T> {
     for (std::int32_t u : members_) {
       const Node<T>& n = graph_[u];
       evictor_.compute(u, false);
-      replayed_bytes_ += Buffers<T>::bytes(n.shape) + Buffers<T>::bytes(n.extra_shape);
+      replayed_bytes_ += (n.is_view() ? 0 : Buffers<T>::bytes(n.shape)) + Buffers<T>::bytes(n.extra_shape);
       replayed_flops_ += n.cost - op_overhead_flops;  // its FLOP estimate (Node::cost)
       ++replayed_ops_;
       const std::uint8_t computed = computed_inputs_[static_cast<std::size_t>(u - r.begin)];

@@ -38,16 +38,18 @@ struct PresentBelowLevel {
 
 /// "There" while the sweep runs the replay of a region at `depth`: currently materialized, or evicted under a
 /// memory budget (regenerated from its inputs when read, detail/eviction.hpp) — except a value that a region
-/// returned and dropped (Node::tiers) and that `reader` reads at the replay's level or deeper: the replay
-/// computes it as JAX's does, though it may still be there for a reader outside (retain_graph, a handle), so
-/// that what a replay runs does not depend on what another reader kept.
+/// returned and dropped (Node::tiers) and that `reader` reads at the replay's level or deeper, and a value that
+/// stayed only because views of it did (Node::view_kept): the replay computes them as JAX's does, though they may
+/// still be there for a reader outside (retain_graph, a handle, a kept view), so that what a replay runs does not
+/// depend on what another reader kept. (A recomputed value that still has its buffer is written into it: the
+/// same bits.)
 struct PresentNow {
   int depth;
   template <class T>
   bool value(const Graph<T>& graph, std::int32_t id, std::int32_t reader) const {
     const Node<T>& n = graph[id];
     if (n.tiers >= 0 && read_level(graph, id, reader) >= depth) return false;
-    return n.value != nullptr || n.evicted;
+    return (n.value != nullptr && !n.view_kept) || n.evicted;
   }
   template <class T>
   bool extra(const Node<T>& n) const {

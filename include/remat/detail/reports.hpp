@@ -151,6 +151,9 @@ class Reports {
       why = read_by_enclosing_replay(id) ? "allowed by policy, read by a replay" : "region input";
     } else if (n.schedule_holds > 0) {
       why = "checkpoint of a chain schedule";
+    } else if (!lifetime_.held_for_reader(n) && n.view_holds > 0) {
+      const std::int32_t v = lifetime_.saving_view(n);
+      why = "buffer of view #" + std::to_string(v) + " (" + graph_.node_name(v) + "), which is kept";
     } else if (n.regen_reads > 0 && !read_at_or_below(graph_, n, level)) {
       why = "read by the regeneration of an evicted value";
     } else if (n.region < 0) {

@@ -105,10 +105,12 @@ void zero(T* dst, Index n) {
 }
 
 /// The base of the ops whose output is their input's elements in the same order under another shape (reshape,
-/// view, flatten, squeeze, unsqueeze): Derived supplies name and output_shape. They copy; dx is dy read as x's
-/// shape. FLOPs: one per element moved, as every data-movement op declares.
+/// view, flatten, squeeze, unsqueeze): Derived supplies name and output_shape. They are views (OpBase::view): the
+/// output is x's buffer, so the forward below runs only for a caller that calls it directly; dx is dy read as x's
+/// shape. FLOPs: one per element, as every data-movement op declares (what a copy would move).
 struct SameElementsOp : OpBase {
   static constexpr OpKind kind = OpKind::data_movement;
+  static constexpr bool view = true;
   static unsigned reads(GradInputs) { return reads_nothing; }
   template <class T>
   static void forward(const ForwardContext<T>& c) {

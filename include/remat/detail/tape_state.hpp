@@ -290,8 +290,9 @@ class TapeState {
                        "runs backward(loss)");
     if (residuals_freed_) throw_residuals_freed(op, loss);
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      // Under a budget, a regeneration may read any Parameter whose value the tape refers to now.
-      if (read_at_all(graph_, graph_[i]) || (evictor_.active() && graph_[i].value))
+      // Under a budget, a regeneration may read any Parameter whose value the tape refers to now; a view of a
+      // Parameter (reshape of a weight) reads its storage.
+      if (read_at_all(graph_, graph_[i]) || graph_[i].view_holds > 0 || (evictor_.active() && graph_[i].value))
         check_parameter_current(graph_, i, op);
       if (to_parameters) {
         check_parameter_not_reassigned(graph_, i, op);
@@ -518,7 +519,7 @@ class TapeState {
     const Node<T>& n = graph_[id];
     NodeCost c;
     c.leaf = n.is_leaf();
-    c.bytes = Buffers<T>::bytes(n.shape);
+    c.bytes = Buffers<T>::bytes(n.shape);  // a view's too: the planner may count a shared buffer twice, never less
     if (c.leaf) return c;
     c.flops = recorder_.op_info(n).flops;
     c.value_read = n.backward_reads > 0;

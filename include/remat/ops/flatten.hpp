@@ -35,9 +35,9 @@ struct FlattenOp : SameElementsOp {
 
 /// torch.flatten: dimensions start_dim … end_dim of x (negative ones counted from the end) merged into one whose
 /// size is their product; the default flattens x into a vector, and a scalar becomes [1]. x: [.., d_start, ..,
-/// d_end, ..] → [.., d_start·…·d_end, ..]; dx is dy read back as x's shape. It COPIES x for now (a later change
-/// will make it share x's buffer). Throws index_error naming flatten for a dim out of range or start_dim after
-/// end_dim.
+/// d_end, ..] → [.., d_start·…·d_end, ..]; dx is dy read back as x's shape. It is a view: the result shares x's
+/// buffer (OpBase::view), nothing is copied. Throws index_error naming flatten for a dim out of range or start_dim
+/// after end_dim.
 template <class T>
 Var<T> flatten(const Var<T>& x, int start_dim = 0, int end_dim = -1) {
   return apply_op<detail::FlattenOp>(detail::FlattenOp::Params{start_dim, end_dim}, x);

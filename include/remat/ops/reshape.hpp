@@ -14,6 +14,7 @@ namespace detail {
 struct ReshapeOp : OpBase {
   static constexpr const char* name = "reshape";
   static constexpr OpKind kind = OpKind::data_movement;
+  static constexpr bool view = true;  // the output is x's buffer (OpBase::view)
   struct Params {
     Index rows = 0, cols = 0;
   };
@@ -96,8 +97,8 @@ struct ReshapeNdOp : SameElementsOp {
 }  // namespace detail
 
 /// The elements of x in row-major order, as a [rows, cols] matrix (numpy/torch reshape of a contiguous
-/// row-major tensor). x: [m,n] → [rows,cols] with rows·cols = m·n; dx is dy read back as [m,n].
-/// Throws shape_error if rows·cols ≠ m·n or a dimension is not positive.
+/// row-major tensor). x: [m,n] → [rows,cols] with rows·cols = m·n; dx is dy read back as [m,n]. A view: the
+/// result shares x's buffer. Throws shape_error if rows·cols ≠ m·n or a dimension is not positive.
 template <class T>
 Var<T> reshape(const Var<T>& x, Index rows, Index cols) {
   return apply_op<detail::ReshapeOp>(detail::ReshapeOp::Params{rows, cols}, x);
@@ -105,9 +106,10 @@ Var<T> reshape(const Var<T>& x, Index rows, Index cols) {
 
 /// torch.reshape: the elements of x in row-major order, read as `shape` (at most Shape::max_rank dimensions, one
 /// of which may be -1: inferred from x's number of elements; {} makes a scalar of a one-element x). x: any shape
-/// with as many elements → `shape`; dx is dy read back as x's shape. It COPIES x for now (PyTorch returns a view;
-/// a later change will make it share x's buffer). Throws shape_error naming reshape, x's shape and the shape asked
-/// for, for more than one -1, a dimension below 1 other than -1, or another number of elements.
+/// with as many elements → `shape`; dx is dy read back as x's shape. As PyTorch's reshape of a contiguous
+/// tensor, the result is a view sharing x's buffer (OpBase::view): nothing is copied, memory() counts it once. Throws
+/// shape_error naming reshape, x's shape and the shape asked for, for more than one -1, a dimension below 1 other than
+/// -1, or another number of elements.
 template <class T>
 Var<T> reshape(const Var<T>& x, ArrayRef<Index> shape) {
   const Shape out = detail::resolve_shape(detail::ReshapeNdOp::name, x.shape(), shape);

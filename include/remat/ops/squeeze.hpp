@@ -29,7 +29,7 @@ struct SqueezeOp : SameElementsOp {
 
 /// torch.squeeze(x, dim): x without dimension `dim` (negative counts from the end) if its size is 1; x's shape
 /// unchanged otherwise, as in PyTorch (a scalar takes dim 0 or -1 and stays a scalar). x: [.., 1, ..] → [.., ..];
-/// dx is dy read back as x's shape. It COPIES x for now (a later change will make it share x's buffer). Throws
+/// dx is dy read back as x's shape. It is a view: the result shares x's buffer, nothing is copied. Throws
 /// index_error naming squeeze for a dim outside [-rank, rank).
 template <class T>
 Var<T> squeeze(const Var<T>& x, int dim) {

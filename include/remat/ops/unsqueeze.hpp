@@ -27,8 +27,8 @@ struct UnsqueezeOp : SameElementsOp {
 }  // namespace detail
 
 /// torch.unsqueeze: x with a size-1 dimension inserted at `dim`, in [-rank-1, rank] (negative counts from the end
-/// of the result: -1 appends). x: [d0, …] → [d0, .., 1, ..]; dx is dy read back as x's shape. It COPIES x for now
-/// (a later change will make it share x's buffer). Throws index_error naming unsqueeze for a dim out of range,
+/// of the result: -1 appends). x: [d0, …] → [d0, .., 1, ..]; dx is dy read back as x's shape. It is a view: the result
+/// shares x's buffer, nothing is copied. Throws index_error naming unsqueeze for a dim out of range,
 /// shape_error for an x of Shape::max_rank dimensions.
 template <class T>
 Var<T> unsqueeze(const Var<T>& x, int dim) {

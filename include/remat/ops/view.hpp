@@ -23,10 +23,10 @@ struct ViewOp : ReshapeNdOp {
 
 /// torch.Tensor.view: x's elements in row-major order read as `shape`, exactly as reshape(x, shape) (one -1
 /// inferred; {} for a scalar). PyTorch's view needs a contiguous x; remat's values always are, so every x with as
-/// many elements has the view. x: any shape → `shape`; dx is dy read back as x's shape. It COPIES x for now (a
-/// later change will make it share x's buffer, as PyTorch's view does). Throws shape_error naming view, x's shape
-/// and the shape asked for, for more than one -1, a dimension below 1 other than -1, or another number of
-/// elements.
+/// many elements has the view. x: any shape → `shape`; dx is dy read back as x's shape. As PyTorch's view, the
+/// result shares x's buffer (OpBase::view): nothing is copied, and memory() counts the buffer once. Throws shape_error
+/// naming view, x's shape and the shape asked for, for more than one -1, a dimension below 1 other than -1, or another
+/// number of elements.
 template <class T>
 Var<T> view(const Var<T>& x, ArrayRef<Index> shape) {
   const Shape out = detail::resolve_shape(detail::ViewOp::name, x.shape(), shape);
