@@ -12,6 +12,7 @@
 // and must find what the skip assumed, so every test checks the signature is complete.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -47,8 +48,9 @@ class DryRunCache : public ChainSchedule<T> {
 
   /// Writes node i's signature_words: every field of the node, of its Parameter and of wanted/keep that
   /// the sweep's allocations and frees depend on (not those only its kernels read: values, grad_assigned,
-  /// the evictor's clock and costs, which matter only under a budget). False if the node cannot be signed
-  /// so (then the signature is not used).
+  /// the evictor's clock and costs, which matter only under a budget). A node's view holds follow from which of
+  /// its views have a value (signed with them); whether it stayed only for them (view_kept) does not. False if the node
+  /// cannot be signed so (then the signature is not used).
   bool sign_node(const Node<T>& n, std::uint8_t wanted_bit, std::uint8_t keep_bit, std::uint64_t* sig) const {
     const auto extra = static_cast<std::uint64_t>(n.extra_shape.numel());
     const auto scratch = static_cast<std::uint64_t>(n.scratch_shape.numel());
@@ -61,7 +63,7 @@ class DryRunCache : public ChainSchedule<T> {
                           std::uint64_t(n.value != nullptr) << 24 | std::uint64_t(n.extra != nullptr) << 25 |
                           std::uint64_t(n.grad != nullptr) << 26 | std::uint64_t(n.evicted) << 27 |
                           std::uint64_t(n.handles > 0) << 28 | std::uint64_t(wanted_bit != 0) << 29 |
-                          std::uint64_t(keep_bit != 0) << 30;
+                          std::uint64_t(keep_bit != 0) << 30 | std::uint64_t(n.view_kept) << 34;
     const void* identity = n.op;
     if (const ParameterStorage<T>* p = n.parameter.get()) {
       // What add_to_parameter does with a leaf's gradient: add to the Parameter's, or hand it over with
@@ -81,6 +83,38 @@ class DryRunCache : public ChainSchedule<T> {
     // Pins and regeneration reads are those of a memory budget's evictions (none outside a sweep without
     // evicted values): such a sweep is not signed.
     return (extra | scratch) >> 32 == 0 && (n.pins | n.regen_reads) == 0;
+  }
+
+  /// Sizes signature_ for this sweep (and the cache for remember_dry_run(), which cannot throw) and writes its
+  /// header: the loss, the mode and the graph's sizes. Returns where prepare() writes the nodes'
+  /// (signature_words each, sign_node), then end_signature() the regions'. Throws std::bad_alloc.
+  std::uint64_t* begin_signature(std::int32_t loss, SweepMode mode) {
+    const Graph<T>& g = this->graph_;
+    const std::size_t words = signature_header + signature_words * g.nodes.size() + 3 * g.regions.size() +
+                              g.region_sources.size() + g.tier_holds.size();
+    signature_.resize(words);
+    if (cached_signature_.capacity() < words) cached_signature_.reserve(words);
+    std::uint64_t* sig = signature_.data();
+    *sig++ = static_cast<std::uint32_t>(loss) | std::uint64_t(mode.retain_graph) << 32 |
+             std::uint64_t(mode.accumulate) << 33;
+    *sig++ = g.nodes.size();
+    *sig++ = g.regions.size();
+    *sig++ = g.region_sources.size();
+    return sig;
+  }
+  /// Writes the regions, their replay sources and the tier holds after the nodes' words ending at `sig`. Never
+  /// throws.
+  void end_signature(std::uint64_t* sig) noexcept {
+    const Graph<T>& g = this->graph_;
+    for (const Region& r : g.regions) {
+      *sig++ = static_cast<std::uint32_t>(r.begin) | std::uint64_t(static_cast<std::uint32_t>(r.end)) << 32;
+      *sig++ = static_cast<std::uint32_t>(r.depth) | std::uint64_t(r.replays) << 32;
+      *sig++ = static_cast<std::uint32_t>(r.sources_begin) | std::uint64_t(static_cast<std::uint32_t>(r.sources_end))
+                                                                 << 32;
+    }
+    for (std::int32_t source : g.region_sources) *sig++ = static_cast<std::uint32_t>(source);
+    for (std::int32_t held : g.tier_holds) *sig++ = static_cast<std::uint32_t>(held);
+    assert(sig == signature_.data() + signature_.size());
   }
 
   /// Whether this sweep's dry run would find what the last one found, and the pool holds all of it.

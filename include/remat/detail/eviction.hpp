@@ -238,7 +238,8 @@ class Evictor : public EvictorChoice<T> {
 
  private:
   using Base = EvictorChoice<T>;
-  using Base::bound, Base::choose, Base::cost, Base::next_stamp, Base::rebuild_classes;  // choosing
+  using Base::bound, Base::choose, Base::cost, Base::evict, Base::next_stamp,
+      Base::rebuild_classes;  // choosing, evicting
   using Base::budget_, Base::buffers_, Base::choices_, Base::choices_next_, Base::choices_state_, Base::choices_wanted_,
       Base::classes_exact_at_, Base::clock_, Base::evictions_, Base::failed_, Base::failed_least_, Base::failed_needed_,
       Base::graph_, Base::held_, Base::heuristic_, Base::lifetime_, Base::members_, Base::regen_stamp_,
@@ -395,71 +396,6 @@ class Evictor : public EvictorChoice<T> {
     failed_ = true;
     failed_needed_ = bytes;
     failed_least_ = buffers_.current_live_bytes() + bytes;  // nothing live could be evicted any more
-  }
-
-  // ---- evicting ----
-  /// Frees `id`'s buffer; it and the absent inputs behind it (values the rule did not want, freed) become
-  /// evicted, each holding its inputs, so that all of them can be regenerated (a Parameter's value is its
-  /// storage again). Walked on a work list, not by recursion. Never throws.
-  void evict(std::int32_t id) noexcept {
-    Node<T>& n = graph_[id];
-    lifetime_.note(id);
-    const std::size_t views = n.view_holds > 0 ? detach_views(id) : 0;  // they go with the buffer
-    buffers_.free(n.value, n.shape);
-    ++evictions_;
-    const std::uint32_t stamp = next_stamp(walk_stamp_, &BudgetFields::walk_mark);
-    held_.clear();
-    held_.push_back(id);
-    walk_.clear();
-    walk_.push_back(id);
-    while (!walk_.empty()) {
-      const Node<T>& v = graph_[walk_.back()];
-      walk_.pop_back();
-      for (int k = 0; k < v.arity; ++k) {
-        const std::int32_t w = v.inputs[k];
-        Node<T>& x = graph_[w];
-        BudgetFields& b = graph_.budget_of(w);
-        if (x.value || x.evicted || b.walk_mark == stamp) continue;
-        if (x.is_leaf()) {
-          lifetime_.note(w);
-          x.value = x.parameter->value.data();  // evictable() checked it current
-          continue;
-        }
-        b.walk_mark = stamp;
-        held_.push_back(w);  // within capacity: each node once
-        walk_.push_back(w);
-      }
-    }
-    // Inputs first (recording order is topological): each becomes evicted holding inputs that are resident or
-    // already evicted.
-    std::sort(held_.begin(), held_.end());
-    for (std::int32_t v : held_) lifetime_.mark_evicted(v);
-    // Then the views that were the buffer, in recording order: each holds its input, evicted before it.
-    std::sort(views_.begin(), views_.begin() + static_cast<std::ptrdiff_t>(views));
-    for (std::size_t i = 0; i < views; ++i) lifetime_.mark_evicted(views_[i]);
-  }
-
-  /// Before `id`'s buffer is evicted: every view whose value it is (its views, theirs, …) loses it and gives back
-  /// its hold, without settling (they are evicted with it). Lists them in views_ and returns how many. Never throws.
-  std::size_t detach_views(std::int32_t id) noexcept {
-    views_.clear();
-    std::size_t next = 0;
-    std::int32_t base = id;
-    for (;;) {
-      Node<T>& b = graph_[base];
-      for (std::int32_t e = b.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
-        const std::int32_t c = e / max_inputs;
-        Node<T>& v = graph_[c];
-        if (e % max_inputs != 0 || !v.is_view() || !v.value) continue;
-        lifetime_.note(c);
-        lifetime_.note(base);
-        v.value = nullptr;
-        --b.view_holds;
-        views_.push_back(c);  // within capacity: each node once
-      }
-      if (next == views_.size()) return views_.size();
-      base = views_[next++];
-    }
   }
 };
 

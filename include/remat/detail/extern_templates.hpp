@@ -14,6 +14,8 @@
   declaration class ::remat::detail::GradientDelivery<T>;  \
   declaration class ::remat::detail::SweepState<T>;        \
   declaration class ::remat::detail::TapeState<T>;         \
+  declaration class ::remat::detail::TapeSweeps<T>;        \
+  declaration class ::remat::detail::TapeCore<T>;          \
   declaration class ::remat::detail::Reports<T>;           \
   declaration class ::remat::detail::Recorder<T>;          \
   declaration class ::remat::detail::RegionRecorder<T>;    \

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
-#include "remat/op_context.hpp"
 #include "remat/detail/dry_run_cache.hpp"
 #include "remat/detail/eviction.hpp"
 #include "remat/detail/levels.hpp"
@@ -27,6 +26,7 @@
 #include "remat/detail/node.hpp"
 #include "remat/detail/trace.hpp"
 #include "remat/errors.hpp"
+#include "remat/op_context.hpp"
 
 namespace remat::detail {
 
@@ -102,7 +102,8 @@ class Sweep : public DryRunCache<T> {
       Base::finish_leaf, Base::stash_;  // GradientDelivery
   using Base::signature_header, Base::signature_words, Base::sign_node, Base::signature_, Base::cached_signature_,
       Base::cached_demand_, Base::cached_rise_, Base::signable_, Base::redundant_, Base::dry_run_redundant,
-      Base::remember_dry_run, Base::dry_runs_skipped_;  // DryRunCache
+      Base::remember_dry_run, Base::dry_runs_skipped_, Base::begin_signature,
+      Base::end_signature;  // DryRunCache
 
   /// Everything that may allocate or throw, before the tape changes; and the signature.
   void prepare(std::int32_t loss, SweepMode mode) {
@@ -136,17 +137,8 @@ class Sweep : public DryRunCache<T> {
     chain_tape_.reserve(chain);
     snapshot_.resize(count);
     tier_snapshot_.reserve(graph_.tier_holds.size());  // simulate() cannot throw
-    const std::size_t words = signature_header + signature_words * count + 3 * graph_.regions.size() +
-                              graph_.region_sources.size() + graph_.tier_holds.size();
-    signature_.resize(words);
-    if (cached_signature_.capacity() < words) cached_signature_.reserve(words);  // remember_dry_run cannot throw
-    std::uint64_t* sig = signature_.data();
+    std::uint64_t* sig = begin_signature(loss, mode);
     bool signable = true;
-    *sig++ = static_cast<std::uint32_t>(loss) | std::uint64_t(mode.retain_graph) << 32 |
-             std::uint64_t(mode.accumulate) << 33;
-    *sig++ = count;
-    *sig++ = graph_.regions.size();
-    *sig++ = graph_.region_sources.size();
     const std::uint8_t *wanted_bits = wanted.data(), *keep_bits = keep.data();
     bool evicted = false;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
@@ -160,15 +152,7 @@ class Sweep : public DryRunCache<T> {
       signable = sign_node(n, wanted_bits[i], keep_bits[i], sig) && signable;
       sig += signature_words;
     }
-    for (const Region& r : graph_.regions) {
-      *sig++ = static_cast<std::uint32_t>(r.begin) | std::uint64_t(static_cast<std::uint32_t>(r.end)) << 32;
-      *sig++ = static_cast<std::uint32_t>(r.depth) | std::uint64_t(r.replays) << 32;
-      *sig++ = static_cast<std::uint32_t>(r.sources_begin) | std::uint64_t(static_cast<std::uint32_t>(r.sources_end))
-                                                                 << 32;
-    }
-    for (std::int32_t source : graph_.region_sources) *sig++ = static_cast<std::uint32_t>(source);
-    for (std::int32_t held : graph_.tier_holds) *sig++ = static_cast<std::uint32_t>(held);
-    assert(sig == signature_.data() + words);
+    end_signature(sig);
     // The budget's work lists and side table (Graph::budget): for its evictions, for regenerating what it evicted
     // even once it is lifted, and for a chain's schedule, which regenerates an input outside a layer it freed
     // (recompute_layer) with or without a budget.
