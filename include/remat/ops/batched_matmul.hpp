@@ -26,30 +26,6 @@ struct MatmulLayout {
 
 /// The shape of the `n` dims at `d`, without a heap allocation (the kernels call matmul_layout during a sweep,
 /// where an allocation that fails cannot be recovered from).
-inline Shape shape_of_dims(const Index* d, int n) {
-  switch (n) {
-    case 0:
-      return Shape::scalar();
-    case 1:
-      return Shape{d[0]};
-    case 2:
-      return Shape{d[0], d[1]};
-    case 3:
-      return Shape{d[0], d[1], d[2]};
-    case 4:
-      return Shape{d[0], d[1], d[2], d[3]};
-    case 5:
-      return Shape{d[0], d[1], d[2], d[3], d[4]};
-    case 6:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
-    case 7:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
-    default:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
-  }
-}
-
-/// Throws shape_error naming matmul for operands torch.matmul refuses. Allocates nothing.
 inline MatmulLayout matmul_layout(const Shape& a, const Shape& b) {
   const char* op = "matmul";
   if (a.rank() == 0 || b.rank() == 0)
@@ -71,21 +47,21 @@ inline MatmulLayout matmul_layout(const Shape& a, const Shape& b) {
   for (int d = 0; d < rank; ++d) {
     const Index x = d < rank - ra ? 1 : a[d - (rank - ra)], y = d < rank - rb ? 1 : b[d - (rank - rb)];
     if (x != y && x != 1 && y != 1)  // broadcast_shape's error
-      broadcast_shape(op, shape_of_dims(a.begin(), ra), shape_of_dims(b.begin(), rb));
+      broadcast_shape(op, make_shape(a.begin(), ra), make_shape(b.begin(), rb));
     dc[d] = x == 1 ? y : x;
   }
   std::copy(a.begin(), a.begin() + ra, da);
   std::copy(b.begin(), b.begin() + rb, db);
   const auto with_one = [](Index* d, int n) {
     if (n < Shape::max_rank) d[n++] = 1;
-    return shape_of_dims(d, n);
+    return make_shape(d, n);
   };
   l.a_batch = with_one(da, ra);
   l.b_batch = with_one(db, rb);
   int n = rank;
   if (!a_vector && n < Shape::max_rank) dc[n++] = l.m;
   if (!b_vector && n < Shape::max_rank) dc[n++] = l.n;
-  l.out = shape_of_dims(dc, n);
+  l.out = make_shape(dc, n);
   l.batch = with_one(dc, rank);
   return l;
 }
