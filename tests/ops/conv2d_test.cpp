@@ -42,16 +42,19 @@ remat::Size2 pair(const ReferenceCase& c, const char* key) {
 
 /// The case's op on its inputs, by the file's name.
 V build(const std::vector<V>& x, const ReferenceCase& c) {
+  const bool ceil_mode = c.has("ceil_mode") && c.ints("ceil_mode").at(0) != 0;  // absent: false
   if (c.name == "max_pool2d")
     return remat::max_pool2d(x[0], remat::MaxPool2dOptions(pair(c, "kernel"))
                                        .stride(pair(c, "stride"))
                                        .padding(pair(c, "padding"))
-                                       .dilation(pair(c, "dilation")));
+                                       .dilation(pair(c, "dilation"))
+                                       .ceil_mode(ceil_mode));
   if (c.name == "avg_pool2d")
     return remat::avg_pool2d(x[0], remat::AvgPool2dOptions(pair(c, "kernel"))
                                        .stride(pair(c, "stride"))
                                        .padding(pair(c, "padding"))
-                                       .count_include_pad(c.ints("count_include_pad").at(0) != 0));
+                                       .count_include_pad(c.ints("count_include_pad").at(0) != 0)
+                                       .ceil_mode(ceil_mode));
   if (c.name == "adaptive_avg_pool2d") return remat::adaptive_avg_pool2d(x[0], pair(c, "output_size"));
   if (c.name == "upsample_nearest2d") {
     remat::UpsampleNearest2dOptions o;
@@ -99,7 +102,7 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
 
 TEST(Conv2d, ItAndThePoolingOpsMatchPyTorchAndEveryPolicyIsBitwiseEqualToPlain) {
   const auto cases = remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/conv_reference.txt");
-  ASSERT_EQ(cases.size(), 44u);
+  ASSERT_EQ(cases.size(), 51u);
   for (const ReferenceCase& c : cases) {
     SCOPED_TRACE(c.name + " at conv_reference.txt:" + std::to_string(c.line));
     // The file's gradients are of sum(y ⊙ g); check the values and those first, on a tape of their own.
@@ -229,6 +232,37 @@ TEST(Pooling, PassesTheGradcheck) {
     return remat::avg_pool2d(v, remat::AvgPool2dOptions({2, 3}).stride(1).padding(1).count_include_pad(false));
   }));
   EXPECT_TRUE(check([](const V& v) { return remat::adaptive_avg_pool2d(v, {4, 4}); }));
+  // ceil_mode: the last windows run past the input (5 → 3 rows, 6 → 3 columns instead of 2 and 2).
+  EXPECT_TRUE(
+      check([](const V& v) { return remat::max_pool2d(v, remat::MaxPool2dOptions(3).stride(2).ceil_mode(true)); }));
+  EXPECT_TRUE(check([](const V& v) {
+    return remat::avg_pool2d(v, remat::AvgPool2dOptions(2).stride(2).padding(1).ceil_mode(true));
+  }));
+}
+
+/// ceil_mode's output sizes by PyTorch's rule, worked by hand: ⌈(H + 2p − d(k − 1) − 1) / s⌉ + 1, less one when the
+/// last window would start at or past H + p. Each row changes the size from ceil_mode false, or keeps it by the rule.
+TEST(Pooling, CeilModeSizesFollowPyTorchsRule) {
+  Tape<double> tape;
+  auto rows = [&](remat::Index h, int k, int s, int p, int d) {
+    const V x = tape.constant(Shape{1, 1, h, 1}, std::vector<double>(static_cast<std::size_t>(h), 1.0).data());
+    return remat::max_pool2d(
+               x, remat::MaxPool2dOptions({k, 1}).stride({s, 1}).padding({p, 0}).dilation({d, 1}).ceil_mode(true))
+        .shape()[2];
+  };
+  EXPECT_EQ(rows(6, 3, 2, 0, 1), 3);  // (6 − 3) / 2 = 1.5 → 2, + 1; without ceil_mode 2
+  EXPECT_EQ(rows(5, 2, 2, 1, 1), 3);  // (5 + 2 − 2) / 2 = 2.5 → 3, + 1 = 4; window 4 would start at 6 = 5 + 1: 3
+  EXPECT_EQ(rows(4, 3, 2, 1, 1), 3);  // (4 + 2 − 3) / 2 = 1.5 → 2, + 1 = 3; window 3 starts at 4 < 5: kept
+  EXPECT_EQ(rows(7, 2, 3, 0, 2), 3);  // extent 3: (7 − 3) / 3 = 1.33 → 2, + 1; without ceil_mode 2
+  EXPECT_EQ(rows(6, 2, 2, 0, 1), 3);  // exact division: the same as without ceil_mode
+  // avg_pool2d: the last window of 5 with k 2, s 2 holds one row; its divisor is that one row (the padded input
+  // ends at row 5), so y = x there.
+  std::vector<double> v{1, 2, 3, 4, 5};
+  const V x = tape.constant(Shape{1, 1, 5, 1}, v.data());
+  const V y = remat::avg_pool2d(x, remat::AvgPool2dOptions({2, 1}).stride({2, 1}).ceil_mode(true));
+  ASSERT_EQ(y.shape(), (Shape{1, 1, 3, 1}));
+  EXPECT_EQ(y.value()(0, 0), 1.5);
+  EXPECT_EQ(y.value()(2, 0), 5.0);
 }
 
 TEST(Pooling, MaxPoolRoutesTiesToTheFirstMaximumAndNaNToTheLast) {

@@ -75,23 +75,26 @@ def cases():
     ]
 
 
-def max_pool_case(shape, kernel, stride, padding=(0, 0), dilation=(1, 1)):
+def max_pool_case(shape, kernel, stride, padding=(0, 0), dilation=(1, 1), ceil_mode=False):
     x = floats(0, shape, ramp=0.013)
 
     def fn(t):
-        return F.max_pool2d(t, kernel, stride, padding, dilation)
+        return F.max_pool2d(t, kernel, stride, padding, dilation, ceil_mode=ceil_mode)
 
+    # "ceil_mode" only when set, so that the cases written before it existed stay byte-identical.
     return Case("max_pool2d", [x], fn, [("kernel", list(kernel)), ("stride", list(stride)),
-                                        ("padding", list(padding)), ("dilation", list(dilation))])
+                                        ("padding", list(padding)), ("dilation", list(dilation))] +
+                ([("ceil_mode", [1])] if ceil_mode else []))
 
 
-def avg_pool_case(shape, kernel, stride, padding=(0, 0), count_include_pad=True):
+def avg_pool_case(shape, kernel, stride, padding=(0, 0), count_include_pad=True, ceil_mode=False):
     def fn(t):
-        return F.avg_pool2d(t, kernel, stride, padding, count_include_pad=count_include_pad)
+        return F.avg_pool2d(t, kernel, stride, padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
 
     return Case("avg_pool2d", [floats(0, shape)], fn, [("kernel", list(kernel)), ("stride", list(stride)),
                                                        ("padding", list(padding)),
-                                                       ("count_include_pad", [int(count_include_pad)])])
+                                                       ("count_include_pad", [int(count_include_pad)])] +
+                ([("ceil_mode", [1])] if ceil_mode else []))
 
 
 def adaptive_case(shape, size):
@@ -113,6 +116,18 @@ def pool_cases():
         adaptive_case((2, 3, 5, 7), (1, 1)),                      # global average pooling
         adaptive_case((1, 2, 7, 5), (3, 2)),                      # sizes that do not divide
         adaptive_case((1, 1, 3, 4), (5, 6)),                      # larger than the input: windows overlap
+        # ceil_mode (PyTorch's pooling_output_shape): 6x6, k 3, s 2 gives 3 windows, not 2, the last past the
+        # input; 5x5, k 2, s 2, p 1 rounds 2.5 up to 4 windows, then drops the last, which would start in the right
+        # padding (3, as without ceil_mode); 4x4, k 3, s 2, p 1 keeps its rounded-up 3 (floor: 2); a dilated
+        # window clipped (7x7, k 2, s 3, d 2: 3, floor 2); average windows past the padded input divided by their
+        # part inside it, with and without the padding counted.
+        max_pool_case((1, 2, 6, 6), (3, 3), (2, 2), ceil_mode=True),
+        max_pool_case((1, 1, 5, 5), (2, 2), (2, 2), (1, 1), ceil_mode=True),
+        max_pool_case((1, 1, 4, 4), (3, 3), (2, 2), (1, 1), ceil_mode=True),
+        max_pool_case((1, 1, 7, 7), (2, 2), (3, 3), (0, 0), (2, 2), ceil_mode=True),
+        avg_pool_case((1, 2, 7, 6), (3, 3), (2, 2), (1, 1), True, ceil_mode=True),
+        avg_pool_case((1, 2, 7, 6), (3, 3), (2, 2), (1, 1), False, ceil_mode=True),
+        avg_pool_case((1, 1, 5, 5), (2, 2), (2, 2), ceil_mode=True),
     ]
 
 

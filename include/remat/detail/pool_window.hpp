@@ -11,14 +11,23 @@
 
 namespace remat::detail {
 
-/// Kernel, stride, padding and dilation along H and W (int32: the op's Params hold them).
+/// Kernel, stride, padding and dilation along H and W (int32: the op's Params hold them), and ceil_mode.
 struct PoolWindow {
   std::int32_t kernel[2] = {1, 1}, stride[2] = {1, 1}, padding[2] = {0, 0}, dilation[2] = {1, 1};
+  bool ceil_mode = false;  ///< the output size rounds up: a last window may run past the padded input
 
   /// The window's extent along dimension d (0: H, 1: W): d(k − 1) + 1, in Index (no int32 product overflows).
   Index extent(int d) const { return Index(dilation[d]) * (kernel[d] - 1) + 1; }
-  /// Output size along dimension d of an input `size` long: ⌊(size + 2p − d(k − 1) − 1) / s⌋ + 1.
-  Index out(int d, Index size) const { return (size + Index(2) * padding[d] - extent(d)) / stride[d] + 1; }
+  /// Output size along dimension d of an input `size` long, PyTorch's pooling_output_shape:
+  /// ⌊(size + 2p − d(k − 1) − 1) / s⌋ + 1, or with ceil_mode ⌈…⌉ + 1 less one if the last window would start in the
+  /// right padding or beyond (every window starts inside the input or its left padding).
+  Index out(int d, Index size) const {
+    const Index span = size + Index(2) * padding[d] - extent(d);  // ≥ 0: pool_output_shape checks it
+    if (!ceil_mode) return span / stride[d] + 1;
+    Index n = (span + stride[d] - 1) / stride[d] + 1;
+    if ((n - 1) * stride[d] >= size + padding[d]) --n;
+    return n;
+  }
   /// The elements of one window (the kernel's), as the kernels' cost per output element.
   double window_elements() const { return static_cast<double>(kernel[0]) * static_cast<double>(kernel[1]); }
 };

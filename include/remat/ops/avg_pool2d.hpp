@@ -10,8 +10,8 @@
 namespace remat {
 
 /// The attributes of avg_pool2d, as torch::nn::functional::AvgPool2dFuncOptions: the kernel size, then chained
-/// setters for stride (default: the kernel size), padding (default 0, at most half the kernel) and
-/// count_include_pad (default true: the padding's zeros count in each window's divisor).
+/// setters for stride (default: the kernel size), padding (default 0, at most half the kernel), ceil_mode (default
+/// false) and count_include_pad (default true: the padding's zeros count in each window's divisor).
 struct AvgPool2dOptions {
   /// A window of `kernel_size` (≥ 1), stride equal to it.
   AvgPool2dOptions(Size2 kernel_size) : kernel_(kernel_size), stride_(kernel_size) {}  // NOLINT: as LibTorch's
@@ -27,14 +27,20 @@ struct AvgPool2dOptions {
     count_include_pad_ = c;
     return *this;
   }
+  AvgPool2dOptions& ceil_mode(bool c) {  ///< round the output size up (PyTorch's ceil_mode), default false
+    ceil_mode_ = c;
+    return *this;
+  }
   Size2 kernel_size() const { return kernel_; }                  ///< the window
   Size2 stride() const { return stride_; }                       ///< the step between windows
   Size2 padding() const { return padding_; }                     ///< the padding on each side
   bool count_include_pad() const { return count_include_pad_; }  ///< whether padding counts in the divisor
+  bool ceil_mode() const { return ceil_mode_; }                  ///< whether the output size rounds up
 
  private:
   Size2 kernel_, stride_, padding_{0};
   bool count_include_pad_ = true;
+  bool ceil_mode_ = false;
 };
 
 namespace detail {
@@ -125,6 +131,7 @@ inline AvgPool2dOp::Params avg_pool2d_params(const AvgPool2dOptions& o) {
   a.window.stride[1] = pool_int(op, "stride", o.stride().width, 1);
   a.window.padding[0] = pool_int(op, "padding", o.padding().height, 0);
   a.window.padding[1] = pool_int(op, "padding", o.padding().width, 0);
+  a.window.ceil_mode = o.ceil_mode();
   check_pool_padding(op, a.window);
   a.count_include_pad = o.count_include_pad();
   return a;
@@ -132,10 +139,12 @@ inline AvgPool2dOp::Params avg_pool2d_params(const AvgPool2dOptions& o) {
 
 }  // namespace detail
 
-/// 2-D average pooling, torch.nn.functional.avg_pool2d (ceil_mode false, no divisor_override): y[n,c,i,j] = the sum
+/// 2-D average pooling, torch.nn.functional.avg_pool2d (no divisor_override): y[n,c,i,j] = the sum
 /// of x over the window at (i·sh − ph, j·sw − pw) of kH × kW, divided by the window's size clipped to the padded
 /// input (count_include_pad, the default) or to the input. x: [N, C, H, W] → [N, C, Hout, Wout],
-/// Hout = ⌊(H + 2·ph − kH) / sh⌋ + 1 (Wout likewise). dx spreads each dy / divisor over its window. Reads no
+/// Hout = ⌊(H + 2·ph − kH) / sh⌋ + 1 (Wout likewise); with ceil_mode the quotient rounds up, less one if the last
+/// window would start in the right padding (PyTorch's rule), and a last window running past the padded input
+/// divides by the part of it inside. dx spreads each dy / divisor over its window. Reads no
 /// residual. Throws shape_error naming avg_pool2d for an input that is not [N,C,H,W] or smaller than a window,
 /// domain_error for bad options, tape_error for an empty or stale Var.
 template <class T>

@@ -13,7 +13,7 @@ namespace remat {
 
 /// The attributes of max_pool2d, as torch::nn::functional::MaxPool2dFuncOptions: the kernel size, then chained
 /// setters for stride (default: the kernel size), padding (default 0, at most half the kernel) and dilation
-/// (default 1).
+/// (default 1) and ceil_mode (default false).
 struct MaxPool2dOptions {
   /// A window of `kernel_size` (≥ 1), stride equal to it.
   MaxPool2dOptions(Size2 kernel_size) : kernel_(kernel_size), stride_(kernel_size) {}  // NOLINT: as LibTorch's
@@ -29,13 +29,19 @@ struct MaxPool2dOptions {
     dilation_ = d;
     return *this;
   }
+  MaxPool2dOptions& ceil_mode(bool c) {  ///< round the output size up (PyTorch's ceil_mode), default false
+    ceil_mode_ = c;
+    return *this;
+  }
   Size2 kernel_size() const { return kernel_; }  ///< the window
   Size2 stride() const { return stride_; }       ///< the step between windows
   Size2 padding() const { return padding_; }     ///< the padding on each side
   Size2 dilation() const { return dilation_; }   ///< the spacing between window elements
+  bool ceil_mode() const { return ceil_mode_; }  ///< whether the output size rounds up
 
  private:
   Size2 kernel_, stride_, padding_{0}, dilation_{1};
+  bool ceil_mode_ = false;
 };
 
 namespace detail {
@@ -128,15 +134,17 @@ inline PoolWindow max_pool2d_params(const MaxPool2dOptions& o) {
   w.padding[1] = pool_int(op, "padding", o.padding().width, 0);
   w.dilation[0] = pool_int(op, "dilation", o.dilation().height, 1);
   w.dilation[1] = pool_int(op, "dilation", o.dilation().width, 1);
+  w.ceil_mode = o.ceil_mode();
   check_pool_padding(op, w);
   return w;
 }
 
 }  // namespace detail
 
-/// 2-D max pooling, torch.nn.functional.max_pool2d (ceil_mode false): y[n,c,i,j] = max over the window
+/// 2-D max pooling, torch.nn.functional.max_pool2d: y[n,c,i,j] = max over the window
 /// x[n, c, i·sh − ph + a·dh, j·sw − pw + b·dw], a < kH, b < kW, positions outside the input left out.
-/// x: [N, C, H, W] → [N, C, Hout, Wout], Hout = ⌊(H + 2·ph − dh·(kH − 1) − 1) / sh⌋ + 1 (Wout likewise).
+/// x: [N, C, H, W] → [N, C, Hout, Wout], Hout = ⌊(H + 2·ph − dh·(kH − 1) − 1) / sh⌋ + 1 (Wout likewise); with
+/// ceil_mode the quotient rounds up, less one if the last window would start in the right padding (PyTorch's rule).
 /// dx routes each dy to its window's maximum (the first of equal maxima; a NaN is a maximum), summed where windows
 /// overlap. The backward finds the maxima again in x, which it therefore keeps (no index buffer is stored).
 /// Throws shape_error naming max_pool2d for an input that is not [N,C,H,W] or smaller than a window,
