@@ -99,7 +99,8 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out) {
           std::memcpy(scales + 4 * (r * per_row + g), &scale, 4);
           for (Index i = begin; i < end; ++i) {
             const float q = scale > 0 ? std::nearbyint(static_cast<float>(x[i]) / scale) : 0.0f;
-            codes[i] = static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
+            // A NaN quotient (a non-finite value in the group) is stored as 0: converting it would be undefined.
+            codes[i] = std::isnan(q) ? std::int8_t{0} : static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
           }
         }
       return;
@@ -117,7 +118,8 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out) {
   }
 }
 
-/// Decodes what encode() wrote into `x` (shape's elements): bf16 and int8 approximately, sign as 1 (x > 0) or 0.
+/// Decodes what encode() wrote into `x` (shape's elements): bf16 and int8 approximately (an int8 group that held an
+/// infinity or a NaN decodes to non-finite values), sign as 1 (x > 0) or 0.
 template <class T>
 void decode(const Compression& c, const Shape& shape, const void* in, T* x) {
   const Index n = shape.numel();
