@@ -81,7 +81,7 @@ class Var {
   MatrixView<T> value() const {
     const auto& n = node("value");
     state_->check_has_numbers("value", id_, "value");
-    if (n.parameter) state_->check_parameter(id_, "value");  // a modified Parameter's storage may have moved
+    state_->check_parameter(id_, "value");  // a modified Parameter's storage (or a view's of it) may have moved
     state_->materialize(id_, "value");
     return MatrixView<T>(n.value, n.shape.rows(), n.shape.cols());
   }
@@ -100,7 +100,7 @@ class Var {
   T item() const {
     const auto& n = node("item");
     state_->check_has_numbers("item", id_, "value");
-    if (n.parameter) state_->check_parameter(id_, "item");
+    state_->check_parameter(id_, "item");  // as value()
     if (n.shape.rows() != 1 || n.shape.cols() != 1)
       throw shape_error("item: the value is " + to_string(n.shape) + ", not [1,1]");
     state_->materialize(id_, "item");

@@ -21,12 +21,20 @@ template <class T>
                           std::to_string(n.parameter_version) + (now != n.shape ? ", now " + to_string(now) : "") +
                           "); run the forward pass again after updating parameters");
 }
-/// Throws stale_value_error naming `op` if node `id` references a Parameter modified since it was recorded
-/// (its storage may have been reallocated, so reading the node's value would read freed memory).
+/// The node whose buffer node `id`'s value is: `id`, or for a view (OpBase::view) whose value is there, its input
+/// 0's owner (a view of a view of a Parameter reads the Parameter's storage).
+template <class T>
+inline std::int32_t buffer_owner(const Graph<T>& graph, std::int32_t id) {
+  while (graph[id].is_view() && graph[id].value) id = graph[id].inputs[0];
+  return id;
+}
+/// Throws stale_value_error naming `op` if node `id` references a Parameter modified since it was recorded, or is
+/// a view of one (its storage may have been reallocated, so reading the node's value would read freed memory).
 template <class T>
 inline void check_parameter_current(const Graph<T>& graph, std::int32_t id, const char* op) {
-  const Node<T>& n = graph[id];
-  if (n.parameter && n.parameter->version != n.parameter_version) throw_parameter_modified(graph, id, op);
+  const std::int32_t owner = buffer_owner(graph, id);
+  const Node<T>& n = graph[owner];
+  if (n.parameter && n.parameter->version != n.parameter_version) throw_parameter_modified(graph, owner, op);
 }
 
 template <class T>
