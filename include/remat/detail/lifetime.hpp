@@ -89,9 +89,13 @@ class Lifetime {
 
   // ---- the rule ----
   bool value_wanted(const Node<T>& n) const { return n.view_holds > 0 || wanted_for_itself(n); }
-  /// Wanted by something other than a view of it.
+  /// Wanted by something other than a view of it. A value kept only for its views (Node::view_kept) is absent for
+  /// every replay and schedule (replay_plan.hpp, PresentNow), which compute it again before a backward reads it: a
+  /// pending reader does not keep it once its last view has gone, whatever the level (a chain schedule marks it at
+  /// the level below its own, detail/chain_schedule.hpp, and gives back its views' holds at the chain's level).
   bool wanted_for_itself(const Node<T>& n) const {
-    return n.handles > 0 || n.pins > 0 || n.regen_reads > 0 || n.schedule_holds > 0 || read_at_this_level(n);
+    return n.handles > 0 || n.pins > 0 || n.regen_reads > 0 || n.schedule_holds > 0 ||
+           (!n.view_kept && read_at_this_level(n));
   }
   bool extra_wanted(const Node<T>& n) const { return n.extra_read && (n.handles > 0 || n.level <= level_); }
   /// A tape-owned buffer kept for a reader (not only for a handle), its own or a view's of it: what
