@@ -5,7 +5,7 @@
 // layers return views of their own values kept those values past the schedule's free, over the budget that
 // checkpoint_sequential_auto promises. The others are the strongest cases that passed: gradients bitwise equal to
 // the plain tape's (or to gradcheck's), memory figures derived by hand or equal to estimate_memory's to the byte,
-// and the tape usable after what throws.
+// and the tape usable after what throws. One known bug is left DISABLED, with what it observes.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -130,6 +130,32 @@ TEST(ViewsAdversarial, AutoScheduleKeepsItsBudgetWhenLayersReturnViewsOfTheirVal
     const std::vector<Matrix<double>> got = take_grads();
     for (int l = 0; l < L; ++l)
       EXPECT_TRUE(got[static_cast<std::size_t>(l)] == want[static_cast<std::size_t>(l)]) << budget << " " << l;
+  }
+}
+
+/// KNOWN BUG, not fixed here (DISABLED): a view of a Parameter held only by a handle makes an unrelated backward
+/// throw stale_value_error once the Parameter is modified, while the Parameter's own node held only by a handle
+/// does not (a backward checks the Parameters it or a regeneration may read). The backward's check
+/// (TapeState, before a sweep) checks every Parameter with view holds, read or not; with the staleness check now
+/// following a read view to its Parameter, that clause could go. Expected: both backwards run (loss = Σ Q²
+/// reads neither P nor its view); observed: the second throws "backward: the Parameter [4,6] recorded as node #0
+/// was modified after it was recorded".
+TEST(ViewsAdversarial, DISABLED_AViewOfAModifiedParameterHeldOnlyByAHandleDoesNotStopABackward) {
+  Parameter<float> P(remat_test::random_matrix<float>(4, 6, 1));
+  Parameter<float> Q(remat_test::random_matrix<float>(4, 6, 2));
+  {
+    Tape<float> tape;
+    const Var<float> p = tape.variable(P);  // a handle only: nothing reads it
+    const Var<float> loss = remat::sum(remat::square(tape.variable(Q)));
+    P.mutable_value()(0, 0) += 1.0f;
+    EXPECT_NO_THROW(tape.backward(loss)) << "the Parameter's node";
+  }
+  {
+    Tape<float> tape;
+    const Var<float> v = remat::reshape(tape.variable(P), {24});  // a handle of a view only
+    const Var<float> loss = remat::sum(remat::square(tape.variable(Q)));
+    P.mutable_value()(0, 0) += 1.0f;
+    EXPECT_NO_THROW(tape.backward(loss)) << "a view of it";
   }
 }
 
