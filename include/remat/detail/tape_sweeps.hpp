@@ -31,9 +31,10 @@ class TapeSweeps : public TapeCore<T> {
                        "runs backward(loss)");
     if (residuals_freed_) throw_residuals_freed(op, loss);
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      // Under a budget, a regeneration may read any Parameter whose value the tape refers to now; a view of a
-      // Parameter (reshape of a weight) reads its storage.
-      if (read_at_all(graph_, graph_[i]) || graph_[i].view_holds > 0 || (evictor_.active() && graph_[i].value))
+      // Under a budget, a regeneration may read any Parameter whose value the tape refers to now. A view of a
+      // Parameter (reshape of a weight) that a reader reads is checked through the Parameter (check_parameter_current
+      // follows a view to its buffer's owner); one held only by a handle reads nothing in the sweep.
+      if (read_at_all(graph_, graph_[i]) || (evictor_.active() && graph_[i].value))
         check_parameter_current(graph_, i, op);
       if (to_parameters) {
         check_parameter_not_reassigned(graph_, i, op);
