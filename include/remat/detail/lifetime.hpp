@@ -101,34 +101,22 @@ class Lifetime {
   /// A tape-owned buffer kept for a reader (not only for a handle), its own or a view's of it: what
   /// memory().saved_bytes counts (a buffer once, with its owner).
   bool saved_value(const Node<T>& n) const {
-    return n.value && n.value_owned() && (held_for_reader(n) || (n.view_holds > 0 && view_saved(n)));
+    return n.value && n.value_owned() && (held_for_reader(n) || (n.view_holds > 0 && saving_view(n) >= 0));
   }
   /// A reader (not only a handle) keeps n's value: a backward or a replay at this level, a regeneration, a schedule.
   bool held_for_reader(const Node<T>& n) const {
     return n.regen_reads > 0 || n.schedule_holds > 0 || read_at_this_level(n);
   }
-  /// Some view whose value is n's buffer now (directly or through views of views) is held for a reader. Walks n's
-  /// consumers: only memory() and the reports ask.
-  bool view_saved(const Node<T>& n) const {
-    const auto id = static_cast<std::int32_t>(&n - graph_.nodes.data());
-    for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
-      const Node<T>& v = graph_[e / max_inputs];
-      if (e % max_inputs != 0 || !v.is_view() || !v.value || v.inputs[0] != id) continue;
-      if (held_for_reader(v) || (v.view_holds > 0 && view_saved(v))) return true;
-    }
-    return false;
-  }
-  /// The first view (by recording order) that keeps n's buffer for a reader (view_saved), -1 if none.
+  /// A view whose value is n's buffer now (directly or through views of views) and that is held for a reader —
+  /// the one recorded last if several are — or -1 if none. Walks n's consumers: only memory() and the reports ask.
   std::int32_t saving_view(const Node<T>& n) const {
     const auto id = static_cast<std::int32_t>(&n - graph_.nodes.data());
-    std::int32_t first = -1;
     for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
       const Node<T>& v = graph_[e / max_inputs];
       if (e % max_inputs != 0 || !v.is_view() || !v.value || v.inputs[0] != id) continue;
-      if (held_for_reader(v) || (v.view_holds > 0 && view_saved(v)))
-        first = first < 0 ? e / max_inputs : std::min(first, e / max_inputs);
+      if (held_for_reader(v) || (v.view_holds > 0 && saving_view(v) >= 0)) return e / max_inputs;
     }
-    return first;
+    return -1;
   }
 
   // ---- views ----
