@@ -23,6 +23,7 @@
 #include "random.hpp"
 #include "remat/estimate.hpp"
 #include "remat/remat.hpp"
+#include "take_grads.hpp"
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace views_adversarial_test {
@@ -98,14 +99,7 @@ TEST(ViewsAdversarial, AutoScheduleKeepsItsBudgetWhenLayersReturnViewsOfTheirVal
     }
     return layers;
   };
-  auto take_grads = [&] {
-    std::vector<Matrix<double>> g;
-    for (Parameter<double>& w : weights) {
-      g.push_back(w.grad());
-      w.zero_grad();
-    }
-    return g;
-  };
+  auto take_grads = [&] { return remat_test::take_grads(weights); };
   Tape<double> plain;
   std::size_t plain_live = 0;
   {
@@ -311,11 +305,7 @@ TEST(ViewsAdversarial, BudgetsWithEveryHeuristicOnAChainThatReshapesEveryLayer) 
     };
     Tape<double> plain;
     plain.backward(forward(plain));
-    std::vector<Matrix<double>> want;
-    for (Parameter<double>& w : weights) {
-      want.push_back(w.grad());
-      w.zero_grad();
-    }
+    const std::vector<Matrix<double>> want = remat_test::take_grads(weights);
     for (const auto heuristic :
          {remat::EvictionHeuristic::dtr, remat::EvictionHeuristic::dtr_eq, remat::EvictionHeuristic::local}) {
       for (const std::size_t percent : {60u, 45u}) {
@@ -426,11 +416,7 @@ TEST(ViewsAdversarial, CapturedStepUnderABudgetWithViewsOfItsInput) {
       xm = remat_test::random_matrix<float>(16, 8, 200 + static_cast<std::uint64_t>(s));
       captured.set_input(in, xm);
       const float loss = captured.replay();
-      std::vector<Matrix<float>> got;
-      for (Parameter<float>& w : weights) {
-        got.push_back(w.grad());
-        w.zero_grad();
-      }
+      const std::vector<Matrix<float>> got = remat_test::take_grads(weights);
       Tape<float> fresh;
       const Var<float> fresh_loss = step(fresh, 0);
       fresh.backward(fresh_loss);

@@ -13,6 +13,7 @@
 #include "random.hpp"
 #include "remat/estimate.hpp"
 #include "remat/remat.hpp"
+#include "take_grads.hpp"
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace views_test {
@@ -161,14 +162,7 @@ TEST(Views, UnderAMemoryBudgetAndInAnEstimate) {
     }
     return remat::sum(remat::square(h));
   };
-  auto grads = [&] {
-    std::vector<Matrix<double>> g;
-    for (Parameter<double>& w : weights) {
-      g.push_back(w.grad());
-      w.zero_grad();
-    }
-    return g;
-  };
+  auto grads = [&] { return remat_test::take_grads(weights); };
   Tape<double> plain;
   plain.backward(forward(plain));
   const std::size_t plain_peak = plain.memory().peak_bytes;
