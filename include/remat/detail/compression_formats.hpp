@@ -1,5 +1,5 @@
-// The stored formats of compressed residuals (issue 46's groundwork; no policy answers with them yet): how a
-// value is encoded into fewer bytes and decoded again, and how many bytes it takes. bf16 rounds to nearest even as
+// The stored formats of compressed residuals (remat/compression.hpp): how a value is encoded into fewer bytes and
+// decoded again. bf16 rounds to nearest even as
 // PyTorch's c10::BFloat16 does; int8 keeps one absmax scale per group of elements (ActNN's and unsloth's per-row
 // int8); sign keeps x > 0 as one bit, which is all ReLU's derivative reads.
 #pragma once
@@ -10,49 +10,36 @@
 #include <cstdint>
 #include <cstring>
 
+#include "remat/compression.hpp"
 #include "remat/shape.hpp"
 
 namespace remat::detail {
 
-/// How a residual is stored.
-enum class StoredFormat : std::uint8_t {
-  full,  ///< as it is
-  bf16,  ///< bfloat16, round to nearest even: 2 bytes an element
-  int8,  ///< one signed byte an element and a float scale (absmax / 127) per group
-  sign,  ///< one bit an element: x > 0 (a NaN is not)
-};
-
-/// A stored format and, for int8, the elements per scale (a group runs along the row-major order and never across
-/// a row of the matrix view: 0 means one group per row, i.e. per last-dimension slice).
-struct Compression {
-  StoredFormat format = StoredFormat::full;
-  std::int32_t group = 0;
-};
-
-/// The int8 group size actually used for a value of `shape`: `c.group` capped at the row length, or the row.
-inline Index int8_group(const Compression& c, const Shape& shape) {
-  const Index row = shape.cols();
-  return c.group > 0 ? std::min<Index>(c.group, row) : row;
+/// A Compression in one byte, as a node keeps it: the format in bits 0–1, log2 of int8's group in bits 2–7 (0: per
+/// row). 0 is full.
+inline std::uint8_t compression_code(const Compression& c) {
+  unsigned log2 = 0;
+  while (c.group() > 0 && (std::int32_t{1} << log2) < c.group()) ++log2;
+  return static_cast<std::uint8_t>(static_cast<unsigned>(c.format()) | log2 << 2);
+}
+/// The Compression of a compression_code().
+inline Compression compression_of(std::uint8_t code) {
+  switch (static_cast<StoredFormat>(code & 3u)) {
+    case StoredFormat::full:
+      return Compression();
+    case StoredFormat::bf16:
+      return Compression::bf16();
+    case StoredFormat::int8:
+      return (code >> 2) == 0 ? Compression::int8_per_row() : Compression::int8_per_group(std::int32_t{1} << (code >> 2));
+    case StoredFormat::sign:
+      return Compression::sign();
+  }
+  return Compression();
 }
 
-/// Bytes of `shape`'s value stored in `c` (elements of `element_bytes` each when full).
+/// Bytes of `shape`'s value stored in `c` (elements of `element_bytes` each): Compression::stored_bytes.
 inline std::size_t stored_bytes(const Compression& c, const Shape& shape, std::size_t element_bytes) {
-  const auto n = static_cast<std::size_t>(shape.numel());
-  switch (c.format) {
-    case StoredFormat::full:
-      return n * element_bytes;
-    case StoredFormat::bf16:
-      return 2 * n;
-    case StoredFormat::int8: {
-      const auto group = static_cast<std::size_t>(int8_group(c, shape));
-      const auto rows = static_cast<std::size_t>(shape.rows()),
-                 per_row = (static_cast<std::size_t>(shape.cols()) + group - 1) / group;
-      return (n + 3) / 4 * 4 + 4 * rows * per_row;  // the codes, padded to a float, then the scales
-    }
-    case StoredFormat::sign:
-      return (n + 63) / 64 * 8;
-  }
-  return 0;
+  return c.stored_bytes(shape, element_bytes);
 }
 
 /// float → bfloat16 bits, round to nearest even; a NaN becomes the quiet NaN 0x7fc0 (as c10::BFloat16).
@@ -76,7 +63,7 @@ template <class T>
 void encode(const Compression& c, const Shape& shape, const T* x, void* out) {
   const Index n = shape.numel();
   auto* bytes = static_cast<unsigned char*>(out);
-  switch (c.format) {
+  switch (c.format()) {
     case StoredFormat::full:
       std::memcpy(out, x, static_cast<std::size_t>(n) * sizeof(T));
       return;
@@ -87,7 +74,7 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out) {
       }
       return;
     case StoredFormat::int8: {
-      const Index group = int8_group(c, shape), row = shape.cols(), per_row = (row + group - 1) / group;
+      const Index group = c.group_in_row(shape), row = shape.cols(), per_row = (row + group - 1) / group;
       auto* codes = reinterpret_cast<std::int8_t*>(bytes);
       unsigned char* scales = bytes + (n + 3) / 4 * 4;
       for (Index r = 0; r < shape.rows(); ++r)
@@ -124,7 +111,7 @@ template <class T>
 void decode(const Compression& c, const Shape& shape, const void* in, T* x) {
   const Index n = shape.numel();
   const auto* bytes = static_cast<const unsigned char*>(in);
-  switch (c.format) {
+  switch (c.format()) {
     case StoredFormat::full:
       std::memcpy(x, in, static_cast<std::size_t>(n) * sizeof(T));
       return;
@@ -136,7 +123,7 @@ void decode(const Compression& c, const Shape& shape, const void* in, T* x) {
       }
       return;
     case StoredFormat::int8: {
-      const Index group = int8_group(c, shape), row = shape.cols(), per_row = (row + group - 1) / group;
+      const Index group = c.group_in_row(shape), row = shape.cols(), per_row = (row + group - 1) / group;
       const auto* codes = reinterpret_cast<const std::int8_t*>(bytes);
       const unsigned char* scales = bytes + (n + 3) / 4 * 4;
       for (Index r = 0; r < shape.rows(); ++r)

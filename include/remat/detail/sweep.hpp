@@ -168,6 +168,7 @@ class Sweep : public DryRunCache<T> {
         buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.numel()));
         if (n.extra_shape.numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.extra_shape.numel()));
         if (n.scratch_shape.numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.scratch_shape.numel()));
+        if (n.stored != 0) buffers_.prepare_simulation(Lifetime<T>::packed_bytes(n) / sizeof(T));
       }
     if (cached_demand_.capacity() < buffers_.simulated_sizes())  // remember_dry_run cannot throw
       cached_demand_.reserve(2 * buffers_.simulated_sizes());
@@ -396,8 +397,13 @@ class Sweep : public DryRunCache<T> {
     evictor_.acquire(read, count);
   }
   void unpin_residuals(std::int32_t i) noexcept {
-    if (!evictor_.active()) return;
     const Node<T>& n = graph_[i];
+    if (!evictor_.active()) {  // a residual decoded for this backward (kept packed) goes again
+      for (int k = 0; k < n.arity; ++k)
+        if ((n.reads & reads_input(k)) && graph_[n.inputs[k]].packed) lifetime_.settle(n.inputs[k]);
+      if ((n.reads & reads_output) && n.packed) lifetime_.settle(i);
+      return;
+    }
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) lifetime_.unpin(n.inputs[k]);
     if (n.reads & reads_output) lifetime_.unpin(i);
