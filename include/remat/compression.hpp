@@ -47,6 +47,7 @@ class Compression {
   /// docs/compression.md.
   static constexpr Compression sign() { return Compression(StoredFormat::sign, 0); }
 
+  /// The stored format.
   constexpr StoredFormat format() const { return format_; }
   /// int8's elements per scale; 0 for one scale per last-dimension slice (and for the other formats).
   constexpr std::int32_t group() const { return group_; }
@@ -98,9 +99,11 @@ class Compression {
     return "unknown";
   }
 
+  /// The same format and group.
   friend constexpr bool operator==(const Compression& a, const Compression& b) {
     return a.format_ == b.format_ && a.group_ == b.group_;
   }
+  /// Another format or group.
   friend constexpr bool operator!=(const Compression& a, const Compression& b) { return !(a == b); }
 
  private:
