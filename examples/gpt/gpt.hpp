@@ -51,6 +51,8 @@ enum class Attention { unfused, fused };
 struct Options {
   Recompute recompute = Recompute::none;
   Attention attention = Attention::unfused;
+  /// With Recompute::none: not full, each block a region that keeps every residual stored so (docs/compression.md).
+  remat::Compression compression{};
 };
 
 inline const char* to_string(Recompute r) {
@@ -323,6 +325,13 @@ class Model {
     switch (options.recompute) {
       case Recompute::none:
       case Recompute::attention:
+        if (options.recompute == Recompute::none && options.compression != remat::Compression()) {
+          const auto policy =
+              remat::policies::save_compressed(options.compression, remat::policies::everything_saveable);
+          for (const BlockVars& bw : w)
+            x = remat::checkpoint([&](const Var<T>& in) { return block(bw, in, options); }, policy)(x);
+          return x;
+        }
         for (const BlockVars& bw : w) x = block(bw, x, options);
         return x;
       case Recompute::block:
