@@ -302,6 +302,40 @@ TEST(Compression, SignOnlyWhereEveryReaderReadsTheSign) {
   }
 }
 
+/// A lossy format keeps relu's derivative exact: relu's backward reads the exact one-bit mask stored beside the int8
+/// codes (with_sign_mask), so small positive values, which int8 rounds to 0, keep their derivative 1. out = relu(x·W1)·W2,
+/// loss = sum(out ⊙ C) with C constant: dL/dh = C·W2ᵀ is exact, so dW1 = xᵀ·(dL/dh ⊙ [x·W1 > 0]) equals plain's
+/// bitwise, while dW2 = hᵀ·C reads h in int8. W1's first column is scaled by 10⁻⁴: its products are far below their
+/// row's absmax/254 and all round to 0 in int8. Bytes: h takes 2048 + 32·4 B of codes and scales, and 256 B of mask.
+TEST(Compression, LossyValuesKeepAnExactMaskForRelu) {
+  Matrix<float> w1m = remat_test::random_matrix<float>(D, D, 13);
+  w1m.col(0) *= 1e-4f;
+  Parameter<float> w1(w1m), w2(remat_test::random_matrix<float>(D, D, 14));
+  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 15), cm = remat_test::random_matrix<float>(N, D, 16);
+  auto f = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
+    return remat::matmul(remat::relu(remat::matmul(x, a)), b);
+  };
+  auto run = [&](const auto& region, std::size_t* saved) {
+    Tape<float> tape;
+    const Var<float> out = region(tape.constant(xm), tape.variable(w1), tape.variable(w2));
+    const Var<float> loss = remat::sum(remat::multiply(out, tape.constant(cm)));
+    if (saved) *saved = tape.memory().saved_bytes;
+    tape.backward(loss);
+    std::vector<Matrix<float>> g{w1.grad(), w2.grad()};
+    w1.zero_grad();
+    w2.zero_grad();
+    return g;
+  };
+  const std::vector<Matrix<float>> want = run(f, nullptr);
+  std::size_t saved = 0;
+  const std::vector<Matrix<float>> got = run(
+      remat::checkpoint(f, policies::save_compressed(Compression::int8_per_row(), policies::everything_saveable)), &saved);
+  EXPECT_TRUE(got[0] == want[0]) << "dW1 reads relu's mask and x, both exact";
+  EXPECT_FALSE(got[1] == want[1]) << "dW2 reads h in int8";
+  // x, h (codes, scales, mask); out is returned, and multiply reads C, not out; C.
+  EXPECT_EQ(saved, 2 * bytes<float>(N, D) + 2048 + 32 * 4 + sign_bytes);
+}
+
 /// A bad group is refused with the value and the fix.
 TEST(Compression, Int8GroupsArePowersOfTwo) {
   remat_test::expect_error_naming<std::invalid_argument>([] { Compression::int8_per_group(48); },

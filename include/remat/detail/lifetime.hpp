@@ -163,9 +163,24 @@ class Lifetime {
   }
 
   // ---- compressed values (Node::stored) ----
-  /// Bytes of n's packed buffer: its Compression's stored_bytes, whole elements of T.
-  static std::size_t packed_bytes(const Node<T>& n) {
-    return compression_of(n.stored).stored_bytes(n.shape, sizeof(T));
+  /// Bytes of n's packed buffer: its Compression's stored_bytes, whole elements of T, and for a lossy format with a
+  /// reader that reads only the value's sign, an exact one-bit mask after it (with_sign_mask).
+  std::size_t packed_bytes(const Node<T>& n) const {
+    const std::size_t stored = compression_of(n.stored).stored_bytes(n.shape, sizeof(T));
+    return with_sign_mask(n) ? stored + Compression::sign().stored_bytes(n.shape, sizeof(T)) : stored;
+  }
+  /// Whether n's packed buffer also holds its exact sign, for a reader that reads only that (relu's backward):
+  /// a lossy format would turn a small positive value into 0 and change relu's derivative there (ActNN keeps
+  /// relu's mask apart for this reason). A function of the graph: its readers are all recorded once it is packed.
+  bool with_sign_mask(const Node<T>& n) const {
+    if (n.stored_format() != StoredFormat::bf16 && n.stored_format() != StoredFormat::int8) return false;
+    if ((n.reads & reads_output) && (n.op->sign_reads & reads_output)) return true;
+    for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
+      const Node<T>& c = graph_[e / max_inputs];
+      const unsigned read = reads_input(e % max_inputs);
+      if ((c.reads & read) && (c.op->sign_reads & read)) return true;
+    }
+    return false;
   }
   /// Its value may be kept packed now: only pending readers keep it (at this level), and, stored as sign, every
   /// reader that may read it reads only its sign: no replay, no open region that could add one, no reader from
@@ -202,8 +217,13 @@ class Lifetime {
       } catch (...) {
         return;
       }
-      if (!buffers_.simulating() && !buffers_.shapes_only())
-        encode(compression_of(n.stored), n.shape, n.value, n.packed);
+      if (!buffers_.simulating() && !buffers_.shapes_only()) {
+        const Compression c = compression_of(n.stored);
+        encode(c, n.shape, n.value, n.packed);
+        if (with_sign_mask(n))
+          encode(Compression::sign(), n.shape, n.value,
+                 reinterpret_cast<unsigned char*>(n.packed) + c.stored_bytes(n.shape, sizeof(T)));
+      }
     }
     buffers_.free(n.value, n.shape);  // a decoded copy, or the value now packed
   }
@@ -215,6 +235,18 @@ class Lifetime {
     note(id);
     n.value = buffers_.allocate(n.shape);
     if (!buffers_.simulating() && !buffers_.shapes_only()) decode(compression_of(n.stored), n.shape, n.packed, n.value);
+  }
+  /// Decodes only node `id`'s sign (1 where it was > 0, else 0) into a value buffer, for a backward that reads only
+  /// that: from the mask of with_sign_mask, or from a value stored as sign. Never throws (see unpack).
+  void unpack_sign(std::int32_t id) noexcept {
+    Node<T>& n = graph_[id];
+    assert(n.packed && !n.value);
+    note(id);
+    n.value = buffers_.allocate(n.shape);
+    if (buffers_.simulating() || buffers_.shapes_only()) return;
+    const std::size_t offset =
+        with_sign_mask(n) ? compression_of(n.stored).stored_bytes(n.shape, sizeof(T)) : std::size_t{0};
+    decode(Compression::sign(), n.shape, reinterpret_cast<const unsigned char*>(n.packed) + offset, n.value);
   }
   void free_packed(Node<T>& n) noexcept {
     note(static_cast<std::int32_t>(&n - graph_.nodes.data()));

@@ -41,7 +41,7 @@ class Reports {
         rows.push_back({i, node_name(i),
                         reason(i) + ", stored as " + compression_of(n.stored).name() + " (" +
                             std::to_string(Buffers<T>::bytes(n.shape)) + " B as it is)",
-                        n.shape, Lifetime<T>::packed_bytes(n)});
+                        n.shape, lifetime_.packed_bytes(n)});
       if (lifetime_.saved_extra(n))
         rows.push_back({i, node_name(i) + ".extra", "residual of its own backward", n.extra_shape,
                         Buffers<T>::bytes(n.extra_shape)});

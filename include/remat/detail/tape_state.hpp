@@ -354,7 +354,7 @@ class TapeState : public TapeSweeps<T> {
     m.peak_bytes = buffers_.reported_peak_bytes();
     for (const Node<T>& n : graph_.nodes) {
       if (lifetime_.saved_value(n)) m.saved_bytes += Buffers<T>::bytes(n.shape);
-      if (lifetime_.saved_packed(n)) m.saved_bytes += Lifetime<T>::packed_bytes(n);
+      if (lifetime_.saved_packed(n)) m.saved_bytes += lifetime_.packed_bytes(n);
       if (lifetime_.saved_extra(n)) m.saved_bytes += Buffers<T>::bytes(n.extra_shape);
     }
     m.replayed_bytes = sweep_.replayed_bytes();
