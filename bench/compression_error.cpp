@@ -6,7 +6,8 @@
 //
 //   W1  the 16-layer tanh MLP, the 16 hidden layers as one region keeping every residual compressed
 //   W2  the 8 pre-norm MLP blocks, each block such a region
-//   W3  the GPT (examples/gpt), each block such a region (gpt::Options::compression)
+//   W3  the GPT (examples/gpt), each block such a region (gpt::Options::block_policy); and int8 with the linear
+//       layers' outputs in bf16
 //   W4  examples/resnet's ResNet-14 (width 16, batch 128), each basic block such a region
 //
 //   cmake --build build --target compression_error && build/bench/compression_error
@@ -14,6 +15,7 @@
 // Prints a Markdown table on stdout.
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -120,10 +122,11 @@ void bench_workload() {
 }
 
 // ---- W3 ----
-Step gpt_step(const Compression& c) {
+/// `policy`: each block a region under it; null: no region.
+Step gpt_step(std::function<remat::policies::Decision(const remat::OpInfo&)> policy) {
   const bench::GptData data = bench::make_data(bench::W3::shape);
   gpt::Options options;
-  options.compression = c;
+  options.block_policy = std::move(policy);
   bench::RematGptModel model(data, bench::W3::shape, options);
   bench::StepMemory m;
   model.step(&m);
@@ -135,8 +138,9 @@ Step resnet_step(const std::string& mode) {
   constexpr int width = 16, blocks = 2, batch = 128;
   remat::nn::Generator g(1);
   resnet::ResNet net(width, blocks, g);
-  const Matrix<float> images = Matrix<float>::NullaryExpr(
-      batch, resnet::side * resnet::side, [](remat::Index i, remat::Index j) { return std::sin(0.01f * float(i * 784 + j)); });
+  const Matrix<float> images =
+      Matrix<float>::NullaryExpr(batch, resnet::side * resnet::side,
+                                 [](remat::Index i, remat::Index j) { return std::sin(0.01f * float(i * 784 + j)); });
   std::vector<int> labels;
   for (int i = 0; i < batch; ++i) labels.push_back(i % resnet::classes);
   remat::Tape<float> tape;
@@ -160,9 +164,19 @@ int main() {
   std::printf("| --- | --- | --- | --- | --- | --- |\n");
   bench_workload<bench::W1, AllCompressed>();
   bench_workload<bench::W2, EachCompressed>();
-  const Step gpt_exact = gpt_step(Compression());
+  const Step gpt_exact = gpt_step(nullptr);
   print_row("W3", "exact", gpt_exact, gpt_exact);
-  for (const Format& f : formats()) print_row("W3", f.name, gpt_step(f.compression), gpt_exact);
+  for (const Format& f : formats())
+    print_row("W3", f.name,
+              gpt_step(remat::policies::save_compressed(f.compression, remat::policies::everything_saveable)),
+              gpt_exact);
+  // int8 but the linear layers' outputs (q, k and v in one product, the MLP's input to gelu) in bf16.
+  print_row(
+      "W3", "int8/64, linear bf16",
+      gpt_step(remat::policies::save_compressed(
+          Compression::bf16(), remat::policies::ops_named({"linear"}),
+          remat::policies::save_compressed(Compression::int8_per_group(64), remat::policies::everything_saveable))),
+      gpt_exact);
   const Step resnet_exact = resnet_step("none");
   print_row("W4", "exact", resnet_exact, resnet_exact);
   for (const Format& f : formats()) print_row("W4", f.name, resnet_step(f.name), resnet_exact);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,8 +52,9 @@ enum class Attention { unfused, fused };
 struct Options {
   Recompute recompute = Recompute::none;
   Attention attention = Attention::unfused;
-  /// With Recompute::none: not full, each block a region that keeps every residual stored so (docs/compression.md).
-  remat::Compression compression{};
+  /// With Recompute::none: when set, each block is a checkpoint region under this policy (a policy that stores
+  /// residuals compressed, docs/compression.md, as bench/compression_error.cpp gives).
+  std::function<remat::policies::Decision(const remat::OpInfo&)> block_policy;
 };
 
 inline const char* to_string(Recompute r) {
@@ -325,11 +327,9 @@ class Model {
     switch (options.recompute) {
       case Recompute::none:
       case Recompute::attention:
-        if (options.recompute == Recompute::none && options.compression != remat::Compression()) {
-          const auto policy =
-              remat::policies::save_compressed(options.compression, remat::policies::everything_saveable);
+        if (options.recompute == Recompute::none && options.block_policy) {
           for (const BlockVars& bw : w)
-            x = remat::checkpoint([&](const Var<T>& in) { return block(bw, in, options); }, policy)(x);
+            x = remat::checkpoint([&](const Var<T>& in) { return block(bw, in, options); }, options.block_policy)(x);
           return x;
         }
         for (const BlockVars& bw : w) x = block(bw, x, options);

@@ -77,8 +77,8 @@ inline Var<float> forward(const NetworkOptions& o, const std::vector<Var<float>>
     namespace policies = remat::policies;
     if (o.checkpoint == "sign") {
       // Built once: ops_named allocates its list, and a steady training step allocates nothing.
-      static const auto relu_signs = policies::save_compressed(remat::Compression::sign(), policies::ops_named({"relu"}),
-                                                               policies::everything_saveable);
+      static const auto relu_signs = policies::save_compressed(
+          remat::Compression::sign(), policies::ops_named({"relu"}), policies::everything_saveable);
       return remat::checkpoint(network, relu_signs)(x);
     }
     const remat::Compression c =

@@ -88,8 +88,9 @@ TEST(Compression, SignKeepsTheValueAsItIsWhenAReaderNeedsMoreThanItsSign) {
   w1.zero_grad();
   w2.zero_grad();
   Tape<float> tape;
-  const Var<float> loss = two_relus(
-      tape, w1, w2, xm, remat::checkpoint(mlp, policies::save_compressed(Compression::sign(), policies::ops_named({"relu"}))));
+  const Var<float> loss =
+      two_relus(tape, w1, w2, xm,
+                remat::checkpoint(mlp, policies::save_compressed(Compression::sign(), policies::ops_named({"relu"}))));
   EXPECT_EQ(tape.memory().saved_bytes, 3 * bytes<float>(N, D)) << remat_test::describe(tape.memory());
   tape.backward(loss);
   EXPECT_TRUE(w1.grad() == g1);
@@ -157,9 +158,8 @@ TEST(Compression, LossyFormatsStoreTheirBytesAndBoundTheGradientError) {
       EXPECT_GT(e, 0) << "a lossy format changed nothing: was it applied?";
       EXPECT_LT(e, k.max_error) << i;
     }
-    const remat::MemoryEstimate estimate = remat::estimate_memory<double>([&](Tape<double>& t) {
-      return m.loss(t, remat::checkpoint(&TwoLayers::f, policy));
-    });
+    const remat::MemoryEstimate estimate = remat::estimate_memory<double>(
+        [&](Tape<double>& t) { return m.loss(t, remat::checkpoint(&TwoLayers::f, policy)); });
     EXPECT_EQ(estimate.saved_bytes, saved);
     EXPECT_EQ(estimate.forward_peak_bytes, forward_peak);
     EXPECT_EQ(estimate.peak_bytes, tape.memory().peak_bytes);
@@ -206,7 +206,8 @@ TEST(Compression, ComposesWithNameAndDotPolicies) {
     return remat::tanh(remat::matmul(t, b));
   };
   const auto policy = policies::save_from_both_policies(
-      policies::dots_saveable, policies::save_compressed(Compression::int8_per_row(), policies::save_only_these_names({"t"})));
+      policies::dots_saveable,
+      policies::save_compressed(Compression::int8_per_row(), policies::save_only_these_names({"t"})));
   Tape<double> tape;
   const Var<double> loss = m.loss(tape, remat::checkpoint(named, policy));
   // x; t in int8; the second product's output in full, which the replay of f's output reads (f's policy drops
@@ -237,7 +238,7 @@ TEST(Compression, RefusedUnderAMemoryBudget) {
     Tape<double> tape;
     const Var<double> loss = m.loss(tape, remat::checkpoint(&TwoLayers::f, policy));
     remat_test::expect_error_naming<remat::tape_error>([&] { tape.set_memory_budget(1 << 30); },
-                                                        {"set_memory_budget", "bf16", "memory budget"});
+                                                       {"set_memory_budget", "bf16", "memory budget"});
     EXPECT_EQ(tape.memory_budget(), 0u);
     tape.backward(loss);
   }
@@ -249,7 +250,10 @@ TEST(Compression, RefusedInsideACapturedStep) {
   TwoLayers m;
   const auto policy = policies::save_compressed(Compression::bf16(), policies::everything_saveable);
   remat_test::expect_error_naming<remat::tape_error>(
-      [&] { remat::CapturedStep<double> step([&](Tape<double>& t) { return m.loss(t, remat::checkpoint(&TwoLayers::f, policy)); }); },
+      [&] {
+        remat::CapturedStep<double> step(
+            [&](Tape<double>& t) { return m.loss(t, remat::checkpoint(&TwoLayers::f, policy)); });
+      },
       {"save_as(bf16)", "CapturedStep"});
   EXPECT_EQ(m.w1.grad().size() == 0 || m.w1.grad().isZero(), true);
 }
@@ -259,7 +263,8 @@ TEST(Compression, RefusedInsideACapturedStep) {
 /// the gradients are plain's bitwise. leaky_relu reads its input's sign: the product before it, stored as sign, takes
 /// 256 B, bitwise again. And two backwards with retain_graph read the packed values twice.
 TEST(Compression, SignOnlyWhereEveryReaderReadsTheSign) {
-  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 10) * 0.1f), w2(remat_test::random_matrix<float>(D, D, 11));
+  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 10) * 0.1f),
+      w2(remat_test::random_matrix<float>(D, D, 11));
   const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 12);
   auto exp_of_relu = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
     return remat::exp(remat::relu(remat::matmul(x, a))) + remat::matmul(x, b);
@@ -303,10 +308,11 @@ TEST(Compression, SignOnlyWhereEveryReaderReadsTheSign) {
 }
 
 /// A lossy format keeps relu's derivative exact: relu's backward reads the exact one-bit mask stored beside the int8
-/// codes (with_sign_mask), so small positive values, which int8 rounds to 0, keep their derivative 1. out = relu(x·W1)·W2,
-/// loss = sum(out ⊙ C) with C constant: dL/dh = C·W2ᵀ is exact, so dW1 = xᵀ·(dL/dh ⊙ [x·W1 > 0]) equals plain's
-/// bitwise, while dW2 = hᵀ·C reads h in int8. W1's first column is scaled by 10⁻⁴: its products are far below their
-/// row's absmax/254 and all round to 0 in int8. Bytes: h takes 2048 + 32·4 B of codes and scales, and 256 B of mask.
+/// codes (with_sign_mask), so small positive values, which int8 rounds to 0, keep their derivative 1. out =
+/// relu(x·W1)·W2, loss = sum(out ⊙ C) with C constant: dL/dh = C·W2ᵀ is exact, so dW1 = xᵀ·(dL/dh ⊙ [x·W1 > 0]) equals
+/// plain's bitwise, while dW2 = hᵀ·C reads h in int8. W1's first column is scaled by 10⁻⁴: its products are far below
+/// their row's absmax/254 and all round to 0 in int8. Bytes: h takes 2048 + 32·4 B of codes and scales, and 256 B of
+/// mask.
 TEST(Compression, LossyValuesKeepAnExactMaskForRelu) {
   Matrix<float> w1m = remat_test::random_matrix<float>(D, D, 13);
   w1m.col(0) *= 1e-4f;
@@ -328,8 +334,9 @@ TEST(Compression, LossyValuesKeepAnExactMaskForRelu) {
   };
   const std::vector<Matrix<float>> want = run(f, nullptr);
   std::size_t saved = 0;
-  const std::vector<Matrix<float>> got = run(
-      remat::checkpoint(f, policies::save_compressed(Compression::int8_per_row(), policies::everything_saveable)), &saved);
+  const std::vector<Matrix<float>> got =
+      run(remat::checkpoint(f, policies::save_compressed(Compression::int8_per_row(), policies::everything_saveable)),
+          &saved);
   EXPECT_TRUE(got[0] == want[0]) << "dW1 reads relu's mask and x, both exact";
   EXPECT_FALSE(got[1] == want[1]) << "dW2 reads h in int8";
   // x, h (codes, scales, mask); out is returned, and multiply reads C, not out; C.

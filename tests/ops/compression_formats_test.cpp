@@ -12,8 +12,8 @@
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
 namespace compression_formats_test {
 
-using remat::Shape;
 using remat::Compression;
+using remat::Shape;
 
 template <class T>
 std::vector<T> round_trip(const Compression& c, const Shape& s, const std::vector<T>& x) {
@@ -37,8 +37,8 @@ TEST(CompressionFormats, Bf16RoundsAsPyTorch) {
     EXPECT_EQ(y[i], torch[i]) << i;
     EXPECT_EQ(std::signbit(y[i]), std::signbit(torch[i])) << i;
   }
-  EXPECT_TRUE(std::isnan(round_trip(Compression::bf16(), Shape{1, 1},
-                                    std::vector<float>{std::numeric_limits<float>::quiet_NaN()})[0]));
+  EXPECT_TRUE(std::isnan(
+      round_trip(Compression::bf16(), Shape{1, 1}, std::vector<float>{std::numeric_limits<float>::quiet_NaN()})[0]));
   EXPECT_EQ(remat::detail::stored_bytes(Compression::bf16(), s, 4), 16u);
   // Every bfloat16 value but NaN survives a round trip: encoding is exact on what it can represent.
   for (std::uint32_t h = 0; h < 0x10000u; ++h) {

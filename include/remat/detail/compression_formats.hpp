@@ -30,7 +30,8 @@ inline Compression compression_of(std::uint8_t code) {
     case StoredFormat::bf16:
       return Compression::bf16();
     case StoredFormat::int8:
-      return (code >> 2) == 0 ? Compression::int8_per_row() : Compression::int8_per_group(std::int32_t{1} << (code >> 2));
+      return (code >> 2) == 0 ? Compression::int8_per_row()
+                              : Compression::int8_per_group(std::int32_t{1} << (code >> 2));
     case StoredFormat::sign:
       return Compression::sign();
   }

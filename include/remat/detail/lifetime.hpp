@@ -110,8 +110,7 @@ class Lifetime {
   /// A tape-owned buffer kept for a reader (not only for a handle), its own or a view's of it: what
   /// memory().saved_bytes counts (a buffer once, with its owner).
   bool saved_value(const Node<T>& n) const {
-    return n.value && !n.packed && n.value_owned() &&
-           (held_for_reader(n) || (n.view_holds > 0 && saving_view(n) >= 0));
+    return n.value && !n.packed && n.value_owned() && (held_for_reader(n) || (n.view_holds > 0 && saving_view(n) >= 0));
   }
   /// Its packed buffer is kept for a reader: what memory().saved_bytes counts for it (packed_bytes).
   bool saved_packed(const Node<T>& n) const { return n.packed && held_for_reader(n); }

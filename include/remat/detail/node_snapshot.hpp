@@ -18,9 +18,9 @@ struct NodeSnapshot {
   std::uint64_t last_access;
 
   static NodeSnapshot of(const Node<T>& n) {
-    return {n.value,      n.extra,       n.grad,           n.packed,         n.backward_reads, n.replay_reads,
-            n.pins,       n.regen_reads, n.schedule_holds, n.view_holds,     n.grad_assigned,
-            n.extra_read, n.evicted,     n.view_kept,      n.last_access};
+    return {n.value,         n.extra,      n.grad,        n.packed,         n.backward_reads,
+            n.replay_reads,  n.pins,       n.regen_reads, n.schedule_holds, n.view_holds,
+            n.grad_assigned, n.extra_read, n.evicted,     n.view_kept,      n.last_access};
   }
   void restore(Node<T>& n) const {
     n.value = value;

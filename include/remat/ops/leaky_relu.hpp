@@ -29,8 +29,8 @@ struct LeakyReluOp : UnaryElementwise<LeakyReluOp> {
 }  // namespace detail
 
 /// F.leaky_relu(x, negative_slope): y = x where x > 0, negative_slope · x elsewhere. dy/dx = 1 where x > 0,
-/// negative_slope elsewhere (at 0 too, as PyTorch). x: any shape → x's shape. Keeps x as its residual, read only through x > 0
-/// (Compression::sign() may store it in one bit an element).
+/// negative_slope elsewhere (at 0 too, as PyTorch). x: any shape → x's shape. Keeps x as its residual, read only
+/// through x > 0 (Compression::sign() may store it in one bit an element).
 template <class T>
 Var<T> leaky_relu(const Var<T>& x, double negative_slope = 0.01) {
   return apply_op<detail::LeakyReluOp>(detail::LeakyReluOp::Params{negative_slope}, x);
