@@ -52,11 +52,11 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
-#include "remat/detail/compression_formats.hpp"
 #include "remat/detail/eviction_classes.hpp"
 #include "remat/detail/levels.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/detail/node_snapshot.hpp"
+#include "remat/detail/packing.hpp"
 
 namespace remat::detail {
 
@@ -161,26 +161,8 @@ class Lifetime {
     if (n.stored != 0) settle_packed(n);
   }
 
-  // ---- compressed values (Node::stored) ----
-  /// Bytes of n's packed buffer: its Compression's stored_bytes, whole elements of T, and for a lossy format with a
-  /// reader that reads only the value's sign, an exact one-bit mask after it (with_sign_mask).
-  std::size_t packed_bytes(const Node<T>& n) const {
-    const std::size_t stored = compression_of(n.stored).stored_bytes(n.shape, sizeof(T));
-    return with_sign_mask(n) ? stored + Compression::sign().stored_bytes(n.shape, sizeof(T)) : stored;
-  }
-  /// Whether n's packed buffer also holds its exact sign, for a reader that reads only that (relu's backward):
-  /// a lossy format would turn a small positive value into 0 and change relu's derivative there (ActNN keeps
-  /// relu's mask apart for this reason). A function of the graph: its readers are all recorded once it is packed.
-  bool with_sign_mask(const Node<T>& n) const {
-    if (n.stored_format() != StoredFormat::bf16 && n.stored_format() != StoredFormat::int8) return false;
-    if ((n.reads & reads_output) && (n.op->sign_reads & reads_output)) return true;
-    for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
-      const Node<T>& c = graph_[e / max_inputs];
-      const unsigned read = reads_input(e % max_inputs);
-      if ((c.reads & read) && (c.op->sign_reads & read)) return true;
-    }
-    return false;
-  }
+  // ---- compressed values (Node::stored; detail/packing.hpp) ----
+  std::size_t packed_bytes(const Node<T>& n) const { return detail::packed_bytes(graph_, n); }
   /// Its value may be kept packed now: only pending readers keep it (at this level), and, stored as sign, every
   /// reader that may read it reads only its sign: no replay, no open region that could add one, no reader from
   /// outside a region that returned it, and each backward that reads it declares the read in sign_reads.
@@ -189,17 +171,7 @@ class Lifetime {
         !n.value_owned() || !read_at_this_level(n))
       return false;
     if (n.stored_format() != StoredFormat::sign) return true;
-    return graph_.open.empty() && n.replay_reads == 0 && !n.pending && n.tiers < 0 && only_sign_readers(n);
-  }
-  /// Every backward that reads n's value reads only its sign (its own, and its consumers').
-  bool only_sign_readers(const Node<T>& n) const {
-    if ((n.reads & reads_output) && !(n.op->sign_reads & reads_output)) return false;
-    for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
-      const Node<T>& c = graph_[e / max_inputs];
-      const unsigned read = reads_input(e % max_inputs);
-      if ((c.reads & read) && !(c.op->sign_reads & read)) return false;
-    }
-    return true;
+    return graph_.open.empty() && n.replay_reads == 0 && !n.pending && n.tiers < 0 && only_sign_readers(graph_, n);
   }
   /// Packs n's value when the rule keeps it only for readers, and frees the packed buffer when nothing wants the
   /// value. A pack that cannot get its buffer (std::bad_alloc) leaves the value as it is. Never throws.
@@ -210,42 +182,24 @@ class Lifetime {
     }
     if (!n.value || !packable(n)) return;
     if (!n.packed) {
-      const std::size_t count = packed_bytes(n) / sizeof(T);
       try {
-        n.packed = buffers_.allocate_elements(count);
+        n.packed = buffers_.allocate_elements(packed_bytes(n) / sizeof(T));
       } catch (...) {
         return;
       }
-      if (!buffers_.simulating() && !buffers_.shapes_only()) {
-        const Compression c = compression_of(n.stored);
-        encode(c, n.shape, n.value, n.packed);
-        if (with_sign_mask(n))
-          encode(Compression::sign(), n.shape, n.value,
-                 reinterpret_cast<unsigned char*>(n.packed) + c.stored_bytes(n.shape, sizeof(T)));
-      }
+      if (!buffers_.simulating() && !buffers_.shapes_only()) encode_packed(graph_, n);
     }
     buffers_.free(n.value, n.shape);  // a decoded copy, or the value now packed
   }
-  /// Decodes node `id`'s packed value into a value buffer for a read (sign: 1 where it was > 0, else 0). The sweep's
-  /// dry run reserved the buffer. Never throws.
-  void unpack(std::int32_t id) noexcept {
+  /// Decodes node `id`'s packed value into a value buffer for a read: for a backward that reads only its sign
+  /// (`sign_only`) 1 where it was > 0 and 0 elsewhere (decode_packed). The sweep's dry run reserved the buffer.
+  /// Never throws.
+  void unpack(std::int32_t id, bool sign_only = false) noexcept {
     Node<T>& n = graph_[id];
     assert(n.packed && !n.value);
     note(id);
     n.value = buffers_.allocate(n.shape);
-    if (!buffers_.simulating() && !buffers_.shapes_only()) decode(compression_of(n.stored), n.shape, n.packed, n.value);
-  }
-  /// Decodes only node `id`'s sign (1 where it was > 0, else 0) into a value buffer, for a backward that reads only
-  /// that: from the mask of with_sign_mask, or from a value stored as sign. Never throws (see unpack).
-  void unpack_sign(std::int32_t id) noexcept {
-    Node<T>& n = graph_[id];
-    assert(n.packed && !n.value);
-    note(id);
-    n.value = buffers_.allocate(n.shape);
-    if (buffers_.simulating() || buffers_.shapes_only()) return;
-    const std::size_t offset =
-        with_sign_mask(n) ? compression_of(n.stored).stored_bytes(n.shape, sizeof(T)) : std::size_t{0};
-    decode(Compression::sign(), n.shape, reinterpret_cast<const unsigned char*>(n.packed) + offset, n.value);
+    if (!buffers_.simulating() && !buffers_.shapes_only()) decode_packed(graph_, n, sign_only);
   }
   void free_packed(Node<T>& n) noexcept {
     note(static_cast<std::int32_t>(&n - graph_.nodes.data()));

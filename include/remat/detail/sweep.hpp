@@ -396,12 +396,12 @@ class Sweep : public DryRunCache<T> {
     if (n.reads & reads_output) read[count++] = i;
     evictor_.acquire(read, count);
   }
-  /// A residual made resident for a backward: a packed one read only through its sign is decoded from its exact
-  /// mask (Lifetime::unpack_sign), any other as ensure() makes it.
+  /// A residual made resident for a backward: a packed one read only through its sign is decoded as its sign
+  /// (Lifetime::unpack, from its exact mask if it has one), any other as ensure() makes it.
   void ensure_read(std::int32_t id, bool sign_only) noexcept {
     const Node<T>& v = graph_[id];
     if (sign_only && !v.value && v.packed)
-      lifetime_.unpack_sign(id);
+      lifetime_.unpack(id, true);
     else
       evictor_.ensure(id);
   }
