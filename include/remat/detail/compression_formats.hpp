@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "remat/compression.hpp"
 #include "remat/shape.hpp"
@@ -81,8 +82,13 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out) {
       for (Index r = 0; r < shape.rows(); ++r)
         for (Index g = 0; g < per_row; ++g) {
           const Index begin = r * row + g * group, end = r * row + std::min(row, (g + 1) * group);
+          // A NaN in the group makes its scale NaN, so that the whole group decodes to NaN (std::max would skip it, and
+          // the NaN would come back as 0): a NaN reaches the gradients as it would uncompressed.
           float absmax = 0;
-          for (Index i = begin; i < end; ++i) absmax = std::max(absmax, std::fabs(static_cast<float>(x[i])));
+          for (Index i = begin; i < end; ++i) {
+            const float v = std::fabs(static_cast<float>(x[i]));
+            absmax = std::isnan(v) || std::isnan(absmax) ? std::numeric_limits<float>::quiet_NaN() : std::max(absmax, v);
+          }
           const float scale = absmax / 127.0f;
           std::memcpy(scales + 4 * (r * per_row + g), &scale, 4);
           for (Index i = begin; i < end; ++i) {
