@@ -230,6 +230,7 @@ class Recorder : public RegionRecorder<T> {
     // Kept compressed as the open regions answer now, unless a region deeper than the answer drops it or a closed
     // region returned it (a returned value is stored as it is).
     n.stored = n.output_mask == 0 ? answers.stored_with(drop_mask) : 0;
+    if (n.stored_format() == StoredFormat::sign) graph_.sign_stored = true;
     // What commit() does for a value some region may replay: its level-0 inputs wait for the regions' close.
     if (n.level > 0 && !graph_.open.empty())
       for (int k = 0; k < n.arity; ++k)
