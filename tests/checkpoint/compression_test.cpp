@@ -219,6 +219,30 @@ TEST(Compression, ComposesWithNameAndDotPolicies) {
   tape.backward(loss);
 }
 
+/// A name given in place (checkpoint_name on relu's fresh output) makes the value sign-stored after it was recorded:
+/// it is packed when the region closes all the same. Saved: x, the mask, the output; gradients bitwise.
+TEST(Compression, ANamedValueStoredAsSignIsPacked) {
+  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 17)), w2(remat_test::random_matrix<float>(D, D, 18));
+  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 19);
+  auto f = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
+    return remat::checkpoint_name(remat::relu(remat::matmul(x, a)), "r") + remat::matmul(x, b);
+  };
+  Tape<float> plain_tape;
+  plain_tape.backward(two_relus(plain_tape, w1, w2, xm, f));
+  const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
+  w1.zero_grad();
+  w2.zero_grad();
+  Tape<float> tape;
+  // Everything else saved: the sum reading r is not replayed, so nothing holds r until the region closes.
+  const auto policy = policies::save_compressed(Compression::sign(), policies::save_only_these_names({"r"}),
+                                                policies::everything_saveable);
+  const Var<float> loss = two_relus(tape, w1, w2, xm, remat::checkpoint(f, policy));
+  EXPECT_EQ(tape.memory().saved_bytes, 2 * bytes<float>(N, D) + sign_bytes) << remat_test::describe(tape.memory());
+  tape.backward(loss);
+  EXPECT_TRUE(w1.grad() == g1);
+  EXPECT_TRUE(w2.grad() == g2);
+}
+
 /// Not supported yet, refused with the reason and the fix, the tape unchanged: a compressed answer under a memory
 /// budget, and a budget on a tape that holds compressed values.
 TEST(Compression, RefusedUnderAMemoryBudget) {
