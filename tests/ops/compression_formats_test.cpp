@@ -95,4 +95,26 @@ TEST(CompressionFormats, SignIsWhatReluReads) {
   EXPECT_EQ(remat::detail::stored_bytes(Compression::sign(), s, 4), 16u);  // 78 elements: 2 words
 }
 
+/// Row blocks (the threads' share of an encode or a decode, detail/packing.hpp) write exactly what one pass writes:
+/// encoding rows [0, 3) and [3, 7) separately gives the same bytes as all 7 at once, with groups that end inside and
+/// at the end of a row, and decoding by the same blocks gives the same values.
+TEST(CompressionFormats, RowBlocksEncodeAndDecodeAsOnePass) {
+  const Shape s{7, 2, 45};  // matrix view [14, 45]
+  std::vector<float> x(630);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.7f * static_cast<float>(i)) * (1 + i % 11);
+  for (const Compression c : {Compression::bf16(), Compression::int8_per_row(), Compression::int8_per_group(16)}) {
+    const std::size_t b = c.stored_bytes(s, 4);
+    std::vector<unsigned char> whole(b, 0xAB), blocks(b, 0xAB);
+    remat::detail::encode(c, s, x.data(), whole.data());
+    remat::detail::encode(c, s, x.data(), blocks.data(), 0, 6);
+    remat::detail::encode(c, s, x.data(), blocks.data(), 6, 14);
+    EXPECT_TRUE(whole == blocks) << c.name();
+    std::vector<float> y(630), z(630);
+    remat::detail::decode(c, s, whole.data(), y.data());
+    remat::detail::decode(c, s, whole.data(), z.data(), 0, 9);
+    remat::detail::decode(c, s, whole.data(), z.data(), 9, 14);
+    EXPECT_TRUE(y == z) << c.name();
+  }
+}
+
 }  // namespace compression_formats_test

@@ -9,6 +9,7 @@
 #include "remat/compression.hpp"
 #include "remat/detail/compression_formats.hpp"
 #include "remat/detail/node.hpp"
+#include "remat/detail/parallel.hpp"
 
 namespace remat::detail {
 
@@ -48,11 +49,23 @@ std::size_t packed_bytes(const Graph<T>& graph, const Node<T>& n) {
   return with_sign_mask(graph, n) ? stored + Compression::sign().stored_bytes(n.shape, sizeof(T)) : stored;
 }
 
+/// `code(r0, r1)` over row blocks of n's [rows, cols] view on remat's thread team, for the formats that encode rows
+/// apart (bf16, int8: each element, and each group's scale, belongs to one row); at once for sign, whose 64-bit words
+/// cross rows. Which thread runs a block changes no bit.
+template <class T, class Code>
+void by_row_blocks(const Node<T>& n, Code code) {
+  if (n.stored_format() == StoredFormat::sign) {
+    code(Index(0), n.shape.rows());
+    return;
+  }
+  for_row_blocks(n.shape.rows(), n.shape.cols(), 4, [&](Index r0, Index count) { code(r0, r0 + count); });
+}
+
 /// Encodes n's value into n.packed (packed_bytes of it).
 template <class T>
 void encode_packed(const Graph<T>& graph, Node<T>& n) {
   const Compression c = compression_of(n.stored);
-  encode(c, n.shape, n.value, n.packed);
+  by_row_blocks(n, [&](Index r0, Index r1) { encode(c, n.shape, n.value, n.packed, r0, r1); });
   if (with_sign_mask(graph, n))
     encode(Compression::sign(), n.shape, n.value,
            reinterpret_cast<unsigned char*>(n.packed) + c.stored_bytes(n.shape, sizeof(T)));
@@ -64,7 +77,7 @@ template <class T>
 void decode_packed(const Graph<T>& graph, Node<T>& n, bool sign_only) {
   const Compression c = compression_of(n.stored);
   if (!sign_only || !with_sign_mask(graph, n)) {
-    decode(c, n.shape, n.packed, n.value);
+    by_row_blocks(n, [&](Index r0, Index r1) { decode(c, n.shape, n.packed, n.value, r0, r1); });
     return;
   }
   decode(Compression::sign(), n.shape,
