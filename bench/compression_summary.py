@@ -32,6 +32,8 @@ def main():
             order.append(name)
         runs.setdefault(key, []).append(b["real_time"])
         counters[key] = (b["saved_MB"], b["peak_MB"])
+    rank = ["plain", "nothing_saveable", "dots_saveable", "dots_no_batch", "bf16", "int8_64", "int8_64_linear_bf16"]
+    order.sort(key=lambda name: (name.split("/", 1)[0], rank.index(name.split("/", 1)[1])))
     print("| workload | policy | 1 thread: ms (IQR), × plain | 2 threads: ms (IQR), × plain | saved MB | peak MB |")
     print("|---|---|---|---|---|---|")
     points = {}
