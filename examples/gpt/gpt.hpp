@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,9 @@ enum class Attention { unfused, fused };
 struct Options {
   Recompute recompute = Recompute::none;
   Attention attention = Attention::unfused;
+  /// With Recompute::none: when set, each block is a checkpoint region under this policy (a policy that stores
+  /// residuals compressed, docs/compression.md, as bench/compression_error.cpp gives).
+  std::function<remat::policies::Decision(const remat::OpInfo&)> block_policy;
 };
 
 inline const char* to_string(Recompute r) {
@@ -323,6 +327,11 @@ class Model {
     switch (options.recompute) {
       case Recompute::none:
       case Recompute::attention:
+        if (options.recompute == Recompute::none && options.block_policy) {
+          for (const BlockVars& bw : w)
+            x = remat::checkpoint([&](const Var<T>& in) { return block(bw, in, options); }, options.block_policy)(x);
+          return x;
+        }
         for (const BlockVars& bw : w) x = block(bw, x, options);
         return x;
       case Recompute::block:

@@ -617,9 +617,10 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", o.checkpoint,
                  "Gradient checkpointing: none; layer (each hidden layer a region, nothing_saveable); sqrt "
                  "(round(sqrt(L)) segments of the L layers, each a nothing_saveable region); dots (each hidden layer a "
-                 "region, dots_saveable)")
+                 "region, dots_saveable); bf16, int8 (every residual kept compressed: bfloat16, or int8 with a scale "
+                 "per 64 elements); sign (relu outputs only relu reads, as with --dropout, in one bit)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"none", "layer", "sqrt", "dots"}));
+      ->check(CLI::IsMember({"none", "layer", "sqrt", "dots", "bf16", "int8", "sign"}));
   app.add_option("--schedule", o.schedule,
                  "Learning-rate schedule: cosine (decay from --lr to 0 over all steps) or constant")
       ->capture_default_str()

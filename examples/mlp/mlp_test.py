@@ -315,13 +315,19 @@ def case_checkpoint_modes():
     batch = 100
     limit = LIMIT - LIMIT % batch
     runs = {}
-    for mode in ("none", "layer", "sqrt", "dots"):
+    for mode in ("none", "layer", "sqrt", "dots", "sign", "bf16", "int8"):
         runs[mode] = run_json("--data", DATA, "--limit", limit, "--hidden", ",".join(map(str, hidden)),
                               "--dropout", "0.25", "--batch", batch, "--epochs", 2, "--checkpoint", mode)
-    for mode in ("layer", "sqrt", "dots"):
+    for mode in ("layer", "sqrt", "dots", "sign"):
         for key in ("losses", "train_accuracies", "test_accuracies", "parameters_crc32"):
             check(key in runs["none"] and runs[mode].get(key) == runs["none"].get(key),
                   f"{mode} differs from none in {key}: {runs[mode].get(key)} vs {runs['none'].get(key)}")
+    # Lossy residuals move the parameters (the gradients differ by about the format's step) but not the first loss.
+    for mode in ("bf16", "int8"):
+        check(runs[mode].get("parameters_crc32") != runs["none"].get("parameters_crc32"), f"{mode} changed nothing")
+        check(runs[mode]["losses"][0] == runs["none"]["losses"][0] or
+              abs(runs[mode]["losses"][0] - runs["none"]["losses"][0]) < 0.05 * runs["none"]["losses"][0],
+              f"{mode}: first epoch's loss {runs[mode]['losses'][0]} vs {runs['none']['losses'][0]}")
     # Saved bytes right after the forward pass, as docs/mlp.md derives them (float32, 4 bytes):
     # the input x [B,784] and the softmax [B,10] always; per hidden layer i the activation output r_i
     # (relu's backward reads it) and the dropout output d_i (the next linear's input).
@@ -336,6 +342,15 @@ def case_checkpoint_modes():
         # output) recomputes from it (JAX's partial evaluation): z_i instead of r_i, so as many bytes as none
         "dots": x + sum(2 * a for a in act) + softmax,
     }
+    # The whole network one region, its residuals compressed (docs/compression.md). sign: each r_i in one bit,
+    # ceil(B·w / 64) words of 8 bytes (only relu's backward reads it: dropout's reads its seed), d_i as it is.
+    # bf16: r_i and d_i in 2 bytes an element. int8 with a scale per 64: a byte an element (B·w is a multiple
+    # of 4) and 4 bytes per row for each group of 64 (every w here is under 64: one group a row). Both keep r_i's
+    # exact sign beside it for relu's backward, as sign does.
+    masks = sum((B * w + 63) // 64 * 8 for w in hidden)
+    expected["sign"] = x + sum(act) + masks + softmax
+    expected["bf16"] = x + sum(act) + masks + softmax
+    expected["int8"] = x + sum(2 * (B * w + 4 * B) for w in hidden) + masks + softmax
     # sqrt: L = 5 layers (4 hidden + output), round(sqrt(5)) = 2 segments of ceil(5/2) = 3, both regions:
     # layers 1-3 (keeps x, returns d_3) and layer 4 + the output layer (returns the logits, which the
     # loss does not read: cross_entropy keeps its softmax instead).

@@ -66,6 +66,25 @@ inline Var<float> forward(const NetworkOptions& o, const std::vector<Var<float>>
     }
     return layer(o, parameters, hidden, x, training);
   }
+  if (o.checkpoint == "bf16" || o.checkpoint == "int8" || o.checkpoint == "sign") {
+    // The whole network one region that keeps its residuals compressed (docs/compression.md): every one in bfloat16,
+    // or in int8 with a scale per 64 elements; or (sign) the relus' outputs in one bit where only relu's backward
+    // reads them (with dropout after them), everything else as it is. The logits, which it returns, as they are.
+    auto network = [&o, &parameters, training, hidden](Var<float> h) {
+      for (std::size_t i = 0; i <= hidden; ++i) h = layer(o, parameters, i, h, training);
+      return h;
+    };
+    namespace policies = remat::policies;
+    if (o.checkpoint == "sign") {
+      // Built once: ops_named allocates its list, and a steady training step allocates nothing.
+      static const auto relu_signs = policies::save_compressed(
+          remat::Compression::sign(), policies::ops_named({"relu"}), policies::everything_saveable);
+      return remat::checkpoint(network, relu_signs)(x);
+    }
+    const remat::Compression c =
+        o.checkpoint == "bf16" ? remat::Compression::bf16() : remat::Compression::int8_per_group(64);
+    return remat::checkpoint(network, policies::save_compressed(c, policies::everything_saveable))(x);
+  }
   // sqrt: the whole network (hidden layers and the output layer, L layers) as one sequence split into
   // round(√L) segments of ⌈L/segments⌉ layers, EVERY segment a nothing_saveable region, so only the
   // segment boundaries stay (Chen et al. 2016). checkpoint_sequential (PyTorch semantics) leaves the

@@ -254,13 +254,16 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "initialisation and shuffling seed")->capture_default_str();
   app.add_option("--checkpoint", o.checkpoint,
                  "none, block (each block, nothing_saveable), dots (each block, dots_saveable: keeps the "
-                 "convolutions), sqrt (segments of about sqrt(blocks) blocks) or budget=<bytes> (a memory budget)")
+                 "convolutions), sqrt (segments of about sqrt(blocks) blocks), bf16 or int8 (each block keeps its "
+                 "residuals compressed: bfloat16, or int8 with a scale per 64 elements) or budget=<bytes> (a memory "
+                 "budget)")
       ->capture_default_str()
       ->check([](const std::string& m) {
-        if (m == "none" || m == "block" || m == "dots" || m == "sqrt") return std::string();
+        if (m == "none" || m == "block" || m == "dots" || m == "sqrt" || m == "bf16" || m == "int8")
+          return std::string();
         if (m.rfind("budget=", 0) == 0 && m.size() > 7 && m.find_first_not_of("0123456789", 7) == std::string::npos)
           return std::string();
-        return std::string("must be none, block, dots, sqrt or budget=<bytes>");
+        return std::string("must be none, block, dots, sqrt, bf16, int8 or budget=<bytes>");
       });
   app.add_option("--save", o.save,
                  "write the weights and batch-norm statistics to this safetensors file after training, under "

@@ -91,15 +91,29 @@ inline V block_forward(Tape<float>& tape, BasicBlock& b, const V& x) {
   return remat::relu(h + shortcut);
 }
 
+/// The format of a compressed mode: "bf16"; "int8" (a scale per 64 elements), "int8/row", "int8/<group>"; full
+/// for any other mode.
+inline remat::Compression compression_of_mode(const std::string& mode) {
+  if (mode == "bf16") return remat::Compression::bf16();
+  if (mode == "int8") return remat::Compression::int8_per_group(64);
+  if (mode == "int8/row") return remat::Compression::int8_per_row();
+  if (mode.rfind("int8/", 0) == 0) return remat::Compression::int8_per_group(std::stoi(mode.substr(5)));
+  return {};
+}
+
 /// The logits [B, classes] of images x [B, 1, 28, 28], the blocks checkpointed as `checkpoint` says: "block"
 /// (each block, nothing_saveable), "dots" (each block, dots_saveable), "sqrt" (segments of ⌈√blocks⌉ blocks,
-/// nothing_saveable) or anything else (none).
+/// nothing_saveable), "bf16", "int8" or another of compression_of_mode's (each block keeps every residual,
+/// compressed: docs/compression.md) or anything else (none).
 inline V forward(const std::string& checkpoint, Tape<float>& tape, ResNet& net, const V& x) {
   V h = remat::relu(net.stem_bn.forward(tape, net.stem.forward(tape, x)));
   const std::size_t n = net.blocks.size();
   // Blocks per checkpointed segment: 1 for block and dots, about √n for sqrt (Chen et al. 2016), all otherwise.
   const std::size_t segment = checkpoint == "sqrt" ? static_cast<std::size_t>(std::ceil(std::sqrt(double(n)))) : 1;
-  const bool checkpointed = checkpoint == "block" || checkpoint == "dots" || checkpoint == "sqrt";
+  const bool compressed = checkpoint.rfind("bf16", 0) == 0 || checkpoint.rfind("int8", 0) == 0;
+  const bool checkpointed = checkpoint == "block" || checkpoint == "dots" || checkpoint == "sqrt" || compressed;
+  const auto keep_compressed =
+      remat::policies::save_compressed(compression_of_mode(checkpoint), remat::policies::everything_saveable);
   for (std::size_t first = 0; first < n; first += segment) {
     const std::size_t last = std::min(n, first + segment);
     auto run = [&](const V& in) {
@@ -111,6 +125,8 @@ inline V forward(const std::string& checkpoint, Tape<float>& tape, ResNet& net, 
       h = run(h);
     else if (checkpoint == "dots")
       h = remat::checkpoint(run, remat::policies::dots_saveable)(h);
+    else if (compressed)
+      h = remat::checkpoint(run, keep_compressed)(h);
     else
       h = remat::checkpoint(run, remat::policies::nothing_saveable)(h);
   }

@@ -29,8 +29,8 @@ auto region_tape(const A& a, const Rest&... rest) {
 }
 
 template <class P>
-bool call_policy(const void* policy, const OpInfo& op) {
-  return static_cast<bool>((*static_cast<const P*>(policy))(op));
+policies::Decision call_policy(const void* policy, const OpInfo& op) {
+  return policies::Decision((*static_cast<const P*>(policy))(op));
 }
 
 /// How many Vars a checkpointed function's result (a Var or a std::tuple) holds.

@@ -15,6 +15,8 @@
 //   static constexpr bool view;                   optional: its output is input 0's buffer read with another
 //                                                 shape of as many elements (reshape): no copy, its forward
 //                                                 never runs, and the buffer counts once
+//   static constexpr unsigned sign_reads;        optional: the reads its backward needs only the sign of (relu's
+//                                                 output), served by a one-bit Compression::sign()
 //   static constexpr bool estimable;              optional, default true: false if the program depends, at
 //                                                 record time, on what its forward computes (a shapes-only
 //                                                 tape, remat::estimate_memory, then refuses it: shapes_only_error)
@@ -97,6 +99,10 @@ struct OpBase {
   /// refers to it. apply_op throws shape_error naming the op if the output's element count is not input 0's. The
   /// backward runs as for any op (a view's copies dy into dx).
   static constexpr bool view = false;
+  /// Which of its reads (reads_input0..2, reads_output) its backward needs only the sign of (x > 0), as relu's
+  /// reads its output: such a read is served by a value a policy stores as Compression::sign() (one bit an
+  /// element), decoded as 1 where x > 0 and 0 elsewhere — so the backward must read it only through x > 0.
+  static constexpr unsigned sign_reads = reads_nothing;
   /// A shapes-only tape (remat::estimate_memory) may record it without running its forward. Every op that
   /// keeps to the recipe is: its buffers follow from its shapes. Declare false for an op whose forward the
   /// program depends on at record time (it writes, through a pointer in its Params, something the program

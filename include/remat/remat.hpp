@@ -4,6 +4,7 @@
 
 #include "remat/captured_step.hpp"
 #include "remat/checkpoint.hpp"
+#include "remat/compression.hpp"
 #include "remat/errors.hpp"
 #include "remat/estimate.hpp"
 #include "remat/flush_denormal.hpp"

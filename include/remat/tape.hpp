@@ -342,7 +342,8 @@ class Tape {
   /// it, and a later op's backward or a later region's replay reads it), "region output" (its region's policy
   /// saved it), "constant (variable) recorded inside a checkpointed function" (a leaf: its data is kept
   /// whatever the policy), "outside any region" (no region drops it), "checkpoint of a chain schedule",
-  /// "read by the regeneration of an evicted value", with ", named 'x'" for a checkpoint_name tag; an op's
+  /// "read by the regeneration of an evicted value", with ", named 'x'" for a checkpoint_name tag and ", stored as
+  /// bf16 (N B as it is)" for a value a policy stores compressed (its row's bytes are the stored ones); an op's
   /// extra buffer is listed as "<op>.extra". Then the total, which equals memory().saved_bytes. Columns are
   /// aligned to the longest entry.
   void print_saved_residuals(std::ostream& os) const {

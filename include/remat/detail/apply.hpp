@@ -63,6 +63,7 @@ const OpTable<T>* op_table_of() {
                                        Op::stops_gradient,
                                        Op::view,
                                        &Op::reads,
+                                       Op::sign_reads,
                                        &Op::template forward<T>,
                                        &Op::template backward<T>,
                                        &flops_of<Op>,

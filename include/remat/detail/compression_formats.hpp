@@ -1,5 +1,5 @@
-// The stored formats of compressed residuals (issue 46's groundwork; no policy answers with them yet): how a
-// value is encoded into fewer bytes and decoded again, and how many bytes it takes. bf16 rounds to nearest even as
+// The stored formats of compressed residuals (remat/compression.hpp): how a value is encoded into fewer bytes and
+// decoded again. bf16 rounds to nearest even as
 // PyTorch's c10::BFloat16 does; int8 keeps one absmax scale per group of elements (ActNN's and unsloth's per-row
 // int8); sign keeps x > 0 as one bit, which is all ReLU's derivative reads.
 #pragma once
@@ -9,50 +9,39 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
+#include "remat/compression.hpp"
 #include "remat/shape.hpp"
 
 namespace remat::detail {
 
-/// How a residual is stored.
-enum class StoredFormat : std::uint8_t {
-  full,  ///< as it is
-  bf16,  ///< bfloat16, round to nearest even: 2 bytes an element
-  int8,  ///< one signed byte an element and a float scale (absmax / 127) per group
-  sign,  ///< one bit an element: x > 0 (a NaN is not)
-};
-
-/// A stored format and, for int8, the elements per scale (a group runs along the row-major order and never across
-/// a row of the matrix view: 0 means one group per row, i.e. per last-dimension slice).
-struct Compression {
-  StoredFormat format = StoredFormat::full;
-  std::int32_t group = 0;
-};
-
-/// The int8 group size actually used for a value of `shape`: `c.group` capped at the row length, or the row.
-inline Index int8_group(const Compression& c, const Shape& shape) {
-  const Index row = shape.cols();
-  return c.group > 0 ? std::min<Index>(c.group, row) : row;
+/// A Compression in one byte, as a node keeps it: the format in bits 0–1, log2 of int8's group in bits 2–7 (0: per
+/// row). 0 is full.
+inline std::uint8_t compression_code(const Compression& c) {
+  unsigned log2 = 0;
+  while (c.group() > 0 && (std::int32_t{1} << log2) < c.group()) ++log2;
+  return static_cast<std::uint8_t>(static_cast<unsigned>(c.format()) | log2 << 2);
+}
+/// The Compression of a compression_code().
+inline Compression compression_of(std::uint8_t code) {
+  switch (static_cast<StoredFormat>(code & 3u)) {
+    case StoredFormat::full:
+      return Compression();
+    case StoredFormat::bf16:
+      return Compression::bf16();
+    case StoredFormat::int8:
+      return (code >> 2) == 0 ? Compression::int8_per_row()
+                              : Compression::int8_per_group(std::int32_t{1} << (code >> 2));
+    case StoredFormat::sign:
+      return Compression::sign();
+  }
+  return Compression();
 }
 
-/// Bytes of `shape`'s value stored in `c` (elements of `element_bytes` each when full).
+/// Bytes of `shape`'s value stored in `c` (elements of `element_bytes` each): Compression::stored_bytes.
 inline std::size_t stored_bytes(const Compression& c, const Shape& shape, std::size_t element_bytes) {
-  const auto n = static_cast<std::size_t>(shape.numel());
-  switch (c.format) {
-    case StoredFormat::full:
-      return n * element_bytes;
-    case StoredFormat::bf16:
-      return 2 * n;
-    case StoredFormat::int8: {
-      const auto group = static_cast<std::size_t>(int8_group(c, shape));
-      const auto rows = static_cast<std::size_t>(shape.rows()),
-                 per_row = (static_cast<std::size_t>(shape.cols()) + group - 1) / group;
-      return (n + 3) / 4 * 4 + 4 * rows * per_row;  // the codes, padded to a float, then the scales
-    }
-    case StoredFormat::sign:
-      return (n + 63) / 64 * 8;
-  }
-  return 0;
+  return c.stored_bytes(shape, element_bytes);
 }
 
 /// float → bfloat16 bits, round to nearest even; a NaN becomes the quiet NaN 0x7fc0 (as c10::BFloat16).
@@ -71,37 +60,67 @@ inline float from_bf16(std::uint16_t h) {
   return x;
 }
 
-/// Encodes `x` (shape's elements, row-major) into `out` (stored_bytes(c, shape, sizeof(T)) bytes). Full is a copy.
+/// An int8 group's scale, absmax/127 of its elements in float: NaN if one of them is NaN, so that the whole group reads
+/// back NaN (a NaN reaches the gradients as it would uncompressed); infinite if one is infinite (the group reads back
+/// NaN: 0 · ∞).
 template <class T>
-void encode(const Compression& c, const Shape& shape, const T* x, void* out) {
+float int8_scale(const T* x, Index count) {
+  // The largest |x| as the largest bit pattern with the sign bit cleared: an integer maximum, which vectorises (a
+  // float one does not, for its NaN rule), and a NaN's pattern is above every other one's.
+  std::uint32_t largest = 0;
+  for (Index i = 0; i < count; ++i) {
+    const float v = static_cast<float>(x[i]);
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits &= 0x7fffffffu;
+    largest = bits > largest ? bits : largest;
+  }
+  if (largest > 0x7f800000u) return std::numeric_limits<float>::quiet_NaN();
+  float absmax;
+  std::memcpy(&absmax, &largest, sizeof absmax);
+  return absmax / 127.0f;
+}
+
+/// Encodes `x` (shape's elements, row-major) into `out` (stored_bytes(c, shape, sizeof(T)) bytes). Full is a copy.
+/// Only rows [r0, r1) of the [rows, cols] matrix view (all of them when r1 < 0) for full, bf16 and int8, so that row
+/// blocks may be encoded on several threads; sign encodes all. The inner loops vectorise: a decode runs for every read
+/// of a packed value.
+template <class T>
+void encode(const Compression& c, const Shape& shape, const T* x, void* out, Index r0 = 0, Index r1 = -1) {
   const Index n = shape.numel();
+  if (r1 < 0) r1 = shape.rows();
+  const Index first = r0 * shape.cols(), last = r1 * shape.cols();
   auto* bytes = static_cast<unsigned char*>(out);
-  switch (c.format) {
+  switch (c.format()) {
     case StoredFormat::full:
-      std::memcpy(out, x, static_cast<std::size_t>(n) * sizeof(T));
+      std::memcpy(static_cast<T*>(out) + first, x + first, static_cast<std::size_t>(last - first) * sizeof(T));
       return;
     case StoredFormat::bf16:
-      for (Index i = 0; i < n; ++i) {
+      for (Index i = first; i < last; ++i) {
         const std::uint16_t h = to_bf16(static_cast<float>(x[i]));
         std::memcpy(bytes + 2 * i, &h, 2);
       }
       return;
     case StoredFormat::int8: {
-      const Index group = int8_group(c, shape), row = shape.cols(), per_row = (row + group - 1) / group;
+      const Index group = c.group_in_row(shape), row = shape.cols(), per_row = (row + group - 1) / group;
       auto* codes = reinterpret_cast<std::int8_t*>(bytes);
       unsigned char* scales = bytes + (n + 3) / 4 * 4;
-      for (Index r = 0; r < shape.rows(); ++r)
+      for (Index r = r0; r < r1; ++r)
         for (Index g = 0; g < per_row; ++g) {
-          const Index begin = r * row + g * group, end = r * row + std::min(row, (g + 1) * group);
-          float absmax = 0;
-          for (Index i = begin; i < end; ++i) absmax = std::max(absmax, std::fabs(static_cast<float>(x[i])));
-          const float scale = absmax / 127.0f;
+          const Index begin = r * row + g * group, count = std::min(row, (g + 1) * group) - g * group;
+          const float scale = int8_scale(x + begin, count);
           std::memcpy(scales + 4 * (r * per_row + g), &scale, 4);
-          for (Index i = begin; i < end; ++i) {
-            const float q = scale > 0 ? std::nearbyint(static_cast<float>(x[i]) / scale) : 0.0f;
-            // A NaN quotient (a non-finite value in the group) is stored as 0: converting it would be undefined.
-            codes[i] = std::isnan(q) ? std::int8_t{0} : static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
+          std::int8_t* q = codes + begin;
+          if (!(scale > 0) || !std::isfinite(scale)) {  // zeros, or a NaN or an infinity: the scale decides alone
+            std::memset(q, 0, static_cast<std::size_t>(count));
+            continue;
           }
+          // Round to nearest even, as nearbyint; |x| ≤ absmax, so the codes stay within ±127 (the clamp guards the
+          // last bit of x / scale's rounding).
+          const float inverse = 1.0f / scale;
+          for (Index i = 0; i < count; ++i)
+            q[i] = static_cast<std::int8_t>(
+                std::min(127.0f, std::max(-127.0f, std::nearbyint(static_cast<float>(x[begin + i]) * inverse))));
         }
       return;
     }
@@ -109,8 +128,8 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out) {
       const Index words = (n + 63) / 64;
       for (Index w = 0; w < words; ++w) {
         std::uint64_t bits = 0;
-        for (Index i = w * 64; i < std::min(n, (w + 1) * 64); ++i)
-          if (x[i] > T(0)) bits |= std::uint64_t{1} << (i - w * 64);
+        const Index begin = w * 64, count = std::min<Index>(64, n - begin);
+        for (Index j = 0; j < count; ++j) bits |= std::uint64_t{x[begin + j] > T(0)} << j;
         std::memcpy(bytes + 8 * w, &bits, 8);
       }
       return;
@@ -119,40 +138,43 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out) {
 }
 
 /// Decodes what encode() wrote into `x` (shape's elements): bf16 and int8 approximately (an int8 group that held an
-/// infinity or a NaN decodes to non-finite values), sign as 1 (x > 0) or 0.
+/// infinity or a NaN decodes to NaN), sign as 1 (x > 0) or 0. Rows [r0, r1) as encode().
 template <class T>
-void decode(const Compression& c, const Shape& shape, const void* in, T* x) {
+void decode(const Compression& c, const Shape& shape, const void* in, T* x, Index r0 = 0, Index r1 = -1) {
   const Index n = shape.numel();
+  if (r1 < 0) r1 = shape.rows();
+  const Index first = r0 * shape.cols(), last = r1 * shape.cols();
   const auto* bytes = static_cast<const unsigned char*>(in);
-  switch (c.format) {
+  switch (c.format()) {
     case StoredFormat::full:
-      std::memcpy(x, in, static_cast<std::size_t>(n) * sizeof(T));
+      std::memcpy(x + first, static_cast<const T*>(in) + first, static_cast<std::size_t>(last - first) * sizeof(T));
       return;
     case StoredFormat::bf16:
-      for (Index i = 0; i < n; ++i) {
+      for (Index i = first; i < last; ++i) {
         std::uint16_t h;
         std::memcpy(&h, bytes + 2 * i, 2);
         x[i] = static_cast<T>(from_bf16(h));
       }
       return;
     case StoredFormat::int8: {
-      const Index group = int8_group(c, shape), row = shape.cols(), per_row = (row + group - 1) / group;
+      const Index group = c.group_in_row(shape), row = shape.cols(), per_row = (row + group - 1) / group;
       const auto* codes = reinterpret_cast<const std::int8_t*>(bytes);
       const unsigned char* scales = bytes + (n + 3) / 4 * 4;
-      for (Index r = 0; r < shape.rows(); ++r)
+      for (Index r = r0; r < r1; ++r)
         for (Index g = 0; g < per_row; ++g) {
           float scale;
           std::memcpy(&scale, scales + 4 * (r * per_row + g), 4);
-          const Index begin = r * row + g * group, end = r * row + std::min(row, (g + 1) * group);
-          for (Index i = begin; i < end; ++i) x[i] = static_cast<T>(static_cast<float>(codes[i]) * scale);
+          const Index begin = r * row + g * group, count = std::min(row, (g + 1) * group) - g * group;
+          for (Index i = 0; i < count; ++i) x[begin + i] = static_cast<T>(static_cast<float>(codes[begin + i]) * scale);
         }
       return;
     }
     case StoredFormat::sign:
-      for (Index i = 0; i < n; ++i) {
+      for (Index w = 0; w < (n + 63) / 64; ++w) {
         std::uint64_t bits;
-        std::memcpy(&bits, bytes + 8 * (i / 64), 8);
-        x[i] = ((bits >> (i % 64)) & 1u) ? T(1) : T(0);
+        std::memcpy(&bits, bytes + 8 * w, 8);
+        const Index begin = w * 64, count = std::min<Index>(64, n - begin);
+        for (Index j = 0; j < count; ++j) x[begin + j] = static_cast<T>((bits >> j) & 1u);
       }
       return;
   }

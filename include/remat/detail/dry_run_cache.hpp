@@ -63,7 +63,8 @@ class DryRunCache : public ChainSchedule<T> {
                           std::uint64_t(n.value != nullptr) << 24 | std::uint64_t(n.extra != nullptr) << 25 |
                           std::uint64_t(n.grad != nullptr) << 26 | std::uint64_t(n.evicted) << 27 |
                           std::uint64_t(n.handles > 0) << 28 | std::uint64_t(wanted_bit != 0) << 29 |
-                          std::uint64_t(keep_bit != 0) << 30 | std::uint64_t(n.view_kept) << 34;
+                          std::uint64_t(keep_bit != 0) << 30 | std::uint64_t(n.view_kept) << 34 |
+                          std::uint64_t(n.packed != nullptr) << 35 | std::uint64_t(n.stored) << 36;
     const void* identity = n.op;
     if (const ParameterStorage<T>* p = n.parameter.get()) {
       // What add_to_parameter does with a leaf's gradient: add to the Parameter's, or hand it over with

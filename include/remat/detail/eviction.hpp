@@ -203,6 +203,11 @@ class Evictor : public EvictorChoice<T> {
       touch(id);
       return;
     }
+    if (n.packed) {  // kept compressed: decoded for the read (freed again when it settles)
+      lifetime_.unpack(id);
+      touch(id);
+      return;
+    }
     acquire(&id, 1);
     lifetime_.unpin(id);
   }
@@ -210,6 +215,8 @@ class Evictor : public EvictorChoice<T> {
   /// Makes the values of nodes `ids[0 … count)` resident, as ensure() does, all of them in one regeneration,
   /// and pins each (once per entry: the caller unpins each entry). Never throws.
   void acquire(const std::int32_t* ids, int count) noexcept {
+    for (int k = 0; k < count; ++k)
+      if (!graph_[ids[k]].value && graph_[ids[k]].packed) lifetime_.unpack(ids[k]);  // kept compressed: decoded
     bool resident = true;
     for (int k = 0; k < count && resident; ++k) resident = graph_[ids[k]].value != nullptr;
     if (!resident) {

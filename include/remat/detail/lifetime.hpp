@@ -26,6 +26,14 @@
 // Freeing a view's value gives the hold back. The buffer counts once: with its owner, saved while the owner or a
 // view of it is kept for a reader.
 //
+// A value a policy stores compressed (Node::stored, policies::Decision::save_as) follows the same rule; only its
+// buffer changes. Once it is kept only for pending readers (no handle, pin, view, regeneration or schedule holds it),
+// it is packed: encoded into Node::packed and its value buffer freed. A read decodes it into a value buffer again
+// (unpack: the sweep's backwards and replays), which the next settle frees; the packed buffer goes when no reader
+// wants the value. For a replay a packed value is there (replay_plan.hpp). Stored as sign, a value is packed only
+// when every reader that may still read it reads only its sign (OpBase::sign_reads) and no open region may add one
+// that reads more (packable).
+//
 // A chain run by its schedule (ChainPlan, run_schedule with a non-persistent schedule) holds the
 // activations its schedule keeps at every level too (a schedule hold), from the operation that computes
 // one to the one that frees it: the schedule, not a region, says when such a checkpoint goes.
@@ -48,6 +56,7 @@
 #include "remat/detail/levels.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/detail/node_snapshot.hpp"
+#include "remat/detail/packing.hpp"
 
 namespace remat::detail {
 
@@ -101,8 +110,10 @@ class Lifetime {
   /// A tape-owned buffer kept for a reader (not only for a handle), its own or a view's of it: what
   /// memory().saved_bytes counts (a buffer once, with its owner).
   bool saved_value(const Node<T>& n) const {
-    return n.value && n.value_owned() && (held_for_reader(n) || (n.view_holds > 0 && saving_view(n) >= 0));
+    return n.value && !n.packed && n.value_owned() && (held_for_reader(n) || (n.view_holds > 0 && saving_view(n) >= 0));
   }
+  /// Its packed buffer is kept for a reader: what memory().saved_bytes counts for it (packed_bytes).
+  bool saved_packed(const Node<T>& n) const { return n.packed && held_for_reader(n); }
   /// A reader (not only a handle) keeps n's value: a backward or a replay at this level, a regeneration, a schedule.
   bool held_for_reader(const Node<T>& n) const {
     return n.regen_reads > 0 || n.schedule_holds > 0 || read_at_this_level(n);
@@ -147,6 +158,52 @@ class Lifetime {
     mark_view_kept(n);
     if (n.evicted && !value_wanted(n)) forget_eviction(id);
     if (n.extra && !extra_wanted(n)) free_extra(n);
+    if (n.stored != 0) settle_packed(n);
+  }
+
+  // ---- compressed values (Node::stored; detail/packing.hpp) ----
+  std::size_t packed_bytes(const Node<T>& n) const { return detail::packed_bytes(graph_, n); }
+  /// Its value may be kept packed now: only pending readers keep it (at this level), and, stored as sign, every
+  /// reader that may read it reads only its sign: no replay, no open region that could add one, no reader from
+  /// outside a region that returned it, and each backward that reads it declares the read in sign_reads.
+  bool packable(const Node<T>& n) const {
+    if (n.handles > 0 || n.pins > 0 || n.regen_reads > 0 || n.schedule_holds > 0 || n.view_holds > 0 || n.evicted ||
+        !n.value_owned() || !read_at_this_level(n))
+      return false;
+    if (n.stored_format() != StoredFormat::sign) return true;
+    return graph_.open.empty() && n.replay_reads == 0 && !n.pending && n.tiers < 0 && only_sign_readers(graph_, n);
+  }
+  /// Packs n's value when the rule keeps it only for readers, and frees the packed buffer when nothing wants the
+  /// value. A pack that cannot get its buffer (std::bad_alloc) leaves the value as it is. Never throws.
+  void settle_packed(Node<T>& n) noexcept {
+    if (n.packed && !wanted_for_itself(n)) {
+      free_packed(n);
+      return;
+    }
+    if (!n.value || !packable(n)) return;
+    if (!n.packed) {
+      try {
+        n.packed = buffers_.allocate_elements(packed_bytes(n) / sizeof(T));
+      } catch (...) {
+        return;
+      }
+      if (!buffers_.simulating() && !buffers_.shapes_only()) encode_packed(graph_, n);
+    }
+    buffers_.free(n.value, n.shape);  // a decoded copy, or the value now packed
+  }
+  /// Decodes node `id`'s packed value into a value buffer for a read: for a backward that reads only its sign
+  /// (`sign_only`) 1 where it was > 0 and 0 elsewhere (decode_packed). The sweep's dry run reserved the buffer.
+  /// Never throws.
+  void unpack(std::int32_t id, bool sign_only = false) noexcept {
+    Node<T>& n = graph_[id];
+    assert(n.packed && !n.value);
+    note(id);
+    n.value = buffers_.allocate(n.shape);
+    if (!buffers_.simulating() && !buffers_.shapes_only()) decode_packed(graph_, n, sign_only);
+  }
+  void free_packed(Node<T>& n) noexcept {
+    note(static_cast<std::int32_t>(&n - graph_.nodes.data()));
+    buffers_.free_elements(n.packed, packed_bytes(n) / sizeof(T));
   }
   /// Settles node `id` as if the level were `level` (below the current one: a chain region done with one
   /// layer's values, detail/chain_schedule.hpp), but what that releases — an evicted node's regeneration reads of its

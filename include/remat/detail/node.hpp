@@ -14,6 +14,7 @@
 #include "remat/matrix.hpp"
 #include "remat/op_info.hpp"
 #include "remat/parameter.hpp"
+#include "remat/policies.hpp"
 
 namespace remat {
 
@@ -128,6 +129,7 @@ struct OpTable {
   bool stops_gradient;            ///< its output requires no gradient whatever its inputs (detach)
   bool view;                      ///< its output is input 0's buffer, read with another shape (OpBase::view)
   unsigned (*reads)(GradInputs);  ///< residuals its backward reads for these input gradients
+  unsigned sign_reads;            ///< the reads of those that need only the value's sign (OpBase::sign_reads)
   void (*forward)(const ForwardContext<T>&);
   void (*backward)(const BackwardContext<T>&);
   double (*flops)(const Shape* inputs, int arity, const Shape& output, const Attributes& attributes);
@@ -194,6 +196,9 @@ struct Node {
   T* extra = nullptr;
   T* scratch = nullptr;  // set only while a kernel runs
   T* grad = nullptr;
+  // Its value stored compressed (Compression `stored`, a policy's save_as): while it is kept only for pending readers,
+  // the buffer is this encoding and `value` is null; a read decodes it into `value` (lifetime.hpp, "packing").
+  T* packed = nullptr;
   bool grad_assigned = false;  // grad holds a value: the next contribution adds to it
   Attributes attributes;
 
@@ -225,6 +230,7 @@ struct Node {
   std::int32_t schedule_holds = 0;  // an executed chain schedule keeps it (ChainPlan): at every level
   std::int32_t view_holds = 0;      // views (OpBase::view) whose value is its buffer now: at every level
   bool view_kept = false;           // its value stayed only for views of it, not recomputed since: absent for a replay
+  std::uint8_t stored = 0;          // how its value is kept for readers: compression_code(), 0 (full) but for save_as
   // Kept on every tape, as touch() keeps it: a budget set halfway through a recording ranks the values recorded
   // before it by their staleness all the same.
   std::uint64_t last_access = 0;  // the tape's logical clock at its last read or write (staleness)
@@ -242,6 +248,8 @@ struct Node {
   /// Its value is input 0's buffer (OpBase::view).
   bool is_view() const { return op != nullptr && op->view; }
   std::int32_t holds() const { return backward_reads + replay_reads + (pending ? 1 : 0); }
+  /// The format its value is kept in for readers (a policy's save_as; full otherwise).
+  StoredFormat stored_format() const { return static_cast<StoredFormat>(stored & 3u); }
 };
 
 /// A checkpoint region: the contiguous range of nodes recorded while a checkpointed function ran.
@@ -256,7 +264,7 @@ struct Region {
   bool diagnosed = false;        // its findings went to the diagnostics handler (once per recording)
   // Sources of its replay: [sources_begin, sources_end) in Graph::region_sources.
   std::int32_t sources_begin = 0, sources_end = 0;
-  bool (*policy)(const void*, const OpInfo&) = nullptr;
+  policies::Decision (*policy)(const void*, const OpInfo&) = nullptr;
   const void* policy_object = nullptr;
   std::int32_t plan = -1;  // a chain executed by its schedule: index into Graph::chain_plans; -1 otherwise
 };
@@ -300,6 +308,7 @@ struct Graph {
   std::vector<std::string> tags;             // names of tagged values, interned (kept across clear())
   Trace<T>* trace = nullptr;                 // a CapturedStep's log while its first step runs (detail/trace.hpp)
   bool grad_enabled = true;                  // false: ops record no gradient (Tape::set_grad_enabled)
+  bool sign_stored = false;                  // an open region recorded a value a policy stores as sign
   bool detect_anomaly = false;  // check every value and gradient for NaN and ±inf (Tape::set_detect_anomaly)
 
   // The memory budget's side table (BudgetFields): parallel to `nodes` while budget_on, else empty.

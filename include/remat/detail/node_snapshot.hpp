@@ -12,20 +12,21 @@ namespace remat::detail {
 /// puts back.
 template <class T>
 struct NodeSnapshot {
-  T *value, *extra, *grad;
+  T *value, *extra, *grad, *packed;
   std::int32_t backward_reads, replay_reads, pins, regen_reads, schedule_holds, view_holds;
   bool grad_assigned, extra_read, evicted, view_kept;
   std::uint64_t last_access;
 
   static NodeSnapshot of(const Node<T>& n) {
-    return {n.value,      n.extra,       n.grad,           n.backward_reads, n.replay_reads,
-            n.pins,       n.regen_reads, n.schedule_holds, n.view_holds,     n.grad_assigned,
-            n.extra_read, n.evicted,     n.view_kept,      n.last_access};
+    return {n.value,         n.extra,      n.grad,        n.packed,         n.backward_reads,
+            n.replay_reads,  n.pins,       n.regen_reads, n.schedule_holds, n.view_holds,
+            n.grad_assigned, n.extra_read, n.evicted,     n.view_kept,      n.last_access};
   }
   void restore(Node<T>& n) const {
     n.value = value;
     n.extra = extra;
     n.grad = grad;
+    n.packed = packed;
     n.backward_reads = backward_reads;
     n.replay_reads = replay_reads;
     n.pins = pins;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
+#include "remat/detail/compression_formats.hpp"
 #include "remat/detail/eviction.hpp"
 #include "remat/detail/levels.hpp"
 #include "remat/detail/lifetime.hpp"
@@ -90,7 +91,7 @@ class Recorder : public RegionRecorder<T> {
                                    static_cast<std::size_t>(shapes.scratch.numel())};
     for (int k = 0; k < arity; ++k) check_input(table->name, inputs[k]);
     const bool in_region = !graph_.open.empty();
-    const std::uint64_t drop_mask = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : 0;
+    const Answers answers = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : Answers{};
     if (in_region) {
       reserve_for_close();
       reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
@@ -135,7 +136,9 @@ class Recorder : public RegionRecorder<T> {
     if (counts[1] > 0) n.extra_shape = shapes.extra;  // else none, as the node starts
     if (counts[2] > 0) n.scratch_shape = shapes.scratch;
     n.region = in_region ? graph_.open.back() : -1;
-    n.drop_mask = drop_mask;
+    n.drop_mask = answers.drop_mask;
+    n.stored = answers.stored_with(answers.drop_mask);
+    if (n.stored_format() == StoredFormat::sign) graph_.sign_stored = true;
     n.cost = cost;
     if (table->view)
       lifetime_.share_view(id);  // its input is resident: evictor_.acquire made it so under a budget
@@ -198,31 +201,36 @@ class Recorder : public RegionRecorder<T> {
     if (!graph_.open.empty())
       reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(n.arity));
     n.attributes.tag = tag;
-    std::uint64_t open_mask = 0, decided = 0;  // the open regions enclosing n; those that drop it now
+    std::uint64_t open_mask = 0;  // the open regions enclosing n
+    Answers answers;              // theirs now
     try {
-      const OpInfo info = op_info(n);
+      answers = policy_decisions(op_info(n), id);
       for (std::int32_t rid : graph_.open) {  // outermost first, as at record time
         const Region& r = graph_.region(rid);
         if (r.begin > id) break;  // opened after n: encloses neither n nor a deeper region
         open_mask |= std::uint64_t{1} << r.depth;
-        if (!r.policy(r.policy_object, info)) decided |= std::uint64_t{1} << r.depth;
       }
     } catch (...) {
       n.attributes.tag = -1;
       throw;
     }
+    const std::uint64_t decided = answers.drop_mask;
     const std::uint64_t before = n.drop_mask;
     std::uint64_t drop_mask = (before & ~open_mask) | decided;
     if (level_of(drop_mask) > 0 && (drop_mask & ~before) != 0)
       for (int k = 0; k < n.arity; ++k) {
         const Node<T>& in = graph_[n.inputs[k]];
-        if (read_level(graph_, n.inputs[k], id) == 0 && !in.value && !in.evicted) {
+        if (read_level(graph_, n.inputs[k], id) == 0 && !in.value && !in.evicted && !in.packed) {
           drop_mask &= before | ~open_mask;  // newly dropped: kept saved
           break;
         }
       }
     n.drop_mask = drop_mask;
     n.level = static_cast<std::int8_t>(level_of(drop_mask));
+    // Kept compressed as the open regions answer now, unless a region deeper than the answer drops it or a closed
+    // region returned it (a returned value is stored as it is).
+    n.stored = n.output_mask == 0 ? answers.stored_with(drop_mask) : 0;
+    if (n.stored_format() == StoredFormat::sign) graph_.sign_stored = true;
     // What commit() does for a value some region may replay: its level-0 inputs wait for the regions' close.
     if (n.level > 0 && !graph_.open.empty())
       for (int k = 0; k < n.arity; ++k)
@@ -340,14 +348,44 @@ class Recorder : public RegionRecorder<T> {
     return n;
   }
 
-  /// Bit d set: the open region at depth d does not save this op's output. May throw (a user policy).
-  std::uint64_t policy_decisions(const OpInfo& info) const {
-    std::uint64_t mask = 0;
-    for (std::int32_t rid : graph_.open) {
+  /// What the open regions answer for an op's output (Decision): the regions that drop it, and how it is kept.
+  struct Answers {
+    std::uint64_t drop_mask = 0;  // bit d: the open region at depth d does not save it
+    std::uint8_t stored = 0;      // compression_code() of the innermost save_as, or 0
+    int compressed_depth = 0;     // that region's depth (0: none)
+    /// How the value is kept with this drop mask: the innermost save_as if no deeper region drops it (Decision).
+    std::uint8_t stored_with(std::uint64_t mask) const { return compressed_depth > level_of(mask) ? stored : 0; }
+  };
+  /// The answers of the open regions (those opened at or before node `first`, when given: the regions enclosing
+  /// an existing node). May throw (a user policy); throws tape_error naming the op and the policy's answer for a
+  /// compressed answer where compression is not supported yet (a memory budget, a chain schedule, a capture).
+  Answers policy_decisions(const OpInfo& info, std::int32_t first = -1) const {
+    Answers a;
+    for (std::int32_t rid : graph_.open) {  // outermost first
       const Region& r = graph_.region(rid);
-      if (!r.policy(r.policy_object, info)) mask |= std::uint64_t{1} << r.depth;
+      if (first >= 0 && r.begin > first) break;
+      const policies::Decision d = r.policy(r.policy_object, info);
+      if (!d.saves()) {
+        a.drop_mask |= std::uint64_t{1} << r.depth;
+      } else if (d.compression() != Compression()) {
+        a.compressed_depth = r.depth;  // deeper regions come later: the innermost answer wins
+        a.stored = compression_code(d.compression());
+      }
     }
-    return mask;
+    if (a.stored_with(a.drop_mask) != 0) check_compression_supported(info, a.stored);
+    return a;
+  }
+  void check_compression_supported(const OpInfo& info, std::uint8_t stored) const {
+    const char* where = evictor_.active() ? "under a memory budget (Tape::set_memory_budget)"
+                        : graph_.trace    ? "inside a CapturedStep's function"
+                                          : nullptr;
+    for (std::int32_t rid : graph_.open)
+      if (!where && graph_.region(rid).plan >= 0) where = "inside a chain run by its schedule (run_schedule)";
+    if (where)
+      throw tape_error("checkpoint: the policy answered save_as(" + compression_of(stored).name() + ") for " +
+                       std::string(info.name) + "'s output " + to_string(info.shape) +
+                       ", and compressed residuals are not supported " + where +
+                       " yet; use a policy that answers save or recompute there");
   }
 
   /// After a successful forward: what the op's backward will read, and the pending holds. Never throws.

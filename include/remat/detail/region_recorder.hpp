@@ -28,7 +28,7 @@ class RegionRecorder {
 
   // ---- checkpoint regions ----
   /// `plan`: a chain run by its schedule (Graph::chain_plans), -1 for a checkpoint region.
-  std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object,
+  std::int32_t open_region(policies::Decision (*policy)(const void*, const OpInfo&), const void* policy_object,
                            std::int32_t plan = -1) {
     if (graph_.open_depth() >= max_region_depth)
       throw tape_error("checkpoint: regions nested deeper than " + std::to_string(max_region_depth) + " levels");
@@ -62,6 +62,7 @@ class RegionRecorder {
       Node<T>& n = graph_[outputs[o]];
       if (outputs[o] < r.begin) continue;  // an input passed through
       n.output_mask |= bit;
+      n.stored = 0;  // what a checkpointed function returns is stored as it is (policies::Decision)
       if (r.plan >= 0) {
         // A chain run by its schedule keeps what it returns: the schedule's holds decide when it goes.
         n.drop_mask &= ~bit;
@@ -91,7 +92,10 @@ class RegionRecorder {
         if (!graph_[i].is_leaf()) members_.push_back(i);
     }
     hold_sources(r);
-    if (graph_.open.empty()) lifetime_.release_pending();
+    if (graph_.open.empty()) {
+      lifetime_.release_pending();
+      settle_sign_stored(r);
+    }
   }
 
   /// Closes the innermost open region after its function threw: it returns nothing and never replays.
@@ -142,6 +146,15 @@ class RegionRecorder {
       for (int k = 0; k < n.arity; ++k)
         if (read_level(graph_, n.inputs[k], i) == 0) lifetime_.hold_pending(n.inputs[k]);
     }
+  }
+
+  /// When the outermost region r closes: its values a policy stores as sign may be packed now (Lifetime::packable:
+  /// no open region may add a reader that needs more than the sign). Never throws.
+  void settle_sign_stored(const Region& r) noexcept {
+    if (!graph_.sign_stored) return;
+    graph_.sign_stored = false;
+    for (std::int32_t i = r.begin; i < graph_.size(); ++i)
+      if (graph_[i].stored_format() == StoredFormat::sign) lifetime_.settle(i);
   }
 
   void finish(Region& r) noexcept {

@@ -49,7 +49,10 @@ struct PresentNow {
   bool value(const Graph<T>& graph, std::int32_t id, std::int32_t reader) const {
     const Node<T>& n = graph[id];
     if (n.tiers >= 0 && read_level(graph, id, reader) >= depth) return false;
-    return (n.value != nullptr && !n.view_kept) || n.evicted;
+    // A packed value is there, decoded when read; stored as sign, only for its own readers (its backward reads), not
+    // for a member that computes from it: it is recomputed for that one.
+    if (n.packed && n.stored_format() == StoredFormat::sign) return reader == id;
+    return (n.value != nullptr && !n.view_kept) || n.evicted || n.packed;
   }
   template <class T>
   bool extra(const Node<T>& n) const {

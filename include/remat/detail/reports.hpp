@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
+#include "remat/detail/compression_formats.hpp"
 #include "remat/detail/levels.hpp"
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
@@ -36,6 +37,11 @@ class Reports {
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
       if (lifetime_.saved_value(n)) rows.push_back({i, node_name(i), reason(i), n.shape, Buffers<T>::bytes(n.shape)});
+      if (lifetime_.saved_packed(n))
+        rows.push_back({i, node_name(i),
+                        reason(i) + ", stored as " + compression_of(n.stored).name() + " (" +
+                            std::to_string(Buffers<T>::bytes(n.shape)) + " B as it is)",
+                        n.shape, lifetime_.packed_bytes(n)});
       if (lifetime_.saved_extra(n))
         rows.push_back({i, node_name(i) + ".extra", "residual of its own backward", n.extra_shape,
                         Buffers<T>::bytes(n.extra_shape)});

@@ -168,6 +168,7 @@ class Sweep : public DryRunCache<T> {
         buffers_.prepare_simulation(static_cast<std::size_t>(n.shape.numel()));
         if (n.extra_shape.numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.extra_shape.numel()));
         if (n.scratch_shape.numel() > 0) buffers_.prepare_simulation(static_cast<std::size_t>(n.scratch_shape.numel()));
+        if (n.stored != 0) buffers_.prepare_simulation(lifetime_.packed_bytes(n) / sizeof(T));
       }
     if (cached_demand_.capacity() < buffers_.simulated_sizes())  // remember_dry_run cannot throw
       cached_demand_.reserve(2 * buffers_.simulated_sizes());
@@ -384,8 +385,8 @@ class Sweep : public DryRunCache<T> {
     const Node<T>& n = graph_[i];
     if (!evictor_.active()) {
       for (int k = 0; k < n.arity; ++k)
-        if (n.reads & reads_input(k)) evictor_.ensure(n.inputs[k]);
-      if (n.reads & reads_output) evictor_.ensure(i);
+        if (n.reads & reads_input(k)) ensure_read(n.inputs[k], (n.op->sign_reads & reads_input(k)) != 0);
+      if (n.reads & reads_output) ensure_read(i, (n.op->sign_reads & reads_output) != 0);
       return;
     }
     std::int32_t read[max_inputs + 1];
@@ -395,9 +396,23 @@ class Sweep : public DryRunCache<T> {
     if (n.reads & reads_output) read[count++] = i;
     evictor_.acquire(read, count);
   }
+  /// A residual made resident for a backward: a packed one read only through its sign is decoded as its sign
+  /// (Lifetime::unpack, from its exact mask if it has one), any other as ensure() makes it.
+  void ensure_read(std::int32_t id, bool sign_only) noexcept {
+    const Node<T>& v = graph_[id];
+    if (sign_only && !v.value && v.packed)
+      lifetime_.unpack(id, true);
+    else
+      evictor_.ensure(id);
+  }
   void unpin_residuals(std::int32_t i) noexcept {
-    if (!evictor_.active()) return;
     const Node<T>& n = graph_[i];
+    if (!evictor_.active()) {  // a residual decoded for this backward (kept packed) goes again
+      for (int k = 0; k < n.arity; ++k)
+        if ((n.reads & reads_input(k)) && graph_[n.inputs[k]].packed) lifetime_.settle(n.inputs[k]);
+      if ((n.reads & reads_output) && n.packed) lifetime_.settle(i);
+      return;
+    }
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) lifetime_.unpin(n.inputs[k]);
     if (n.reads & reads_output) lifetime_.unpin(i);

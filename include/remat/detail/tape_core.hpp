@@ -69,6 +69,7 @@ class TapeCore {
   void release_all() noexcept {
     for (Node<T>& n : graph_.nodes) {
       lifetime_.free_value(n);
+      if (n.packed) lifetime_.free_packed(n);
       buffers_.free(n.extra, n.extra_shape);
       if (!n.parameter) buffers_.free(n.grad, n.shape);
     }

@@ -128,7 +128,7 @@ class TapeState : public TapeSweeps<T> {
   void set_grad_enabled(bool enabled) { graph_.grad_enabled = enabled; }
 
   // ---- checkpoint regions ----
-  std::int32_t open_region(bool (*policy)(const void*, const OpInfo&), const void* policy_object,
+  std::int32_t open_region(policies::Decision (*policy)(const void*, const OpInfo&), const void* policy_object,
                            std::int32_t plan = -1) {
     check_not_in_callback("checkpoint");
     return recorder_.open_region(policy, policy_object, plan);
@@ -163,6 +163,14 @@ class TapeState : public TapeSweeps<T> {
   // ---- the memory budget (detail/eviction.hpp) ----
   void set_memory_budget(std::size_t bytes, EvictionHeuristic heuristic) {
     check_not_in_callback("set_memory_budget");
+    if (bytes != 0)
+      for (std::int32_t i = 0; i < graph_.size(); ++i)
+        if (graph_[i].stored != 0)
+          throw tape_error("set_memory_budget: node #" + std::to_string(i) + " (" + node_name(i) + " " +
+                           to_string(graph_[i].shape) + ") is stored as " + compression_of(graph_[i].stored).name() +
+                           " by its checkpoint policy, and compressed residuals are not supported under a memory "
+                           "budget yet; set the budget on a tape without them (after clear()), or use a policy that "
+                           "answers save or recompute");
     if (bytes != 0) graph_.track_budget(graph_.nodes.size());  // the budget's side table, from now on
     evictor_.set_budget(bytes, heuristic);
   }
@@ -346,6 +354,7 @@ class TapeState : public TapeSweeps<T> {
     m.peak_bytes = buffers_.reported_peak_bytes();
     for (const Node<T>& n : graph_.nodes) {
       if (lifetime_.saved_value(n)) m.saved_bytes += Buffers<T>::bytes(n.shape);
+      if (lifetime_.saved_packed(n)) m.saved_bytes += lifetime_.packed_bytes(n);
       if (lifetime_.saved_extra(n)) m.saved_bytes += Buffers<T>::bytes(n.extra_shape);
     }
     m.replayed_bytes = sweep_.replayed_bytes();

@@ -9,6 +9,7 @@ namespace detail {
 struct ReluOp : UnaryElementwise<ReluOp> {
   static constexpr const char* name = "relu";
   static constexpr unsigned residuals = reads_output;
+  static constexpr unsigned sign_reads = reads_output;  // the derivative reads it only through > 0
   static constexpr double flops_per_element = 1;
   template <class X>
   static auto value(const X& x, const Params&) {
@@ -24,8 +25,9 @@ struct ReluOp : UnaryElementwise<ReluOp> {
 
 }  // namespace detail
 
-/// Elementwise y = max(x, 0); dy/dx = 1 where y > 0, else 0.
-/// x: [m,n] → [m,n]. Throws tape_error for an empty or stale Var.
+/// Elementwise y = max(x, 0); dy/dx = 1 where y > 0, else 0 (F.relu).
+/// x: any shape → x's shape. Keeps y as its residual, read only through y > 0: a policy may store it in one bit an
+/// element (Compression::sign()). Throws tape_error for an empty or stale Var.
 template <class T>
 Var<T> relu(const Var<T>& x) {
   return apply_op<detail::ReluOp>(x);

@@ -1,0 +1,87 @@
+// Values a policy stores compressed (Node::stored, policies::Decision::save_as): what their readers read, how many
+// bytes the packed buffer takes, and encoding into it and decoding from it. Free functions of the graph: Lifetime
+// (lifetime.hpp) decides when a value is packed and unpacked.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "remat/compression.hpp"
+#include "remat/detail/compression_formats.hpp"
+#include "remat/detail/node.hpp"
+#include "remat/detail/parallel.hpp"
+
+namespace remat::detail {
+
+/// Whether some backward that reads n's value (its own, through reads_output, or a consumer's, through its input
+/// read) is one for which `matches(op, read)` holds, `read` being the Reads bit of that read.
+template <class T, class Matches>
+bool any_backward_read(const Graph<T>& graph, const Node<T>& n, Matches matches) {
+  if ((n.reads & reads_output) && matches(*n.op, reads_output)) return true;
+  for (std::int32_t e = n.first_use; e >= 0; e = graph[e / max_inputs].next_use[e % max_inputs]) {
+    const Node<T>& c = graph[e / max_inputs];
+    const unsigned read = reads_input(e % max_inputs);
+    if ((c.reads & read) && matches(*c.op, read)) return true;
+  }
+  return false;
+}
+
+/// Every backward that reads n's value reads only its sign (OpBase::sign_reads).
+template <class T>
+bool only_sign_readers(const Graph<T>& graph, const Node<T>& n) {
+  return !any_backward_read(graph, n, [](const OpTable<T>& op, unsigned read) { return !(op.sign_reads & read); });
+}
+
+/// Whether n's packed buffer also holds its exact sign, for a reader that reads only that (relu's backward): a lossy
+/// format would turn a small positive value into 0 and change relu's derivative there (ActNN keeps relu's mask apart
+/// for this reason). A function of the graph: a value's readers are all recorded once it is packed.
+template <class T>
+bool with_sign_mask(const Graph<T>& graph, const Node<T>& n) {
+  if (n.stored_format() != StoredFormat::bf16 && n.stored_format() != StoredFormat::int8) return false;
+  return any_backward_read(graph, n, [](const OpTable<T>& op, unsigned read) { return (op.sign_reads & read) != 0; });
+}
+
+/// Bytes of n's packed buffer: its Compression's stored_bytes (whole elements of T), then the sign mask of
+/// with_sign_mask if it has one.
+template <class T>
+std::size_t packed_bytes(const Graph<T>& graph, const Node<T>& n) {
+  const std::size_t stored = compression_of(n.stored).stored_bytes(n.shape, sizeof(T));
+  return with_sign_mask(graph, n) ? stored + Compression::sign().stored_bytes(n.shape, sizeof(T)) : stored;
+}
+
+/// `code(r0, r1)` over row blocks of n's [rows, cols] view on remat's thread team, for the formats that encode rows
+/// apart (bf16, int8: each element, and each group's scale, belongs to one row); at once for sign, whose 64-bit words
+/// cross rows. Which thread runs a block changes no bit.
+template <class T, class Code>
+void by_row_blocks(const Node<T>& n, Code code) {
+  if (n.stored_format() == StoredFormat::sign) {
+    code(Index(0), n.shape.rows());
+    return;
+  }
+  for_row_blocks(n.shape.rows(), n.shape.cols(), 4, [&](Index r0, Index count) { code(r0, r0 + count); });
+}
+
+/// Encodes n's value into n.packed (packed_bytes of it).
+template <class T>
+void encode_packed(const Graph<T>& graph, Node<T>& n) {
+  const Compression c = compression_of(n.stored);
+  by_row_blocks(n, [&](Index r0, Index r1) { encode(c, n.shape, n.value, n.packed, r0, r1); });
+  if (with_sign_mask(graph, n))
+    encode(Compression::sign(), n.shape, n.value,
+           reinterpret_cast<unsigned char*>(n.packed) + c.stored_bytes(n.shape, sizeof(T)));
+}
+
+/// Decodes n.packed into n.value: the value as its format keeps it, or, for a reader of the sign alone
+/// (`sign_only`), 1 where it was > 0 and 0 elsewhere, from the mask of with_sign_mask when it has one.
+template <class T>
+void decode_packed(const Graph<T>& graph, Node<T>& n, bool sign_only) {
+  const Compression c = compression_of(n.stored);
+  if (!sign_only || !with_sign_mask(graph, n)) {
+    by_row_blocks(n, [&](Index r0, Index r1) { decode(c, n.shape, n.packed, n.value, r0, r1); });
+    return;
+  }
+  decode(Compression::sign(), n.shape,
+         reinterpret_cast<const unsigned char*>(n.packed) + c.stored_bytes(n.shape, sizeof(T)), n.value);
+}
+
+}  // namespace remat::detail

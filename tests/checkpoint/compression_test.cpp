@@ -1,0 +1,378 @@
+// Compressed residuals (policies::Decision::save_as, remat/compression.hpp): a policy's third answer. Each test
+// derives the saved bytes by hand from the formats' sizes (Compression::stored_bytes' comment), checks the
+// gradients against an uncompressed run — bitwise for the sign of a relu, within the format's error for bf16 and
+// int8 — and that every figure a shapes-only estimate gives equals the real run's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "memory.hpp"
+#include "random.hpp"
+#include "remat/estimate.hpp"
+#include "remat/remat.hpp"
+#include "take_grads.hpp"
+
+// Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
+namespace compression_test {
+
+using remat::Compression;
+using remat::Matrix;
+using remat::Parameter;
+using remat::Tape;
+using remat::Var;
+using remat_test::bytes;
+namespace policies = remat::policies;
+
+constexpr remat::Index N = 32, D = 64;  // a batch of 32 rows of 64 features: 2048 elements a value
+
+/// Bytes of a [N, D] value stored as sign: ⌈2048 / 64⌉ words of 8 bytes.
+constexpr std::size_t sign_bytes = 2048 / 64 * 8;
+
+/// Two relus whose outputs only their own backwards read (add reads nothing): y = relu(x·W1) + relu(x·W2) computed
+/// by `region` (a checkpointed function, or the function itself), loss = sum(y²).
+template <class Region>
+Var<float> two_relus(Tape<float>& tape, Parameter<float>& w1, Parameter<float>& w2, const Matrix<float>& xm,
+                     const Region& region) {
+  const Var<float> x = tape.constant(xm);
+  const Var<float> a = tape.variable(w1), b = tape.variable(w2);
+  const Var<float> y = region(x, a, b);
+  return remat::sum(remat::square(y));
+}
+
+auto relus = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
+  return remat::relu(remat::matmul(x, a)) + remat::relu(remat::matmul(x, b));
+};
+
+/// Stored as sign, each relu's output takes 256 bytes instead of 8192 while the backward runs, and the gradients
+/// equal the uncompressed ones bitwise: relu's derivative reads only y > 0.
+TEST(Compression, SignKeepsARelusOutputInOneBitWithBitwiseGradients) {
+  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 1)), w2(remat_test::random_matrix<float>(D, D, 2));
+  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 3);
+  Tape<float> plain_tape;
+  plain_tape.backward(two_relus(plain_tape, w1, w2, xm, relus));
+  const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
+  w1.zero_grad();
+  w2.zero_grad();
+
+  Tape<float> tape;
+  const auto policy = policies::save_compressed(Compression::sign(), policies::ops_named({"relu"}));
+  const Var<float> loss = two_relus(tape, w1, w2, xm, remat::checkpoint(relus, policy));
+  // Saved: x (both matmuls' backwards read it), the two masks; and the region's output y (square reads it).
+  const std::size_t saved = 2 * bytes<float>(N, D) + 2 * sign_bytes;
+  EXPECT_EQ(tape.memory().saved_bytes, saved) << remat_test::describe(tape.memory());
+  std::ostringstream report;
+  tape.print_saved_residuals(report);
+  EXPECT_NE(report.str().find("stored as sign (8192 B as it is)"), std::string::npos) << report.str();
+  tape.backward(loss);
+  EXPECT_TRUE(w1.grad() == g1);
+  EXPECT_TRUE(w2.grad() == g2);
+  EXPECT_EQ(tape.memory().replayed_ops, 0u) << "nothing was dropped";
+}
+
+/// A relu whose output a matmul's backward also reads (dW2 = hᵀ·g) keeps it as it is: one bit would not give dW2.
+/// Saved: x, h in full (8192 B), the output; the gradients are bitwise plain's.
+TEST(Compression, SignKeepsTheValueAsItIsWhenAReaderNeedsMoreThanItsSign) {
+  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 4)), w2(remat_test::random_matrix<float>(D, D, 5));
+  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 6);
+  auto mlp = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
+    return remat::matmul(remat::relu(remat::matmul(x, a)), b);
+  };
+  Tape<float> plain_tape;
+  plain_tape.backward(two_relus(plain_tape, w1, w2, xm, mlp));
+  const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
+  w1.zero_grad();
+  w2.zero_grad();
+  Tape<float> tape;
+  const Var<float> loss =
+      two_relus(tape, w1, w2, xm,
+                remat::checkpoint(mlp, policies::save_compressed(Compression::sign(), policies::ops_named({"relu"}))));
+  EXPECT_EQ(tape.memory().saved_bytes, 3 * bytes<float>(N, D)) << remat_test::describe(tape.memory());
+  tape.backward(loss);
+  EXPECT_TRUE(w1.grad() == g1);
+  EXPECT_TRUE(w2.grad() == g2);
+}
+
+/// ‖a − b‖ / ‖b‖.
+double relative_error(const Matrix<double>& a, const Matrix<double>& b) {
+  return (a - b).norm() / b.norm();
+}
+
+/// f(x) = tanh(tanh(x·W1)·W2), loss = sum(f²), in double. The one value inside f that a backward reads and f does
+/// not return is t = tanh(x·W1) (its own backward and dW2 read it): stored in `c`, it takes c's bytes.
+struct TwoLayers {
+  Parameter<double> w1{remat_test::random_matrix<double>(D, D, 7) * 0.2};
+  Parameter<double> w2{remat_test::random_matrix<double>(D, D, 8) * 0.2};
+  Matrix<double> xm = remat_test::random_matrix<double>(N, D, 9);
+  static Var<double> f(const Var<double>& x, const Var<double>& a, const Var<double>& b) {
+    return remat::tanh(remat::matmul(remat::tanh(remat::matmul(x, a)), b));
+  }
+  template <class Region>
+  Var<double> loss(Tape<double>& tape, const Region& region) {
+    const Var<double> y = region(tape.constant(xm), tape.variable(w1), tape.variable(w2));
+    return remat::sum(remat::square(y));
+  }
+  std::vector<Matrix<double>> grads() {
+    std::vector<Matrix<double>> g{w1.grad(), w2.grad()};
+    w1.zero_grad();
+    w2.zero_grad();
+    return g;
+  }
+  std::vector<Matrix<double>> plain() {
+    Tape<double> tape;
+    tape.backward(loss(tape, f));
+    return grads();
+  }
+};
+
+/// bf16 and int8: t is stored in 2 bytes an element (4096 B), in int8 with a scale per row (2048 + 32·4 B) or per
+/// group of 32 (2048 + 64·4 B); saved besides: x and f's output in full (double). The gradients differ from plain's by
+/// about the format's step (bf16: 2⁻⁹ relative; int8: absmax/254), and the estimate's figures are the run's.
+TEST(Compression, LossyFormatsStoreTheirBytesAndBoundTheGradientError) {
+  struct Case {
+    Compression c;
+    std::size_t stored;
+    double max_error;
+  };
+  const Case cases[] = {{Compression::bf16(), 2 * 2048, 1e-2},
+                        {Compression::int8_per_row(), 2048 + 32 * 4, 2e-2},
+                        {Compression::int8_per_group(32), 2048 + 64 * 4, 2e-2}};
+  TwoLayers m;
+  const std::vector<Matrix<double>> want = m.plain();
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.c.name());
+    const auto policy = policies::save_compressed(k.c, policies::everything_saveable);
+    Tape<double> tape;
+    const Var<double> loss = m.loss(tape, remat::checkpoint(&TwoLayers::f, policy));
+    const std::size_t saved = 2 * bytes<double>(N, D) + k.stored;
+    EXPECT_EQ(tape.memory().saved_bytes, saved) << remat_test::describe(tape.memory());
+    const std::size_t forward_peak = tape.memory().peak_bytes;
+    tape.backward(loss);
+    const std::vector<Matrix<double>> got = m.grads();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double e = relative_error(got[i], want[i]);
+      EXPECT_GT(e, 0) << "a lossy format changed nothing: was it applied?";
+      EXPECT_LT(e, k.max_error) << i;
+    }
+    const remat::MemoryEstimate estimate = remat::estimate_memory<double>(
+        [&](Tape<double>& t) { return m.loss(t, remat::checkpoint(&TwoLayers::f, policy)); });
+    EXPECT_EQ(estimate.saved_bytes, saved);
+    EXPECT_EQ(estimate.forward_peak_bytes, forward_peak);
+    EXPECT_EQ(estimate.peak_bytes, tape.memory().peak_bytes);
+  }
+}
+
+/// The nesting rule (policies::Decision): only regions that keep a value decide how. Outer region compresses
+/// everything, inner one drops everything: the inner drop wins, nothing is compressed, the gradients are plain's
+/// bitwise. The other way round (outer drops, inner compresses): the inner region's replay regenerates t, which is
+/// then kept in bf16 for its readers, and the gradients move by bf16's error.
+TEST(Compression, OnlyRegionsThatKeepAValueDecideHowItIsStored) {
+  TwoLayers m;
+  const std::vector<Matrix<double>> want = m.plain();
+  const auto bf16_all = policies::save_compressed(Compression::bf16(), policies::everything_saveable);
+  {
+    const auto inner = remat::checkpoint(&TwoLayers::f, policies::nothing_saveable);
+    Tape<double> tape;
+    const Var<double> loss = m.loss(tape, remat::checkpoint(inner, bf16_all));
+    tape.backward(loss);
+    EXPECT_GT(tape.memory().replayed_ops, 0u);
+    const std::vector<Matrix<double>> got = m.grads();
+    EXPECT_TRUE(got[0] == want[0] && got[1] == want[1]);
+  }
+  {
+    const auto inner = remat::checkpoint(&TwoLayers::f, bf16_all);
+    Tape<double> tape;
+    const Var<double> loss = m.loss(tape, remat::checkpoint(inner, policies::nothing_saveable));
+    // After the forward pass: x and the output (f returns it through both regions) only; t is dropped by the outer.
+    EXPECT_EQ(tape.memory().saved_bytes, 2 * bytes<double>(N, D));
+    tape.backward(loss);
+    EXPECT_GT(tape.memory().replayed_ops, 0u);
+    const std::vector<Matrix<double>> got = m.grads();
+    EXPECT_GT(relative_error(got[1], want[1]), 0);
+    EXPECT_LT(relative_error(got[1], want[1]), 1e-2);
+  }
+}
+
+/// By name: save_compressed over save_only_these_names stores only the named value compressed; with
+/// save_from_both_policies, what dots_saveable keeps stays as it is.
+TEST(Compression, ComposesWithNameAndDotPolicies) {
+  TwoLayers m;
+  auto named = [](const Var<double>& x, const Var<double>& a, const Var<double>& b) {
+    const Var<double> t = remat::checkpoint_name(remat::tanh(remat::matmul(x, a)), "t");
+    return remat::tanh(remat::matmul(t, b));
+  };
+  const auto policy = policies::save_from_both_policies(
+      policies::dots_saveable,
+      policies::save_compressed(Compression::int8_per_row(), policies::save_only_these_names({"t"})));
+  Tape<double> tape;
+  const Var<double> loss = m.loss(tape, remat::checkpoint(named, policy));
+  // x; t in int8; the second product's output in full, which the replay of f's output reads (f's policy drops
+  // that tanh: its own backward reads it inside f); f's output. The first product's output is read by nothing.
+  EXPECT_EQ(tape.memory().saved_bytes, 3 * bytes<double>(N, D) + 2048 + 32 * 4);
+  std::ostringstream report;
+  tape.print_saved_residuals(report);
+  EXPECT_NE(report.str().find("named 't', stored as int8/row"), std::string::npos) << report.str();
+  tape.backward(loss);
+}
+
+/// A name given in place (checkpoint_name on relu's fresh output) makes the value sign-stored after it was recorded:
+/// it is packed when the region closes all the same. Saved: x, the mask, the output; gradients bitwise.
+TEST(Compression, ANamedValueStoredAsSignIsPacked) {
+  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 17)), w2(remat_test::random_matrix<float>(D, D, 18));
+  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 19);
+  auto f = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
+    return remat::checkpoint_name(remat::relu(remat::matmul(x, a)), "r") + remat::matmul(x, b);
+  };
+  Tape<float> plain_tape;
+  plain_tape.backward(two_relus(plain_tape, w1, w2, xm, f));
+  const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
+  w1.zero_grad();
+  w2.zero_grad();
+  Tape<float> tape;
+  // Everything else saved: the sum reading r is not replayed, so nothing holds r until the region closes.
+  const auto policy = policies::save_compressed(Compression::sign(), policies::save_only_these_names({"r"}),
+                                                policies::everything_saveable);
+  const Var<float> loss = two_relus(tape, w1, w2, xm, remat::checkpoint(f, policy));
+  EXPECT_EQ(tape.memory().saved_bytes, 2 * bytes<float>(N, D) + sign_bytes) << remat_test::describe(tape.memory());
+  tape.backward(loss);
+  EXPECT_TRUE(w1.grad() == g1);
+  EXPECT_TRUE(w2.grad() == g2);
+}
+
+/// Not supported yet, refused with the reason and the fix, the tape unchanged: a compressed answer under a memory
+/// budget, and a budget on a tape that holds compressed values.
+TEST(Compression, RefusedUnderAMemoryBudget) {
+  TwoLayers m;
+  const auto policy = policies::save_compressed(Compression::bf16(), policies::everything_saveable);
+  {
+    Tape<double> tape;
+    tape.set_memory_budget(1 << 30);
+    const Var<double> x = tape.constant(m.xm), a = tape.variable(m.w1), b = tape.variable(m.w2);
+    const std::size_t nodes = tape.size();
+    remat_test::expect_error_naming<remat::tape_error>(
+        [&] { remat::checkpoint(&TwoLayers::f, policy)(x, a, b); },
+        {"save_as(bf16)", "matmul", "[32,64]", "memory budget", "save or recompute"});
+    EXPECT_EQ(tape.size(), nodes);
+  }
+  {
+    Tape<double> tape;
+    const Var<double> loss = m.loss(tape, remat::checkpoint(&TwoLayers::f, policy));
+    remat_test::expect_error_naming<remat::tape_error>([&] { tape.set_memory_budget(1 << 30); },
+                                                       {"set_memory_budget", "bf16", "memory budget"});
+    EXPECT_EQ(tape.memory_budget(), 0u);
+    tape.backward(loss);
+  }
+}
+
+/// A CapturedStep replays its log without the tape's bookkeeping: a compressed answer inside it is refused, naming
+/// the capture.
+TEST(Compression, RefusedInsideACapturedStep) {
+  TwoLayers m;
+  const auto policy = policies::save_compressed(Compression::bf16(), policies::everything_saveable);
+  remat_test::expect_error_naming<remat::tape_error>(
+      [&] {
+        remat::CapturedStep<double> step(
+            [&](Tape<double>& t) { return m.loss(t, remat::checkpoint(&TwoLayers::f, policy)); });
+      },
+      {"save_as(bf16)", "CapturedStep"});
+  EXPECT_EQ(m.w1.grad().size() == 0 || m.w1.grad().isZero(), true);
+}
+
+/// Sign where it would change the answer: relu's output y is read by exp's replay (the policy drops exp's output,
+/// which exp's backward reads, so the replay computes it from y): a replay needs y's value, so y stays as it is, and
+/// the gradients are plain's bitwise. leaky_relu reads its input's sign: the product before it, stored as sign, takes
+/// 256 B, bitwise again. And two backwards with retain_graph read the packed values twice.
+TEST(Compression, SignOnlyWhereEveryReaderReadsTheSign) {
+  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 10) * 0.1f),
+      w2(remat_test::random_matrix<float>(D, D, 11));
+  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 12);
+  auto exp_of_relu = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
+    return remat::exp(remat::relu(remat::matmul(x, a))) + remat::matmul(x, b);
+  };
+  auto leaky = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
+    return remat::leaky_relu(remat::matmul(x, a), 0.1) + remat::leaky_relu(remat::matmul(x, b), 0.2);
+  };
+  struct Case {
+    const char* name;
+    std::function<Var<float>(const Var<float>&, const Var<float>&, const Var<float>&)> f;
+    const char* op;
+    std::size_t saved;
+  };
+  const Case cases[] = {
+      // x, y in full (exp's replay source), the output.
+      {"exp of relu", exp_of_relu, "relu", 3 * bytes<float>(N, D)},
+      // x, the two products as sign, the output.
+      {"leaky_relu", leaky, "matmul", 2 * bytes<float>(N, D) + 2 * sign_bytes},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    Tape<float> plain_tape;
+    const Var<float> plain_loss = two_relus(plain_tape, w1, w2, xm, k.f);
+    plain_tape.backward(plain_loss, true);
+    plain_tape.backward(plain_loss);
+    const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
+    w1.zero_grad();
+    w2.zero_grad();
+    Tape<float> tape;
+    const auto policy = policies::save_compressed(Compression::sign(), policies::ops_named({k.op}));
+    const Var<float> loss = two_relus(tape, w1, w2, xm, remat::checkpoint(k.f, policy));
+    EXPECT_EQ(tape.memory().saved_bytes, k.saved) << remat_test::describe(tape.memory());
+    tape.backward(loss, true);
+    EXPECT_EQ(tape.memory().saved_bytes, k.saved) << "retain_graph keeps them packed";
+    tape.backward(loss);
+    EXPECT_TRUE(w1.grad() == g1);
+    EXPECT_TRUE(w2.grad() == g2);
+    w1.zero_grad();
+    w2.zero_grad();
+  }
+}
+
+/// A lossy format keeps relu's derivative exact: relu's backward reads the exact one-bit mask stored beside the int8
+/// codes (with_sign_mask), so small positive values, which int8 rounds to 0, keep their derivative 1. out =
+/// relu(x·W1)·W2, loss = sum(out ⊙ C) with C constant: dL/dh = C·W2ᵀ is exact, so dW1 = xᵀ·(dL/dh ⊙ [x·W1 > 0]) equals
+/// plain's bitwise, while dW2 = hᵀ·C reads h in int8. W1's first column is scaled by 10⁻⁴: its products are far below
+/// their row's absmax/254 and all round to 0 in int8. Bytes: h takes 2048 + 32·4 B of codes and scales, and 256 B of
+/// mask.
+TEST(Compression, LossyValuesKeepAnExactMaskForRelu) {
+  Matrix<float> w1m = remat_test::random_matrix<float>(D, D, 13);
+  w1m.col(0) *= 1e-4f;
+  Parameter<float> w1(w1m), w2(remat_test::random_matrix<float>(D, D, 14));
+  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 15), cm = remat_test::random_matrix<float>(N, D, 16);
+  auto f = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
+    return remat::matmul(remat::relu(remat::matmul(x, a)), b);
+  };
+  auto run = [&](const auto& region, std::size_t* saved) {
+    Tape<float> tape;
+    const Var<float> out = region(tape.constant(xm), tape.variable(w1), tape.variable(w2));
+    const Var<float> loss = remat::sum(remat::multiply(out, tape.constant(cm)));
+    if (saved) *saved = tape.memory().saved_bytes;
+    tape.backward(loss);
+    std::vector<Matrix<float>> g{w1.grad(), w2.grad()};
+    w1.zero_grad();
+    w2.zero_grad();
+    return g;
+  };
+  const std::vector<Matrix<float>> want = run(f, nullptr);
+  std::size_t saved = 0;
+  const std::vector<Matrix<float>> got =
+      run(remat::checkpoint(f, policies::save_compressed(Compression::int8_per_row(), policies::everything_saveable)),
+          &saved);
+  EXPECT_TRUE(got[0] == want[0]) << "dW1 reads relu's mask and x, both exact";
+  EXPECT_FALSE(got[1] == want[1]) << "dW2 reads h in int8";
+  // x, h (codes, scales, mask); out is returned, and multiply reads C, not out; C.
+  EXPECT_EQ(saved, 2 * bytes<float>(N, D) + 2048 + 32 * 4 + sign_bytes);
+}
+
+/// A bad group is refused with the value and the fix.
+TEST(Compression, Int8GroupsArePowersOfTwo) {
+  remat_test::expect_error_naming<std::invalid_argument>([] { Compression::int8_per_group(48); },
+                                                         {"int8_per_group", "48", "power of two"});
+  EXPECT_EQ(Compression::int8_per_group(128).name(), "int8/128");
+  EXPECT_EQ(Compression::int8_per_group(128).stored_bytes(remat::Shape{2, 3, 200}, 4), 1200u + 4 * 6 * 2);
+}
+
+}  // namespace compression_test
