@@ -243,6 +243,54 @@ TEST(Compression, ANamedValueStoredAsSignIsPacked) {
   EXPECT_TRUE(w2.grad() == g2);
 }
 
+/// y = [a > 0] ⊙ b²: a user op whose backward reads a only through its sign (sign_reads) and b as it is
+/// (db = 2·b·[a > 0] dy; a gets no gradient: its step has derivative 0).
+struct MaskedSquareOp : remat::OpBase {
+  static constexpr const char* name = "masked_square";
+  static constexpr remat::OpKind kind = remat::OpKind::elementwise;
+  static constexpr unsigned sign_reads = remat::reads_input0;
+  static unsigned reads(remat::GradInputs g) {
+    return remat::wants(g, 1) ? remat::reads_input0 | remat::reads_input1 : remat::reads_nothing;
+  }
+  static remat::Shape output_shape(const remat::Shape* in, const Params&) { return in[1]; }
+  template <class T>
+  static void forward(const remat::ForwardContext<T>& c) {
+    c.out().array() = (c.in(0).array() > T(0)).template cast<T>() * c.in(1).array().square();
+  }
+  template <class T>
+  static void backward(const remat::BackwardContext<T>& c) {
+    if (c.wants_grad(1))
+      c.add_grad(1, c.grad_out().array() * T(2) * c.in(1).array() * (c.in(0).array() > T(0)).template cast<T>());
+  }
+  static double flops(const remat::Shape*, int, const remat::Shape& out) {
+    return 3.0 * static_cast<double>(out.numel());
+  }
+};
+
+/// One op reading one value as two inputs, one through its sign alone and one as it is: the value is decoded as it
+/// is for both (a 0/1 mask would give b = [t > 0] to the full read). t = x·W in int8, y = masked_square(t, t): dW
+/// within int8's error of plain's (reading the mask as b would move it by the values themselves, ~100 %).
+TEST(Compression, AValueReadBothAsItsSignAndAsItIsDecodesAsItIs) {
+  Parameter<float> w(remat_test::random_matrix<float>(D, D, 20));
+  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 21);
+  auto f = [](const Var<float>& x, const Var<float>& a) {
+    const Var<float> t = remat::matmul(x, a);
+    return remat::apply_op<MaskedSquareOp>(t, t);
+  };
+  auto run = [&](const auto& region) {
+    Tape<float> tape;
+    tape.backward(remat::sum(region(tape.constant(xm), tape.variable(w))));
+    Matrix<float> g = w.grad();
+    w.zero_grad();
+    return g;
+  };
+  const Matrix<float> want = run(f);
+  const Matrix<float> got =
+      run(remat::checkpoint(f, policies::save_compressed(Compression::int8_per_row(), policies::everything_saveable)));
+  EXPECT_GT((got - want).norm(), 0);
+  EXPECT_LT((got - want).norm() / want.norm(), 2e-2);
+}
+
 /// Not supported yet, refused with the reason and the fix, the tape unchanged: a compressed answer under a memory
 /// budget, and a budget on a tape that holds compressed values.
 TEST(Compression, RefusedUnderAMemoryBudget) {
