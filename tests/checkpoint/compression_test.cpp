@@ -8,6 +8,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -48,16 +49,29 @@ auto relus = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
   return remat::relu(remat::matmul(x, a)) + remat::relu(remat::matmul(x, b));
 };
 
+/// w1's and w2's gradients, which are then cleared for the next run.
+std::pair<Matrix<float>, Matrix<float>> take(Parameter<float>& w1, Parameter<float>& w2) {
+  std::pair<Matrix<float>, Matrix<float>> g{w1.grad(), w2.grad()};
+  w1.zero_grad();
+  w2.zero_grad();
+  return g;
+}
+
+/// The gradients of two_relus(…, region) without checkpoint: the run every checkpointed one is compared with.
+template <class Region>
+std::pair<Matrix<float>, Matrix<float>> plain_grads(Parameter<float>& w1, Parameter<float>& w2, const Matrix<float>& xm,
+                                                    const Region& region) {
+  Tape<float> tape;
+  tape.backward(two_relus(tape, w1, w2, xm, region));
+  return take(w1, w2);
+}
+
 /// Stored as sign, each relu's output takes 256 bytes instead of 8192 while the backward runs, and the gradients
 /// equal the uncompressed ones bitwise: relu's derivative reads only y > 0.
 TEST(Compression, SignKeepsARelusOutputInOneBitWithBitwiseGradients) {
   Parameter<float> w1(remat_test::random_matrix<float>(D, D, 1)), w2(remat_test::random_matrix<float>(D, D, 2));
   const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 3);
-  Tape<float> plain_tape;
-  plain_tape.backward(two_relus(plain_tape, w1, w2, xm, relus));
-  const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
-  w1.zero_grad();
-  w2.zero_grad();
+  const auto [g1, g2] = plain_grads(w1, w2, xm, relus);
 
   Tape<float> tape;
   const auto policy = policies::save_compressed(Compression::sign(), policies::ops_named({"relu"}));
@@ -82,11 +96,7 @@ TEST(Compression, SignKeepsTheValueAsItIsWhenAReaderNeedsMoreThanItsSign) {
   auto mlp = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
     return remat::matmul(remat::relu(remat::matmul(x, a)), b);
   };
-  Tape<float> plain_tape;
-  plain_tape.backward(two_relus(plain_tape, w1, w2, xm, mlp));
-  const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
-  w1.zero_grad();
-  w2.zero_grad();
+  const auto [g1, g2] = plain_grads(w1, w2, xm, mlp);
   Tape<float> tape;
   const Var<float> loss =
       two_relus(tape, w1, w2, xm,
@@ -227,11 +237,7 @@ TEST(Compression, ANamedValueStoredAsSignIsPacked) {
   auto f = [](const Var<float>& x, const Var<float>& a, const Var<float>& b) {
     return remat::checkpoint_name(remat::relu(remat::matmul(x, a)), "r") + remat::matmul(x, b);
   };
-  Tape<float> plain_tape;
-  plain_tape.backward(two_relus(plain_tape, w1, w2, xm, f));
-  const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
-  w1.zero_grad();
-  w2.zero_grad();
+  const auto [g1, g2] = plain_grads(w1, w2, xm, f);
   Tape<float> tape;
   // Everything else saved: the sum reading r is not replayed, so nothing holds r until the region closes.
   const auto policy = policies::save_compressed(Compression::sign(), policies::save_only_these_names({"r"}),
@@ -362,9 +368,7 @@ TEST(Compression, SignOnlyWhereEveryReaderReadsTheSign) {
     const Var<float> plain_loss = two_relus(plain_tape, w1, w2, xm, k.f);
     plain_tape.backward(plain_loss, true);
     plain_tape.backward(plain_loss);
-    const Matrix<float> g1 = w1.grad(), g2 = w2.grad();
-    w1.zero_grad();
-    w2.zero_grad();
+    const auto [g1, g2] = take(w1, w2);
     Tape<float> tape;
     const auto policy = policies::save_compressed(Compression::sign(), policies::ops_named({k.op}));
     const Var<float> loss = two_relus(tape, w1, w2, xm, remat::checkpoint(k.f, policy));
@@ -372,10 +376,9 @@ TEST(Compression, SignOnlyWhereEveryReaderReadsTheSign) {
     tape.backward(loss, true);
     EXPECT_EQ(tape.memory().saved_bytes, k.saved) << "retain_graph keeps them packed";
     tape.backward(loss);
-    EXPECT_TRUE(w1.grad() == g1);
-    EXPECT_TRUE(w2.grad() == g2);
-    w1.zero_grad();
-    w2.zero_grad();
+    const auto [h1, h2] = take(w1, w2);
+    EXPECT_TRUE(h1 == g1);
+    EXPECT_TRUE(h2 == g2);
   }
 }
 

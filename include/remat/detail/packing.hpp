@@ -32,6 +32,16 @@ bool only_sign_readers(const Graph<T>& graph, const Node<T>& n) {
   return !any_backward_read(graph, n, [](const OpTable<T>& op, unsigned read) { return !(op.sign_reads & read); });
 }
 
+/// Whether node i's backward reads value `id` only through its sign (OpBase::sign_reads), in every read of it: an op
+/// may read one value as two inputs, and a full read needs the value decoded as it is.
+template <class T>
+bool only_sign_read(const Graph<T>& graph, std::int32_t i, std::int32_t id) {
+  const Node<T>& n = graph[i];
+  for (int k = 0; k < n.arity; ++k)
+    if ((n.reads & reads_input(k)) && n.inputs[k] == id && !(n.op->sign_reads & reads_input(k))) return false;
+  return !((n.reads & reads_output) && i == id && !(n.op->sign_reads & reads_output));
+}
+
 /// Whether n's packed buffer also holds its exact sign, for a reader that reads only that (relu's backward): a lossy
 /// format would turn a small positive value into 0 and change relu's derivative there (ActNN keeps relu's mask apart
 /// for this reason). A function of the graph: a value's readers are all recorded once it is packed.

@@ -385,8 +385,8 @@ class Sweep : public DryRunCache<T> {
     const Node<T>& n = graph_[i];
     if (!evictor_.active()) {
       for (int k = 0; k < n.arity; ++k)
-        if (n.reads & reads_input(k)) ensure_read(n.inputs[k], only_sign_read(i, n.inputs[k]));
-      if (n.reads & reads_output) ensure_read(i, only_sign_read(i, i));
+        if (n.reads & reads_input(k)) ensure_read(i, n.inputs[k]);
+      if (n.reads & reads_output) ensure_read(i, i);
       return;
     }
     std::int32_t read[max_inputs + 1];
@@ -396,19 +396,11 @@ class Sweep : public DryRunCache<T> {
     if (n.reads & reads_output) read[count++] = i;
     evictor_.acquire(read, count);
   }
-  /// Whether node i's backward reads value `id` only through its sign (OpBase::sign_reads), in every read of it: an op
-  /// may read one value as two inputs, and a full read needs the value decoded as it is.
-  bool only_sign_read(std::int32_t i, std::int32_t id) const {
-    const Node<T>& n = graph_[i];
-    for (int k = 0; k < n.arity; ++k)
-      if ((n.reads & reads_input(k)) && n.inputs[k] == id && !(n.op->sign_reads & reads_input(k))) return false;
-    return !((n.reads & reads_output) && i == id && !(n.op->sign_reads & reads_output));
-  }
-  /// A residual made resident for a backward: a packed one read only through its sign is decoded as its sign
-  /// (Lifetime::unpack, from its exact mask if it has one), any other as ensure() makes it.
-  void ensure_read(std::int32_t id, bool sign_only) noexcept {
+  /// Residual `id` of node i's backward made resident: a packed one that i reads only through its sign is decoded as
+  /// its sign (Lifetime::unpack, from its exact mask if it has one), any other as ensure() makes it.
+  void ensure_read(std::int32_t i, std::int32_t id) noexcept {
     const Node<T>& v = graph_[id];
-    if (sign_only && !v.value && v.packed)
+    if (!v.value && v.packed && only_sign_read(graph_, i, id))
       lifetime_.unpack(id, true);
     else
       evictor_.ensure(id);
