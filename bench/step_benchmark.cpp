@@ -81,7 +81,7 @@ using RematCaptured = RematWith<RematCapturedMlp>;
 /// W3 under one recompute mode and attention kind (docs/gpt.md).
 template <gpt::Recompute R, gpt::Attention A>
 struct RematGpt {
-  static constexpr gpt::Options options{R, A};
+  static inline const gpt::Options options{R, A};  // not constexpr: Options holds a std::function
   template <class W>
   struct Model {
     explicit Model(const GptData& data) : model(data, W::shape, options) {}

@@ -5,10 +5,10 @@
 # `rounds` rounds, each of the four configurations once in a shuffled order, 2 epochs each; writes one JSON
 # line per run to bench/results/mlp_epochs.jsonl and prints the medians.
 #
-#   bench/run_mlp.sh [build-dir] [rounds]        (defaults: build 5; the build holds examples/mlp)
+#   bench/suites/mlp_epochs.sh [build-dir] [rounds]        (defaults: build-bench 5; the build holds examples/mlp)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-build=${1:-build}
+cd "$(dirname "$0")/../.."
+build=${1:-build-bench}
 rounds=${2:-5}
 results=bench/results
 mkdir -p "$results"

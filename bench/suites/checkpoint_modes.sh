@@ -6,10 +6,10 @@
 # writes one JSON line per run to bench/results/checkpoint_modes.jsonl and prints the medians and each mode's
 # ratio to none at the same thread count (within each round, then the median).
 #
-#   bench/run_checkpoint_modes.sh [build-dir] [rounds] [threads...]   (defaults: build 5 1 2)
+#   bench/suites/checkpoint_modes.sh [build-dir] [rounds] [threads...]   (defaults: build-bench 5 1 2)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-build=${1:-build}
+cd "$(dirname "$0")/../.."
+build=${1:-build-bench}
 rounds=${2:-5}
 shift $(($# < 2 ? $# : 2))
 threads=("$@")

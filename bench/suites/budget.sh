@@ -6,16 +6,16 @@
 # interleaved repetitions of at least 1 s each; writes bench/results/budget_step.{json,txt,uptime} and the
 # table (bench/budget_summary.py) to bench/results/budget_table.md.
 #
-#   bench/run_budget.sh [build-dir] [repetitions]        (defaults: build 10)
+#   bench/suites/budget.sh [build-dir] [repetitions]        (defaults: build-bench 10)
 # Build first: cmake --build build --target budget_step (Release; needs Google Benchmark).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-build=${1:-build}
+cd "$(dirname "$0")/../.."
+build=${1:-build-bench}
 repetitions=${2:-10}
 results=${REMAT_BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
 source bench/common.sh  # wait_for_idle, tuned
-[[ -x $build/bench/budget_step ]] || { echo "run_budget.sh: $build/bench/budget_step is missing; build it first" >&2; exit 1; }
+[[ -x $build/bench/budget_step ]] || { echo "budget.sh: $build/bench/budget_step is missing; build it first" >&2; exit 1; }
 wait_for_idle
 uptime > "$results/budget_step.uptime"
 "${tuned[@]}" "$build/bench/budget_step" --benchmark_repetitions="$repetitions" --benchmark_min_time=1 \

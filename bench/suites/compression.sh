@@ -6,17 +6,17 @@
 # (bench/compression_summary.py) to bench/results/compression_table.md and the plot to
 # bench/compression_memory_vs_time.png.
 #
-#   bench/run_compression.sh [build-dir] [repetitions]        (defaults: build 5)
+#   bench/suites/compression.sh [build-dir] [repetitions]        (defaults: build-bench 5)
 # Build first: cmake --build build --target compression_step (Release; needs Google Benchmark). About 10 minutes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-build=${1:-build}
+cd "$(dirname "$0")/../.."
+build=${1:-build-bench}
 repetitions=${2:-5}
 results=${REMAT_BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
 source bench/common.sh  # wait_for_idle, tuned
 [[ -x $build/bench/compression_step ]] ||
-  { echo "run_compression.sh: $build/bench/compression_step is missing; build it first" >&2; exit 1; }
+  { echo "compression.sh: $build/bench/compression_step is missing; build it first" >&2; exit 1; }
 wait_for_idle
 uptime > "$results/compression_step.uptime"
 "${tuned[@]}" "$build/bench/compression_step" --benchmark_repetitions="$repetitions" --benchmark_min_time=1 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 11's scaling model, from bench/profile.sh's split of each step into GEMM, other (non-GEMM) work and
+"""Issue 11's scaling model, from bench/probes/profile.sh's split of each step into GEMM, other (non-GEMM) work and
 waits at 1 and 2 threads (bench/results/profile.jsonl). GEMM and other work are each given Amdahl's form
 t(p) = t(1)·(σ + (1 − σ)/p), with the serial share σ fitted to that part's own 2-thread time:
 σ = 2·t(2)/t(1) − 1 (clamped to [0, 1]); the waits measured at 2 threads (the calling thread in libgomp or the
@@ -10,7 +10,7 @@ long before 64 cores: on the 2-vCPU Zen 5 machine a streaming kernel on cold [20
 sizes and the shrinking per-thread GEMM blocks, so its 16- and 64-core figures are upper bounds on the
 speedup for this step size.
 
-  bench/scaling_model.py bench/results/profile.jsonl
+  bench/probes/scaling_model.py bench/results/profile.jsonl
 """
 import json
 import sys

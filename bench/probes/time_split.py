@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Splits a profiled benchmark's wall-clock time into GEMM and non-GEMM time (bench/profile.sh).
+"""Splits a profiled benchmark's wall-clock time into GEMM and non-GEMM time (bench/probes/profile.sh).
 
 Reads `perf script -F pid,tid,ip,dso` of a recording that holds only the timed steps (perf's --control window,
 step_benchmark's REMAT_PERF_CONTROL) and the benchmark's JSON, and classifies the **calling thread's**

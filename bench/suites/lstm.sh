@@ -8,18 +8,18 @@
 # bench/results/lstm_pytorch_threads{1,2}.{json,uptime} and the table (bench/budget_summary.py) to
 # bench/results/lstm_table.md.
 #
-#   bench/run_lstm.sh [build-dir] [repetitions]        (defaults: build 10)
+#   bench/suites/lstm.sh [build-dir] [repetitions]        (defaults: build-bench 10)
 # Build first: cmake --build build --target lstm_step (Release; needs Google Benchmark). About 15 minutes.
 # Deterministic figures (peaks, recomputed ops and FLOPs, evictions) without timing, on a busy machine too:
 #   build/bench/lstm_step --count W5 dtr_h_DTR 0.5 3        (any means of the table, any fraction)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-build=${1:-build}
+cd "$(dirname "$0")/../.."
+build=${1:-build-bench}
 repetitions=${2:-10}
 results=${REMAT_BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
 source bench/common.sh  # wait_for_idle, tuned
-[[ -x $build/bench/lstm_step ]] || { echo "run_lstm.sh: $build/bench/lstm_step is missing; build it first" >&2; exit 1; }
+[[ -x $build/bench/lstm_step ]] || { echo "lstm.sh: $build/bench/lstm_step is missing; build it first" >&2; exit 1; }
 wait_for_idle
 uptime > "$results/lstm_step.uptime"
 "${tuned[@]}" "$build/bench/lstm_step" --benchmark_repetitions="$repetitions" --benchmark_min_time=1 \

@@ -3,7 +3,7 @@
 range of the repetitions (µs) and the bytes moved per second at the median, then the 2-thread ÷ 1-thread
 ratio of the medians per kernel and residence.
 
-  bench/memory_bandwidth_summary.py bench/results/memory_bandwidth_*.json
+  bench/probes/memory_bandwidth_summary.py bench/results/memory_bandwidth_*.json
 """
 import json
 import statistics

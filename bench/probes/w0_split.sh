@@ -3,13 +3,13 @@
 # cpu-clock` of `bench/step_count W0 remat|hand <steps> 1` in the benchmarks' environment (bench/common.sh),
 # `rounds` rounds alternating the two, each started on an idle machine (1-minute load < 0.5, recorded).
 # Keeps each run's `perf report` by symbol in bench/results/w0_split/ and prints microseconds per step per
-# category (bench/w0_split.py): matrix products (OpenBLAS and Eigen's call into it), zero fills, the
+# category (bench/probes/w0_split.py): matrix products (OpenBLAS and Eigen's call into it), zero fills, the
 # elementwise kernels, the tape's bookkeeping, the step driver (the model's step inlined into step_count's
 # loop), other.
 #
-#   bench/w0_split.sh [build-dir] [rounds] [steps]      (defaults: build-bench 3 40000; needs bench/step_count)
+#   bench/probes/w0_split.sh [build-dir] [rounds] [steps]      (defaults: build-bench 3 40000; needs bench/step_count)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build-bench}
 rounds=${2:-3}
 steps=${3:-40000}
@@ -34,4 +34,4 @@ for round in $(seq "$rounds"); do
     } > "$out/$impl-$round.txt"
   done
 done
-/usr/bin/python3 bench/w0_split.py "$steps" "$out"/*.txt
+/usr/bin/python3 bench/probes/w0_split.py "$steps" "$out"/*.txt

@@ -5,7 +5,7 @@
 # 1 thread. Before each run it waits until the 1-minute load average is below 0.5 and records `uptime`
 # before and after; it writes bench/results/distributed_*.{txt,json,uptime} and distributed_summary.md.
 #
-#   bench/run_distributed.sh [build-dir] [repetitions] [steps-per-repetition] [mlp-epochs] [mlp-rounds]
+#   bench/suites/distributed.sh [build-dir] [repetitions] [steps-per-repetition] [mlp-epochs] [mlp-rounds]
 #                                                                    (defaults: build-bench 10 5 1 5)
 # The MLP runs go in rounds: each round waits for an idle machine once, then runs the five MLP
 # configurations back to back in a random order (distributed_mlp_<config>_<round>.txt); the summary gives
@@ -24,9 +24,9 @@
 # machine meanwhile.
 #
 # For a smoke test of the script only (its figures then mean nothing; do not keep them):
-#   REMAT_BENCH_RESULTS=/tmp/dist REMAT_BENCH_NO_WAIT=1 REMAT_BENCH_MLP_LIMIT=2000 bench/run_distributed.sh build 2 1
+#   REMAT_BENCH_RESULTS=/tmp/dist REMAT_BENCH_NO_WAIT=1 REMAT_BENCH_MLP_LIMIT=2000 bench/suites/distributed.sh build-bench 2 1
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build-bench}
 repetitions=${2:-10}
 steps=${3:-5}
@@ -40,7 +40,7 @@ if [[ ${REMAT_BENCH_NO_WAIT:-0} == 1 ]]; then
   wait_for_idle() { :; }
 fi
 for binary in "$build/bench/distributed_step" "$build/examples/mlp/mlp"; do
-  [[ -x $binary ]] || { echo "run_distributed.sh: $binary is missing; build it first (see the comment at the top)" >&2; exit 1; }
+  [[ -x $binary ]] || { echo "distributed.sh: $binary is missing; build it first (see the comment at the top)" >&2; exit 1; }
 done
 
 mpirun=(mpirun --oversubscribe --allow-run-as-root --report-bindings)

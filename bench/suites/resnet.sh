@@ -7,17 +7,17 @@
 # each; writes bench/results/resnet_step.{json,uptime}, bench/results/resnet_pytorch_threads{1,2}.{json,uptime} and
 # the table (bench/resnet_summary.py) to bench/results/resnet_table.md.
 #
-#   bench/run_resnet.sh [build-dir] [repetitions]        (defaults: build 7)
+#   bench/suites/resnet.sh [build-dir] [repetitions]        (defaults: build-bench 7)
 # Build first: cmake --build build --target resnet_step (Release; needs Google Benchmark; LibTorch's row needs
 # Debian's libtorch-dev). About 10 minutes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-build=${1:-build}
+cd "$(dirname "$0")/../.."
+build=${1:-build-bench}
 repetitions=${2:-7}
 results=${REMAT_BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
 source bench/common.sh  # wait_for_idle, tuned
-[[ -x $build/bench/resnet_step ]] || { echo "run_resnet.sh: $build/bench/resnet_step is missing; build it first" >&2; exit 1; }
+[[ -x $build/bench/resnet_step ]] || { echo "resnet.sh: $build/bench/resnet_step is missing; build it first" >&2; exit 1; }
 wait_for_idle
 uptime > "$results/resnet_step.uptime"
 "${tuned[@]}" "$build/bench/resnet_step" --benchmark_repetitions="$repetitions" --benchmark_min_time=2 \

@@ -6,9 +6,9 @@
 # each (constant learning rate, as the peer has no schedule); writes one JSON line per run to
 # bench/results/flush_denormal.jsonl and prints the median of each epoch's seconds per configuration.
 #
-#   bench/run_flush_denormal.sh [build-dir] [rounds] [epochs]        (defaults: build 4 4)
+#   bench/probes/run_flush_denormal.sh [build-dir] [rounds] [epochs]        (defaults: build 4 4)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build}
 rounds=${2:-4}
 epochs=${3:-4}

@@ -3,12 +3,12 @@
 # runs bench/step_count under `valgrind --tool=callgrind` for 10 and 110 steps (after one warm-up step) and
 # prints (I(110) − I(10)) / 100 for each implementation. OpenBLAS and remat on one thread.
 #
-#   bench/instructions.sh [build-dir] [workload] [implementations]   (defaults: build W0 "hand remat")
+#   bench/probes/instructions.sh [build-dir] [workload] [implementations]   (defaults: build W0 "hand remat")
 #
 # Needs valgrind (Debian: apt-get install valgrind) and the step_count target
 # (cmake --build build --target step_count).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build}
 workload=${2:-W0}
 impls=${3:-"hand remat"}

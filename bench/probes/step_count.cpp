@@ -8,9 +8,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "hand_written.hpp"
-#include "remat_model.hpp"
-#include "workloads.hpp"
+#include "../hand_written.hpp"
+#include "../remat_model.hpp"
+#include "../workloads.hpp"
 
 namespace {
 

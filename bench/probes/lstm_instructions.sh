@@ -4,13 +4,13 @@
 # (I(3) − I(1)) / 2 for each means, and its ratio to plain's. One thread; OpenBLAS's Haswell kernels, since valgrind
 # 3.19 decodes no AVX-512 (and the build must not use -march=native for the same reason).
 #
-#   bench/lstm_instructions.sh [build-dir] [workload] [fraction] [means...]
+#   bench/probes/lstm_instructions.sh [build-dir] [workload] [fraction] [means...]
 #     (defaults: build-cg W5 0.5 plain checkpoint_per_step dtr_h_DTR dtr_h_DTR_eq dtr_h_local checkpoint_sequential_auto)
 #
 # Build: cmake -S . -B build-cg -DCMAKE_BUILD_TYPE=Release -DREMAT_BENCH_NATIVE=OFF && cmake --build build-cg --target lstm_step
 # Needs valgrind (Debian: apt-get install valgrind). About 10 minutes for the six means.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build-cg}
 workload=${2:-W5}
 fraction=${3:-0.5}

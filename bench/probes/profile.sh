@@ -3,13 +3,13 @@
 # thread count, records the timed steps of step_benchmark with `perf record` (only the timed loop: perf's
 # --control window, opened and closed by the benchmark when REMAT_PERF_CONTROL names the control fifo) and
 # splits the calling thread's samples into GEMM (OpenBLAS), waits (libgomp, kernel) and other work
-# (bench/time_split.py). Waits for an idle machine like bench/run.sh; one configuration at a time.
+# (bench/probes/time_split.py). Waits for an idle machine like bench/run.sh; one configuration at a time.
 #
-#   bench/profile.sh [build-dir] [min-time-seconds]      (defaults: build-bench 5)
+#   bench/probes/profile.sh [build-dir] [min-time-seconds]      (defaults: build-bench 5)
 #
 # Writes bench/results/profile.jsonl (one JSON object per configuration) and prints it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build-bench}
 min_time=${2:-5}
 results=bench/results
@@ -41,7 +41,7 @@ for row in $rows; do
         --benchmark_filter="^Step<$workload, $impl>/threads:$threads/" --benchmark_min_time="$min_time" \
         --benchmark_repetitions=3 --benchmark_out="$work/result.json" --benchmark_out_format=json > /dev/null
       perf script -i "$work/perf.data" -F pid,tid,ip,dso 2> /dev/null > "$work/samples.txt"
-      split=$(/usr/bin/python3 bench/time_split.py "$work/samples.txt" "$work/result.json")
+      split=$(/usr/bin/python3 bench/probes/time_split.py "$work/samples.txt" "$work/result.json")
       echo "{\"workload\": \"$workload\", \"impl\": \"$impl\", \"threads\": $threads, \"load_at_start\": $load, \"split\": $split}" |
         tee -a "$out"
       rm -f "$work/control" "$work/perf.data"

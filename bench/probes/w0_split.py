@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Sums bench/w0_split.sh's `perf report` tables (samples by symbol, cpu-clock at 4999 Hz) into microseconds
+"""Sums bench/probes/w0_split.sh's `perf report` tables (samples by symbol, cpu-clock at 4999 Hz) into microseconds
 per step per category, for each run and as the median over runs, remat beside the hand-written code.
 
-  bench/w0_split.py <steps> bench/results/w0_split/*.txt
+  bench/probes/w0_split.py <steps> bench/results/w0_split/*.txt
 """
 import re
 import statistics

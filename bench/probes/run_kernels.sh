@@ -5,9 +5,9 @@
 # row, the rows randomly interleaved), so that the machine's drift spreads over all sets alike. Waits for an
 # idle machine once, at the start; one JSON file per set and round.
 #
-#   bench/run_kernels.sh [build-dir] [rounds] [kernel sets...]  (defaults: build-bench 5 Prescott Haswell SkylakeX Cooperlake)
+#   bench/probes/run_kernels.sh [build-dir] [rounds] [kernel sets...]  (defaults: build-bench 5 Prescott Haswell SkylakeX Cooperlake)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build-bench}
 rounds=${2:-5}
 shift 2 || shift $#
