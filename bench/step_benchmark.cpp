@@ -276,7 +276,7 @@ Check check_gpt(Fixture<W, Impl>& fixture, int threads) {
 }
 
 /// `perf record --control fifo:F -D -1` records only the timed steps when REMAT_PERF_CONTROL=F is set
-/// (bench/profile.sh): setup, warm-up and the gradient checks stay out of the profile.
+/// (bench/probes/profile.sh): setup, warm-up and the gradient checks stay out of the profile.
 class PerfWindow {
  public:
   PerfWindow() {

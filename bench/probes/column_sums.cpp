@@ -1,7 +1,7 @@
 // Sums over the rows of a row-major tensor (a bias gradient, sum_cols): remat's detail::assign_column_sums
 // (row blocks × 256-column chunks, whole rows read contiguously, partial rows added in block order) beside
-// Eigen's colwise().sum() by 32-column blocks (remat's kernel before bench/RESULTS.md §18) and over the whole
-// tensor. Operands stay in the last-level cache between repetitions.
+// Eigen's colwise().sum() by 32-column blocks (remat's kernel before detail::column_sums) and over the whole
+// tensor (bench/probes/README.md). Operands stay in the last-level cache between repetitions.
 //
 //   build-bench/bench/column_sums --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true
 #include <benchmark/benchmark.h>

@@ -1,4 +1,4 @@
-// W2's six GEMM shapes alone, through each path a product can take to OpenBLAS (bench/RESULTS.md §8): Eigen's
+// W2's six GEMM shapes alone, through each path a product can take to OpenBLAS (bench/probes/README.md): Eigen's
 // dst = a·b on row-major maps (a serial zero fill, then the GEMM adds), the same with the fill on remat's
 // team (detail::zero_for_product, what remat's ops do), and sgemm_ with beta = 0 as LibTorch's addmm calls
 // it. Operands stay in the last-level cache between repetitions: this isolates the call path from the

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Instructions per steady training step (bench/RESULTS.md §7.4), which a busy machine does not distort:
+# Instructions per steady training step (bench/probes/README.md), which a busy machine does not distort:
 # runs bench/step_count under `valgrind --tool=callgrind` for 10 and 110 steps (after one warm-up step) and
 # prints (I(110) − I(10)) / 100 for each implementation. OpenBLAS and remat on one thread.
 #
 #   bench/probes/instructions.sh [build-dir] [workload] [implementations]   (defaults: build W0 "hand remat")
 #
-# Needs valgrind (Debian: apt-get install valgrind) and the step_count target
-# (cmake --build build --target step_count).
+# Needs valgrind (Debian: apt-get install valgrind) and the step_count target of a build valgrind can decode
+# (3.19 decodes no AVX-512, so not -march=native):
+#   cmake -S . -B build-v3 -DCMAKE_BUILD_TYPE=Release -DREMAT_BENCH_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3
+#   cmake --build build-v3 --target step_count && bench/probes/instructions.sh build-v3 W0
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}

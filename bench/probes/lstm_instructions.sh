@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per steady W5 step (bench/RESULTS.md §20), which a busy machine does not distort: runs
+# Instructions per steady W5 step (bench/probes/README.md), which a busy machine does not distort: runs
 # bench/lstm_step --count under `valgrind --tool=callgrind` for 1 and 3 steps after its warm-up and prints
 # (I(3) − I(1)) / 2 for each means, and its ratio to plain's. One thread; OpenBLAS's Haswell kernels, since valgrind
 # 3.19 decodes no AVX-512 (and the build must not use -march=native for the same reason).

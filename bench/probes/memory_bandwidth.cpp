@@ -5,7 +5,7 @@
 //   triad         d = a + ½ b                         (12 bytes moved per element, 2 FLOPs)
 //   gelu_backward d = g ⊙ gelu'(x), remat's formula   (GeluOp's tanh_term and derivative: about 20 FLOPs)
 //   gelu_backward_in_place   the same, written over g    (what a gradient written in place would cost)
-// The questions it answers (bench/RESULTS.md §19): how far can W2's non-GEMM work, which streams such tensors,
+// The questions it answers (bench/probes/README.md): how far can W2's non-GEMM work, which streams such tensors,
 // scale from 1 to 2 threads on this machine at all, and what would writing a gradient into dL/dy's buffer
 // save (no fresh 8 MiB destination for the caches to fetch before writing it)? The program flushes subnormals
 // (remat::set_flush_denormal): in place, g shrinks by gelu'(x) ≈ 0.6 each time its set comes round.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarises bench/memory_bandwidth's JSON files (bench/RESULTS.md §19): per row the median and interquartile
+"""Summarises bench/memory_bandwidth's JSON files (bench/probes/README.md): per row the median and interquartile
 range of the repetitions (µs) and the bytes moved per second at the median, then the 2-thread ÷ 1-thread
 ratio of the medians per kernel and residence.
 

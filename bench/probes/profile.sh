@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a step's time goes (bench/RESULTS.md, "Where the time goes"): for each workload, implementation and
+# Where a step's time goes (bench/probes/README.md): for each workload, implementation and
 # thread count, records the timed steps of step_benchmark with `perf record` (only the timed loop: perf's
 # --control window, opened and closed by the benchmark when REMAT_PERF_CONTROL names the control fifo) and
 # splits the calling thread's samples into GEMM (OpenBLAS), waits (libgomp, kernel) and other work

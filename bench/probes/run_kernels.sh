@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# OpenBLAS's kernel sets on this machine (bench/RESULTS.md §9): W0, W1 and W2 plain against hand-written at
+# OpenBLAS's kernel sets on this machine (bench/probes/README.md): W0, W1 and W2 plain against hand-written at
 # 1 thread with each OPENBLAS_CORETYPE (Prescott: what OpenBLAS 0.3.21 picks by itself on a CPU it does not
 # know). `rounds` rounds, each running every set once in a shuffled order (one repetition of >= 0.5 s per
 # row, the rows randomly interleaved), so that the machine's drift spreads over all sets alike. Waits for an

@@ -6,7 +6,7 @@ t(p) = t(1)·(σ + (1 − σ)/p), with the serial share σ fitted to that part's
 kernel: barriers, wake-ups) are kept as a constant at every p > 1, which is pessimistic. Two points fit
 one parameter per part, nothing more: the model ignores memory bandwidth (which caps elementwise kernels
 long before 64 cores: on the 2-vCPU Zen 5 machine a streaming kernel on cold [2048,1024] tensors takes
-0.63-0.93x its one-thread time at 2 threads, bench/RESULTS.md §19-§19.1), OpenBLAS's and ATen's grain
+0.63-0.93x its one-thread time at 2 threads, bench/probes/README.md), OpenBLAS's and ATen's grain
 sizes and the shrinking per-thread GEMM blocks, so its 16- and 64-core figures are upper bounds on the
 speedup for this step size.
 

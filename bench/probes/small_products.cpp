@@ -1,7 +1,7 @@
 // W0's three products per layer ([16,32]·[32,32], xᵀ·dy and dy·Wᵀ) through Eigen's `dst.noalias() = a·b` on
 // row-major maps (a zero fill, a blocking choice, then ?gemm with beta = 1) and through remat's
 // detail::direct_gemm (one ?gemm call with beta = 0), whose results are bitwise equal (tests/ops/direct_gemm_test.cpp).
-// bench/RESULTS.md §18.
+// The question it answered and the answer: bench/probes/README.md.
 //
 //   OMP_NUM_THREADS=1 build-bench/bench/small_products --benchmark_repetitions=10
 //   --benchmark_enable_random_interleaving=true

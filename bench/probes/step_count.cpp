@@ -1,7 +1,7 @@
 // A fixed number of training steps of one workload and implementation, for instruction counts that a busy
-// machine does not distort (bench/RESULTS.md §7.4): run it under `valgrind --tool=callgrind` at two step
+// machine does not distort (bench/probes/instructions.sh): run it under `valgrind --tool=callgrind` at two step
 // counts; the difference divided by the difference in steps is the instructions of one steady step.
-// bench/step_pairs.py times builds of it against each other (§13).
+// bench/step_pairs.py times builds of it against each other (bench/probes/README.md).
 //   step_count <W0|W1-small|W1|W2> <remat|captured|hand> <steps> [threads]
 // (captured: the plain step run by remat::CapturedStep::replay(), MLP workloads only)
 #include <cstdio>

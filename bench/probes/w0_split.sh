@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where W0's step time goes, remat against the hand-written code (bench/RESULTS.md §16): `perf record -e
+# Where W0's step time goes, remat against the hand-written code (bench/probes/README.md): `perf record -e
 # cpu-clock` of `bench/step_count W0 remat|hand <steps> 1` in the benchmarks' environment (bench/common.sh),
 # `rounds` rounds alternating the two, each started on an idle machine (1-minute load < 0.5, recorded).
 # Keeps each run's `perf report` by symbol in bench/results/w0_split/ and prints microseconds per step per

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/RESULTS.md §21 (issue 44): W5, an unrolled LSTM, and W5-large (bench/workloads.hpp) — plain, one checkpoint per
+# bench/RESULTS.md §5: W5, an unrolled LSTM, and W5-large (bench/workloads.hpp) — plain, one checkpoint per
 # timestep, the runtime budget (Tape::set_memory_budget) at 50 % and 35 % of the plain step's peak with each heuristic,
 # and checkpoint_sequential_auto's plan — at 1 and 2 threads (bench/lstm_step.cpp); then the PyTorch peer
 # (bench/peers/lstm_pytorch.py: plain and torch.utils.checkpoint per timestep) at 1 and 2 threads. Waits for an idle
@@ -28,7 +28,7 @@ uptime > "$results/lstm_step.uptime"
   --benchmark_out="$results/lstm_step.json" --benchmark_out_format=json > "$results/lstm_step.txt" 2>&1
 uptime >> "$results/lstm_step.uptime"
 # The PyTorch peer: Debian's interpreter (another python3 may come first on PATH), the peers' environment (passive
-# waits for the pthreads OpenBLAS it loads: bench/RESULTS.md §1).
+# waits for the pthreads OpenBLAS it loads: bench/README.md, Environment).
 for threads in 1 2; do
   wait_for_idle
   uptime > "$results/lstm_pytorch_threads$threads.uptime"

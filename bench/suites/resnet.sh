@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/RESULTS.md §23 (issue 45): W4, one training step of examples/resnet's ResNet-14 (width 16, batch 128,
+# bench/RESULTS.md §3: W4, one training step of examples/resnet's ResNet-14 (width 16, batch 128,
 # 28×28), in remat under each checkpoint mode with conv2d on oneDNN and on im2col, and in LibTorch
 # (bench/resnet_step.cpp), at 1 and 2 threads; then the PyTorch peer (bench/peers/resnet_step.py: plain and
 # torch.utils.checkpoint per block) at 1 and 2 threads. Waits for an idle machine (1-minute load < 0.5) before each
