@@ -30,6 +30,7 @@ all=(steps batched_matmul resnet budget lstm compression mlp_epochs checkpoint_m
 [[ ${#suites[@]} -gt 0 ]] || suites=("${all[@]}")
 results=${REMAT_BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
+failed=()
 for suite in "${suites[@]}"; do
   [[ -x bench/suites/$suite.sh ]] || { echo "run.sh: no suite '$suite' (bench/suites/)" >&2; exit 2; }
 done
@@ -41,8 +42,10 @@ for suite in "${suites[@]}"; do
     echo "started $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "repetitions $repetitions"
   } > "$results/$suite.meta"
-  bench/suites/"$suite".sh "$build" "$repetitions"
+  # A suite that fails leaves its section out of date; the others still run.
+  bench/suites/"$suite".sh "$build" "$repetitions" || { echo "run.sh: suite $suite failed" >&2; failed+=("$suite"); }
   echo "ended $(date -u '+%Y-%m-%d %H:%M UTC')" >> "$results/$suite.meta"
 done
-/usr/bin/python3 bench/summarize.py "$results" --build "$build" > bench/RESULTS.md
+/usr/bin/python3 bench/summarize.py "$results" > bench/RESULTS.md
 echo "wrote bench/RESULTS.md" >&2
+[[ ${#failed[@]} -eq 0 ]] || { echo "run.sh: failed suites: ${failed[*]}" >&2; exit 1; }
