@@ -38,7 +38,8 @@ done
 for suite in "${suites[@]}"; do
   echo "== $suite ==" >&2
   {
-    echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- include examples bench || echo ' (modified)')"
+    echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- include examples bench ':!bench/results' ':!bench/RESULTS.md' ':!bench/*.png' \
+      || echo ' (modified)')"
     echo "started $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "repetitions $repetitions"
   } > "$results/$suite.meta"

@@ -130,13 +130,13 @@ def headline(results):
             if os.path.exists(p):
                 for r in json.loads(read(p)):
                     if r["variant"] in ("plain", "none"):
-                        pytorch[(r["workload"], t)] = r["median_ms"]
+                        pytorch[(r["workload"], t)] = r["median_ms"] if "median_ms" in r else 1e3 * r["median_s"]
     resnet = {}
     p = os.path.join(results, "resnet_step.json")
     if os.path.exists(p):
         for b in json.loads(read(p))["benchmarks"]:
             if b.get("aggregate_name") == "median":
-                m = re.match(r"(remat_step/none|libtorch_step)/threads:(\d)", b["run_name"])
+                m = re.match(r"(remat_step/none|libtorch_step)/(\d)/", b["run_name"])
                 if m:
                     resnet[(m.group(1), int(m.group(2)))] = b["real_time"] / 1e6 if b["time_unit"] == "ns" else b["real_time"]
         for t in (1, 2):
@@ -213,9 +213,10 @@ def checkpoint_modes(results):
     order = ["none", "layer", "sqrt", "dots"]
     for (mode, t), rs in sorted(by.items(), key=lambda kv: (kv[0][1], order.index(kv[0][0]) if kv[0][0] in order else 9)):
         s = statistics.median(x["seconds_per_epoch"] for x in rs)
-        saved = rs[0].get("saved_bytes", "—")
+        saved = rs[0].get("saved_bytes_per_step")
+        saved = f"{saved:,}" if saved is not None else "—"
         ratio = statistics.median(ratios[(mode, t)]) if (mode, t) in ratios else None
-        lines.append(f"| {mode} | {t} | {s:.2f} | {ratio:.2f} | {saved:,} |" if ratio else f"| {mode} | {t} | {s:.2f} | — | {saved} |")
+        lines.append(f"| {mode} | {t} | {s:.2f} | {f'{ratio:.2f}' if ratio else '—'} | {saved} |")
     return "\n".join(lines)
 
 
