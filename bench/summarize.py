@@ -97,7 +97,8 @@ def run(*cmd):
     out = subprocess.run([sys.executable] + list(cmd), capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         return f"(the summarizer failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else '?'})"
-    return out.stdout.strip()
+    # A suite's own headings sit under its numbered section.
+    return re.sub(r"^#+ ", "### ", out.stdout.strip(), flags=re.M)
 
 
 def steps(results):
