@@ -9,9 +9,10 @@
 // replays) and their ratio to the step's recorded ops N, and checks the gradients bitwise against the plain step's.
 //
 //   build/bench/budget_step --benchmark_counters_tabular=true
-//   bench/run_budget.sh [build-dir] [repetitions]: the idle-machine run of docs/schedules.md's table
+//   bench/run.sh build-bench 5 budget (bench/suites/budget.sh): the idle-machine run of docs/schedules.md's table
+//   and bench/RESULTS.md §4
 //
-// Do not time it on a busy machine (bench/RESULTS.md, method).
+// Do not time it on a busy machine (bench/README.md, Building and running).
 #include <benchmark/benchmark.h>
 
 #include <cmath>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""docs/schedules.md's budget table from bench/budget_step's Google Benchmark JSON (bench/run_budget.sh), and
-bench/RESULTS.md §20's from bench/lstm_step's (bench/run_lstm.sh).
+"""docs/schedules.md's budget table and bench/RESULTS.md §4 from bench/budget_step's Google Benchmark JSON
+(bench/suites/budget.sh), and bench/RESULTS.md §5 from bench/lstm_step's (bench/suites/lstm.sh).
 
 usage: budget_summary.py budget_step.json [--pytorch lstm_pytorch_threads1.json ...] > budget_table.md
 

@@ -1,4 +1,4 @@
-# Shared by bench/run.sh and bench/run_distributed.sh (source it): waiting for an idle machine, and the
+# Shared by the suites of bench/run.sh and the probes (source it): waiting for an idle machine, and the
 # environment every timed command runs in (bench/README.md, Environment).
 
 # Waits until the 1-minute load average is below 0.5 (a compile on one of two cores doubles wall-clock

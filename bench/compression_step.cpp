@@ -3,7 +3,8 @@
 // dots_with_no_batch_dims_saveable), every residual kept in bf16 or in int8 with a scale per 64 elements (W3 also
 // int8 with the linear layers' outputs in bf16) — beside the plain step. The argument is the thread count; the
 // counters are the tape's saved bytes after the forward pass and the step's peak (MB, 10^6 bytes). The gradient
-// error of each format is bench/compression_error's. bench/RESULTS.md has the command and the table.
+// error of each format is bench/compression_error's. bench/RESULTS.md §6 has the table; `bench/run.sh build-bench 5
+// compression` (bench/suites/compression.sh) runs it.
 #include <benchmark/benchmark.h>
 
 #include <cmath>

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""The table and plot of compressed residuals (bench/RESULTS.md, docs/compression.md) from bench/run_compression.sh's
-compression_step JSON: per workload and policy, the median step time in ms and its interquartile range at 1 and 2
-threads, the time as a multiple of the plain step's, the saved bytes after the forward pass and the step's peak
-(MB, 10^6 bytes); and a PNG of each workload's peak (as a fraction of plain's) against its time (as a multiple of
-plain's) at 2 threads.
+"""The table and plot of compressed residuals (bench/RESULTS.md §6, docs/compression.md) from
+bench/suites/compression.sh's compression_step JSON: per workload and policy, the median step time in ms and its
+interquartile range at 1 and 2 threads, the time as a multiple of the plain step's, the saved bytes after the
+forward pass and the step's peak (MB, 10^6 bytes); and a PNG of each workload's peak (as a fraction of plain's)
+against its time (as a multiple of plain's) at 2 threads.
 
   /usr/bin/python3 bench/compression_summary.py compression_step.json [--png compression_memory_vs_time.png]
 """

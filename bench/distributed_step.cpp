@@ -2,7 +2,7 @@
 // a global batch of 512 rows split into contiguous shards, each rank's step = forward + backward on its
 // shard + the all-reduce of the gradients (remat::distributed::GradientReducer, buckets overlapped with the
 // backward sweep), and nothing else (no optimizer). Run it under mpirun with 1 or more ranks
-// (bench/run_distributed.sh does, on an idle machine):
+// (bench/suites/distributed.sh does, on an idle machine, for bench/RESULTS.md §9):
 //
 //   mpirun -np 2 --bind-to core --map-by core build-bench/bench/distributed_step --threads 1
 //

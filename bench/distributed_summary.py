@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables of bench/run_distributed.sh's results (docs/distributed.md §Performance).
+"""Markdown tables of bench/suites/distributed.sh's results (bench/RESULTS.md §9, docs/distributed.md §Performance).
 
 usage: distributed_summary.py RESULTS_DIR > distributed_summary.md
 

@@ -11,10 +11,10 @@
 //   build/bench/lstm_step --benchmark_counters_tabular=true          (Google Benchmark)
 //   build/bench/lstm_step --count <W5|W5-large> <means> <fraction> <steps>
 //     runs `steps` steps after a warm-up and prints the instrumented figures: for instruction counts under
-//     `valgrind --tool=callgrind` (bench/lstm_instructions.sh), which a busy machine does not distort.
-//   bench/run_lstm.sh [build-dir] [repetitions]: the idle-machine run of bench/RESULTS.md §21
+//     `valgrind --tool=callgrind` (bench/probes/lstm_instructions.sh), which a busy machine does not distort.
+//   bench/run.sh build-bench 5 lstm (bench/suites/lstm.sh): the idle-machine run of bench/RESULTS.md §5
 //
-// Do not time it on a busy machine (bench/RESULTS.md, method).
+// Do not time it on a busy machine (bench/README.md, Building and running).
 #include <benchmark/benchmark.h>
 
 #include <chrono>

@@ -43,7 +43,7 @@ W3_MODE_OF = {
 PLAIN_OF = {"W3": "RematNone"}
 # The hand-written baseline doing the same recomputation as each remat variant.
 HAND_OF = {"RematSequential": "HandWrittenSequential", "RematSegments4NothingSaveable": "HandWrittenSegments4"}
-ORDER = ["HandWritten", "HandWrittenSequential", "HandWrittenSegments4", "LibTorch", "RematPlain",
+ORDER = ["HandWritten", "HandWrittenSequential", "HandWrittenSegments4", "LibTorch", "RematPlain", "RematCaptured",
          "RematNothingSaveable", "RematDotsSaveable", "RematEverythingSaveable", "RematSequential",
          "RematSegments4NothingSaveable", "RematSegments4DotsSaveable", "RematNone", "RematBlock", "RematAttention",
          "RematDotsNoBatch", "RematSqrt", "RematNoneFused", "RematBlockFused"]

@@ -4,7 +4,8 @@
 // bench/peers/resnet_step.py. And the same step of a ResNet-104 (17 blocks per stage; the `deep` rows) in every
 // mode and under DTR's memory budget at 50 % and 25 % of its plain peak: the literature's depth, measured. Each
 // benchmark's argument is the thread count; the counters give remat's saved bytes after the forward pass and the
-// step's peak (MB, 10^6 bytes), and the budget rows the budget. bench/RESULTS.md §23 has the command.
+// step's peak (MB, 10^6 bytes), and the budget rows the budget. bench/RESULTS.md §3 has the table; `bench/run.sh
+// build-bench 5 resnet` (bench/suites/resnet.sh) runs it.
 #include <benchmark/benchmark.h>
 
 #include <cmath>

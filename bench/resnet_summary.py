@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The W4 tables of bench/RESULTS.md §23 from bench/run_resnet.sh's results: per row and thread count, the median
+"""The W4 tables of bench/RESULTS.md §3 from bench/suites/resnet.sh's results: per row and thread count, the median
 step time in ms and its interquartile range over the repetitions, and remat's saved bytes and peak (MB); then the
 ResNet-104 rows, with each mode's time and peak as a ratio of plain's.
 

@@ -1,61 +1,52 @@
 #!/usr/bin/env bash
-# Runs the benchmarks of bench/RESULTS.md §2 on an idle machine and writes bench/results/<name>.*:
-# waits until the 1-minute load average is below 0.5, records `uptime` before and after each run, runs
-# step_benchmark (remat, hand-written Eigen, LibTorch; W0 … W3; 1 and 2 threads; randomly interleaved
-# repetitions) and the PyTorch peers (W0 … W2: peers/pytorch_checkpoint.py; W3: peers/gpt_pytorch.py), then
-# makes the CSV and Markdown tables (W3 in a table of its own).
+# Runs the benchmark suites on an idle machine and regenerates bench/RESULTS.md from their results:
 #
-#   bench/run.sh [build-dir] [repetitions] [min-time-seconds]     (defaults: build-bench 10 1)
+#   bench/run.sh [build-dir] [repetitions] [suite...]         (defaults: build-bench 5, every suite)
 #
-# Time nothing else on the machine meanwhile: a compile on one of two cores doubles wall-clock medians.
+# Suites (bench/suites/<suite>.sh, each usable alone with the same two arguments):
+#   steps             W0–W3 training step: remat plain and checkpointed, hand-written Eigen, LibTorch, PyTorch
+#   batched_matmul    [64,128,64] × [64,64,128] in remat and LibTorch
+#   resnet            W4, the ResNet-14 step, every checkpoint mode, LibTorch and PyTorch
+#   budget            W1–W3 under a memory budget: DTR, checkpoint_sequential, the planner
+#   lstm              W5, an unrolled LSTM under a memory budget, and PyTorch's per-step checkpoint
+#   compression       W2–W4 with residuals kept in bf16 or int8, beside the recompute policies
+#   mlp_epochs        the Fashion-MNIST example's epoch against PyTorch's
+#   checkpoint_modes  the Fashion-MNIST example's --checkpoint modes
+#   distributed       W1 and the MLP example on 1 and 2 MPI ranks
+# Every suite waits for a 1-minute load below 0.5 before each program it times; nothing else may run meanwhile
+# (a compile on one of two cores doubles wall-clock medians). Before each suite this records the commit, the
+# time and the load in bench/results/<suite>.meta, which bench/summarize.py puts in RESULTS.md's header.
+# Build first, Release with LibTorch (Debian's libtorch-dev) and MPI:
+#   cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release
+#   cmake --build build-bench --target bench
+# All suites at 5 repetitions take about 90 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-bench}
-repetitions=${2:-10}
-min_time=${3:-1}
-results=bench/results
+repetitions=${2:-5}
+shift $(($# < 2 ? $# : 2))
+suites=("$@")
+all=(steps batched_matmul resnet budget lstm compression mlp_epochs checkpoint_modes distributed)
+[[ ${#suites[@]} -gt 0 ]] || suites=("${all[@]}")
+results=${REMAT_BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
-source bench/common.sh  # wait_for_idle, tuned (the C++ run's environment)
-# The PyTorch peers load Debian's default OpenBLAS (the pthreads build, through libblas.so.3), for which
-# the passive wait policy is the tuning.
-peer_tuned=("${tuned[@]}" OMP_WAIT_POLICY=PASSIVE)
-
-wait_for_idle
-uptime > "$results/run_tuned.uptime"
-"${tuned[@]}" "$build/bench/step_benchmark" --benchmark_repetitions="$repetitions" \
-  --benchmark_enable_random_interleaving=true --benchmark_min_time="$min_time" \
-  --benchmark_out="$results/run_tuned.json" --benchmark_out_format=json > "$results/run_tuned.txt"
-uptime >> "$results/run_tuned.uptime"
-
-# The 2-thread W1, W2 and W3 rows of remat and LibTorch again with OMP_WAIT_POLICY=PASSIVE.
-wait_for_idle
-uptime > "$results/run_passive.uptime"
-"${tuned[@]}" OMP_WAIT_POLICY=PASSIVE "$build/bench/step_benchmark" --benchmark_repetitions="$repetitions" \
-  --benchmark_filter='^Step<(W1|W2|W3), (RematPlain|RematNone|LibTorch)>/threads:2/' \
-  --benchmark_enable_random_interleaving=true --benchmark_min_time="$min_time" \
-  --benchmark_out="$results/run_passive.json" --benchmark_out_format=json > "$results/run_passive.txt"
-uptime >> "$results/run_passive.uptime"
-
-for threads in 1 2; do
-  wait_for_idle
-  uptime > "$results/pytorch_threads$threads.uptime"
-  "${peer_tuned[@]}" /usr/bin/python3 bench/peers/pytorch_checkpoint.py --threads "$threads" --repeats "$repetitions" \
-    --json "$results/pytorch_threads$threads.json" > "$results/pytorch_threads$threads.txt"
-  uptime >> "$results/pytorch_threads$threads.uptime"
+failed=()
+for suite in "${suites[@]}"; do
+  [[ -x bench/suites/$suite.sh ]] || { echo "run.sh: no suite '$suite' (bench/suites/)" >&2; exit 2; }
 done
-
-# W3's peer: plain, block and selective checkpointing (sdpa only on torch >= 2.0), each variant once per
-# repetition in shuffled order, plus one untimed step for its saved and peak bytes.
-for threads in 1 2; do
-  wait_for_idle
-  uptime > "$results/gpt_pytorch_threads$threads.uptime"
-  "${peer_tuned[@]}" /usr/bin/python3 bench/peers/gpt_pytorch.py --threads "$threads" --repeats "$repetitions" \
-    --json "$results/gpt_pytorch_threads$threads.json" > "$results/gpt_pytorch_threads$threads.txt"
-  uptime >> "$results/gpt_pytorch_threads$threads.uptime"
+/usr/bin/python3 bench/summarize.py --environment "$build" > "$results/environment.md"
+for suite in "${suites[@]}"; do
+  echo "== $suite ==" >&2
+  {
+    echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- include examples bench ':!bench/results' ':!bench/RESULTS.md' ':!bench/*.png' \
+      || echo ' (modified)')"
+    echo "started $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "repetitions $repetitions"
+  } > "$results/$suite.meta"
+  # A suite that fails leaves its section out of date; the others still run.
+  bench/suites/"$suite".sh "$build" "$repetitions" || { echo "run.sh: suite $suite failed" >&2; failed+=("$suite"); }
+  echo "ended $(date -u '+%Y-%m-%d %H:%M UTC')" >> "$results/$suite.meta"
 done
-
-/usr/bin/python3 bench/plot_results.py "$results/run_tuned.json" \
-  --pytorch "$results/pytorch_threads1.json" "$results/pytorch_threads2.json" \
-  --pytorch-w3 "$results/gpt_pytorch_threads1.json" "$results/gpt_pytorch_threads2.json" \
-  --csv "$results/run_tuned.csv" --markdown "$results/table.md" --png bench/w2_memory_vs_time.png
-cat "$results"/*.uptime
+/usr/bin/python3 bench/summarize.py "$results" > bench/RESULTS.md
+echo "wrote bench/RESULTS.md" >&2
+[[ ${#failed[@]} -eq 0 ]] || { echo "run.sh: failed suites: ${failed[*]}" >&2; exit 1; }

@@ -81,7 +81,7 @@ using RematCaptured = RematWith<RematCapturedMlp>;
 /// W3 under one recompute mode and attention kind (docs/gpt.md).
 template <gpt::Recompute R, gpt::Attention A>
 struct RematGpt {
-  static constexpr gpt::Options options{R, A};
+  static inline const gpt::Options options{R, A};  // not constexpr: Options holds a std::function
   template <class W>
   struct Model {
     explicit Model(const GptData& data) : model(data, W::shape, options) {}
@@ -276,7 +276,7 @@ Check check_gpt(Fixture<W, Impl>& fixture, int threads) {
 }
 
 /// `perf record --control fifo:F -D -1` records only the timed steps when REMAT_PERF_CONTROL=F is set
-/// (bench/profile.sh): setup, warm-up and the gradient checks stay out of the profile.
+/// (bench/probes/profile.sh): setup, warm-up and the gradient checks stay out of the profile.
 class PerfWindow {
  public:
   PerfWindow() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Paired timing of bench/step_count builds: each round runs every (label, binary, implementation) once, in a
 fresh random order, and the ratio of two labels is taken within each round before the median. On a shared
-machine whose speed drifts by tens of percent over minutes (bench/RESULTS.md §13), the medians of two labels
+machine whose speed drifts by tens of percent over minutes (bench/probes/README.md), the medians of two labels
 measured apart can disagree by more than the change being measured; the per-round ratio of runs seconds apart
 does not share that drift.
 

@@ -7,7 +7,7 @@
 # remat_find_openblas(<prefer_openmp>): with remat's kernels on an OpenMP team (REMAT_USE_OPENMP), OpenBLAS's
 # OpenMP build comes first (Debian: libopenblas-openmp-dev), so that its products and remat's kernels share
 # one thread team. The pthread build keeps a pool of its own whose idle threads spin in sched_yield after
-# every product, on the cores the kernels' team then wants (bench/RESULTS.md §1, "Which OpenBLAS").
+# every product, on the cores the kernels' team then wants (docs/design.md §6, "Which OpenBLAS").
 function(remat_find_openblas prefer_openmp)
   if(prefer_openmp AND CMAKE_LIBRARY_ARCHITECTURE)
     find_library(REMAT_OPENBLAS_LIBRARY NAMES openblas PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp

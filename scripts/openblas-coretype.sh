@@ -1,9 +1,9 @@
 # Sourced by scripts/train.sh, scripts/train-gpt.sh (which call openblas_coretype_apply) and bench/common.sh
 # (which calls openblas_coretype_choice). When OpenBLAS falls back to its generic Prescott (SSE3) kernels
-# because it does not recognise the CPU (Debian 12's OpenBLAS 0.3.21 on Intel Xeon family 6 model 207, 2026),
+# because it does not recognise the CPU (Debian 12's OpenBLAS 0.3.21 on Intel Xeon family 6 model 207),
 # the choice is the newest kernel set the CPU's instructions allow: the same as
 # remat::suggested_openblas_coretype() (include/remat/blas.hpp; tests/ops/blas_test.cpp compares the two).
-# The W0-W2 steps ran 2-5x faster with it there (bench/RESULTS.md §9). Defines functions only.
+# The W0-W2 steps run 2-5x faster with it there (bench/probes/README.md). Defines functions only.
 
 # Prints the kernel set to choose, or nothing when OpenBLAS (without OPENBLAS_CORETYPE) recognises the CPU.
 openblas_coretype_choice() {

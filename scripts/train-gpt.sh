@@ -10,10 +10,10 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O3 -D
   -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=OFF >/dev/null
 cmake --build build --target gpt -j"$(nproc)"
 # libgomp's default wait spins: when other programs keep the cores busy (a build, another job), each thread
-# of the team spins on a core the others need, and one MLP epoch took 24 x longer (8.31 s against 0.35 s for
-# 6,000 images, two compile jobs on this 2-core machine, 2026-12-02). Passive waits avoid that; on an idle
-# machine they cost 10-16 % (Zen 3, bench/RESULTS.md §7) to 59 % (a Xeon VM, §9). Set OMP_WAIT_POLICY (or
-# GOMP_SPINCOUNT) to choose otherwise: OMP_WAIT_POLICY=ACTIVE is the fast choice on an idle machine.
+# of the team spins on a core the others need, and an epoch can take many times longer. Passive waits avoid
+# that; on an idle machine they cost time instead, the more so where the CPU is slow to wake a sleeping thread
+# (docs/design.md §6). Set OMP_WAIT_POLICY (or GOMP_SPINCOUNT) to choose otherwise: OMP_WAIT_POLICY=ACTIVE is
+# the fast choice on an idle machine.
 if [[ -z ${OMP_WAIT_POLICY:-} && -z ${GOMP_SPINCOUNT:-} ]]; then
   export OMP_WAIT_POLICY=PASSIVE
 fi

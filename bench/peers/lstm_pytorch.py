@@ -14,7 +14,7 @@ saves for backward after the forward pass (a saved_tensors_hooks pack hook outsi
 the inputs each checkpointed call keeps; storages counted once; parameters not counted), as
 bench/peers/pytorch_checkpoint.py does. PyTorch on CPU reports no peak.
 
-Run with Debian's interpreter and the benchmark environment (bench/run_lstm.sh does):
+Run with Debian's interpreter and the benchmark environment (bench/suites/lstm.sh does):
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE \\
       GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=68719476736 \\
       /usr/bin/python3 bench/peers/lstm_pytorch.py --threads 1 --rounds 10 --repeats 20

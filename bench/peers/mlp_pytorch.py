@@ -70,8 +70,8 @@ def main():
 
     # torch.set_num_threads() sets the OpenMP/intra-op threads, but Debian's torch calls the system
     # libblas.so.3 (OpenBLAS, pthreads build). OPENBLAS_NUM_THREADS alone is not enough: numpy, imported
-    # above, has already loaded that OpenBLAS, which read the variable then, so until 2026-12-03 this
-    # peer's "1 thread" ran its GEMMs on two threads (bench/RESULTS.md §12). set_threads calls
+    # above, has already loaded that OpenBLAS, which read the variable then: with it alone this peer's
+    # "1 thread" ran its GEMMs on two threads (its CPU time was twice its wall time). set_threads calls
     # openblas_set_num_threads in every OpenBLAS mapped into the process, as the other peers do.
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)

@@ -50,8 +50,11 @@ enum class Recompute {
 enum class Attention { unfused, fused };
 
 struct Options {
-  Recompute recompute = Recompute::none;
-  Attention attention = Attention::unfused;
+  Options(Recompute r = Recompute::none, Attention a = Attention::unfused,  // NOLINT: {r, a} converts, as it did
+          std::function<remat::policies::Decision(const remat::OpInfo&)> policy = {})
+      : recompute(r), attention(a), block_policy(std::move(policy)) {}
+  Recompute recompute;
+  Attention attention;
   /// With Recompute::none: when set, each block is a checkpoint region under this policy (a policy that stores
   /// residuals compressed, docs/compression.md, as bench/compression_error.cpp gives).
   std::function<remat::policies::Decision(const remat::OpInfo&)> block_policy;

@@ -345,7 +345,7 @@ int run(Options& o, const CLI::App& app, const Ranks& ranks) {
   if (o.threads == 0) o.threads = examples::default_threads(ranks.size);
   remat::set_num_threads(o.threads);  // remat's kernels and OpenBLAS's products
   // Adam's first moments of weights of almost always black pixels decay into subnormals, which are slow:
-  // flushed, every epoch runs as fast as the first (remat/flush_denormal.hpp, bench/RESULTS.md §11).
+  // flushed, every epoch runs as fast as the first (remat/flush_denormal.hpp, bench/probes/README.md).
   remat::set_flush_denormal(o.flush_denormal);
   if (o.estimate) return estimate_step(o);
   if (!o.save.empty() && ranks.rank == 0) examples::check_state_destination(o.save);  // before an epoch is spent

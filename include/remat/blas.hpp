@@ -49,7 +49,7 @@ inline CpuFeatures cpu_features() {
 /// set OPENBLAS_CORETYPE (`user_setting`, its value or null). OpenBLAS's DYNAMIC_ARCH build picks its kernels by the
 /// CPU's vendor, family and model (OpenBLAS, driver/others/dynamic.c, get_coretype); for a model it does not know it
 /// falls back to "Prescott" (SSE3). Debian 12's 0.3.21 does so on Intel Xeon family 6 model 207, where the W0–W2 steps
-/// took 2–5 × as long as with its AVX-512 kernels (bench/RESULTS.md §9). The suggestion is the newest kernel set the
+/// take 2–5 × as long as with its AVX-512 kernels (bench/probes/README.md). The suggestion is the newest kernel set the
 /// CPU's instructions allow.
 inline std::string_view suggested_openblas_coretype(std::string_view corename, const CpuFeatures& cpu,
                                                     bool dynamic_arch = true, const char* user_setting = nullptr) {
@@ -84,8 +84,8 @@ inline std::string openblas_corename() {
 /// because it did not recognise the CPU, and OPENBLAS_CORETYPE is not set, the value of OPENBLAS_CORETYPE
 /// that selects the fast kernels ("Haswell", "SkylakeX" or "Cooperlake"); otherwise "". OpenBLAS reads the
 /// variable when it loads, so it must be set before the program starts (scripts/openblas-coretype.sh does it
-/// for the examples' scripts and the benchmarks, with the same choice). The W0–W2 steps ran 2–5 × faster
-/// with it on such a machine (bench/RESULTS.md §9). Throws std::bad_alloc.
+/// for the examples' scripts and the benchmarks, with the same choice). The W0–W2 steps run 2–5 × faster
+/// with it on such a CPU (bench/probes/README.md). Throws std::bad_alloc.
 inline std::string suggested_openblas_coretype() {
   return std::string(detail::suggested_openblas_coretype(
       openblas_corename(), detail::cpu_features(), detail::openblas_dynamic_arch(), std::getenv("OPENBLAS_CORETYPE")));

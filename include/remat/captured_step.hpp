@@ -20,7 +20,7 @@ namespace remat {
 /// torch.jit.trace). On small tensors most of a recorded step is the tape's own work — recording each op,
 /// deciding lifetimes, the pool, the sweep's bookkeeping — and replay() does none of it: it calls the first
 /// step's kernels again, in the same order, on the same buffers, checkpoint replays and memory-budget
-/// regenerations included (docs/design.md §7; bench/RESULTS.md §17 measures it).
+/// regenerations included (docs/design.md §7; bench/RESULTS.md §1 times it).
 ///
 /// What changes between runs: the Parameters' values (an optimizer updating them in place), the data of the
 /// step's constants and variables (set_input()) and the integer data of its ops (set_indices(): class labels,

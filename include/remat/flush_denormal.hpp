@@ -67,8 +67,8 @@ namespace remat {
 /// or makes a subnormal. Adam's first moment of a weight whose gradient is 0 step after step following a
 /// non-zero one (the weights of pixels black in almost every Fashion-MNIST image, of ReLU units that rarely
 /// fire) decays by β₁ = 0.9 a step, from 1e-3 into the subnormal range in about 770 steps and on to zero in
-/// about 150 more: in the MLP example Adam's update grew from 11 % to 28 % of the samples of a training
-/// epoch by the third, and each epoch was slower than the one before (bench/RESULTS.md §11). Flushing changes only
+/// about 150 more: unflushed, each epoch of the MLP example is slower than the one before, the fourth 1.31–1.36×
+/// as long as the first at 1 thread (bench/probes/README.md). Flushing changes only
 /// values below the smallest normal number, to zero; it is not IEEE arithmetic, so a gradcheck or a test of tiny values
 /// may want it off.
 ///

@@ -101,7 +101,7 @@ TEST_F(CoretypeVariable, TheScriptChoosesWhatTheLibrarySuggests) {
 }
 
 TEST_F(CoretypeVariable, TheUsersSettingIsNeverSecondGuessed) {
-  setenv("OPENBLAS_CORETYPE", "Prescott", 1);  // what bench/run_kernels.sh asks for on purpose
+  setenv("OPENBLAS_CORETYPE", "Prescott", 1);  // what bench/probes/run_kernels.sh asks for on purpose
   EXPECT_EQ(remat::suggested_openblas_coretype(), "");
   const std::string script = std::string(REMAT_SOURCE_DIR) + "/scripts/openblas-coretype.sh";
   EXPECT_EQ(shell("bash -c 'set -euo pipefail; source \"" + script +

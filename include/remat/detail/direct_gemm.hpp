@@ -64,7 +64,7 @@ inline constexpr Index gemm_coefficient_threshold = 20;
 /// scalar or operand type, a lazyProduct, dst of direct_gemm_elements or more, a product Eigen computes without the
 /// BLAS, or a vector (one row or one column: Eigen calls ?gemv, which rounds differently). Through Eigen, the same
 /// product zeroes dst, then calls ?gemm with beta = 1 after choosing a blocking: on W0's [16,32] layers 18–38 ns more
-/// per product (bench/RESULTS.md §18), with the same result (the GEMM adds to exact zeros what beta = 0 writes).
+/// per product (bench/probes/README.md), with the same result (the GEMM adds to exact zeros what beta = 0 writes).
 template <class T, class E>
 bool direct_gemm(Eigen::Map<Matrix<T>, Eigen::AlignedMax> dst, const E& e, bool accumulate) {
   if constexpr (has_blas_gemm<T> && is_default_product<E>) {

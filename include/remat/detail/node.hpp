@@ -85,11 +85,11 @@ inline bool valid_op_shape(const Shape& shape, bool may_be_none, std::size_t ele
 }
 
 /// What regenerating an op costs besides its FLOPs, in FLOPs: calling its kernel and the tape's bookkeeping
-/// take a fixed time whatever the op's size, on this project's machines about as long as 2^16 FLOPs of a small
-/// GEMM on one core (bench/RESULTS.md §20). Part of each op's cost for the memory budget's heuristics
-/// (Node::cost): without it, an elementwise op on a [16,128] value (2^15 FLOPs or fewer) looked a thousand times
-/// cheaper to regenerate than the GEMM behind a gate of W5's LSTM, while regenerating it took about a tenth of
-/// that time, and h_DTR evicted the LSTM's state a step before reading it again, 149 times a step at half the peak.
+/// take a fixed time whatever the op's size, about as long as 2^16 FLOPs of a small GEMM on one core. Part of
+/// each op's cost for the memory budget's heuristics (Node::cost): without it, an elementwise op on a [16,128]
+/// value (2^15 FLOPs or fewer) looks a thousand times cheaper to regenerate than the GEMM behind a gate of W5's
+/// LSTM, while regenerating it takes about a tenth of that time, and h_DTR evicts the LSTM's state a step before
+/// reading it again, 149 times a step at half the peak.
 constexpr double op_overhead_flops = 65536;
 
 /// Per-node attributes that, with the op and the input ids, make a node re-executable. The tape knows

@@ -143,9 +143,9 @@ T sum_row_blocks(Index rows, Index cols, double cost, F&& partial) {
 
 /// Eigen's dst = a·b through a BLAS GEMM zeroes dst on the calling thread, then lets the GEMM add the product
 /// (beta = 1): a serial pass over every product's output (W2: 0.9 % of the samples, all on the calling
-/// thread at 2 threads, bench/RESULTS.md §7.4). Above the grain this zeroes dst by row blocks on remat's team
+/// thread at 2 threads, bench/probes/README.md). Above the grain this zeroes dst by row blocks on remat's team
 /// and returns true, and the caller adds the product: the GEMM adds into the same exact zeros, so the
-/// result is bitwise Eigen's. Below it (W0), returns false and the caller assigns as before.
+/// result is bitwise Eigen's. Below it (W0), returns false and the caller assigns through Eigen.
 template <class T>
 bool zero_for_product(AlignedMap<T> dst) {
   if (!above_grain(dst.size(), 1)) return false;  // before row_blocks' divisions: W0 makes 130 products a step
@@ -245,7 +245,7 @@ void add_partials(T* dst, Index w, Index count, bool accumulate, Part&& part) {
 /// block's partial sum (its rows added in order), then the partial sums added in block order. row(i, c0, w)
 /// returns the Eigen array expression of row i's columns [c0, c0 + w). Each item reads whole rows of a column
 /// chunk (1 KiB of a float row): summing a row-major tensor down its columns, as Eigen's colwise() does, reads
-/// one cache line per row and page: about 4× slower on [2048,1024] (bench/RESULTS.md §18.1). The items are (row
+/// one cache line per row and page: about 4× slower on [2048,1024] (bench/probes/README.md). The items are (row
 /// block, column chunk) pairs whose partial rows go to column_sum_scratch; without it, each chunk's blocks
 /// are summed one after another on the stack: the same additions in the same order, so the same bits.
 /// `scratch` (at least p.rows.count × cols elements, or null) is column_sum_scratch's or a test's.

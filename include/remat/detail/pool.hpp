@@ -18,9 +18,9 @@ inline thread_local void (*allocation_hook)(std::size_t bytes) = nullptr;
 
 /// A map from a buffer size (elements) to V: a step uses a handful of distinct sizes (W0: 8), so a flat
 /// vector, searched linearly, costs less than hashing into a node-based map on every allocate and free
-/// (bench/RESULTS.md §7.4). In front of the search, a direct-mapped table from a hash of the size to where
+/// (bench/probes/README.md). In front of the search, a direct-mapped table from a hash of the size to where
 /// it was last found: a backward alternates between several sizes (W0: a weight's, a bias's and an
-/// activation's gradient per layer), which the single last-hit index it replaces served one time in three.
+/// activation's gradient per layer), which a single last-hit index would serve one time in three.
 /// A table slot is only a hint, checked against the entry (entries are never removed), so a collision
 /// costs the search, never a wrong entry. References stay valid until the next insertion.
 template <class V>
