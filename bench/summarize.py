@@ -9,6 +9,7 @@ lines) through the suite's own summarizer; the header names the machine and soft
 started) and, per suite, the commit, the time and the load average at its start and end.
 """
 import argparse
+import csv
 import json
 import os
 import platform
@@ -117,7 +118,6 @@ def steps(results):
 
 def headline(results):
     """remat's plain step beside hand-written Eigen, LibTorch and PyTorch for W0–W4, 1 and 2 threads."""
-    import csv
     rows = {}
     path = os.path.join(results, "steps.csv")
     if os.path.exists(path):
