@@ -3,8 +3,12 @@
 // gradients already there; the temporary (blocked copies and oneDNN's scratchpad) counted in the peak, against the
 // sizes oneDNN itself reports; estimate_memory equal to a real step; thread counts changed between the record and
 // the backward; the value and dx bitwise equal at every thread count; the plan cache's bound, and plans made again
-// after their eviction giving the same bits and bytes; the switch. Skipped in a build without
-// oneDNN, whose conv2d runs on im2col only (conv2d_test.cpp checks that path in double).
+// after their eviction giving the same bits and bytes; the switch.
+//
+// Compiled twice: into tests/ops's program with oneDNN, and on its own without REMAT_USE_ONEDNN as
+// tests_without_onednn (tests/CMakeLists.txt), so that the build without oneDNN is compiled and run too. There
+// the tests that need oneDNN skip, and the others check the im2col fallback in float: the PyTorch cases under
+// every policy (checkpointed steps), estimate_memory, the switch, and that no plan is kept.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +24,10 @@
 #include "nd_reference.hpp"
 #include "remat/remat.hpp"
 #include "restore_threads.hpp"
+
+#if defined(REMAT_TEST_WITHOUT_ONEDNN) && defined(REMAT_USE_ONEDNN)
+#error "tests_without_onednn must be compiled without REMAT_USE_ONEDNN: it links remat::onednn (tests/CMakeLists.txt)"
+#endif
 
 #ifdef REMAT_USE_ONEDNN
 #include <omp.h>
@@ -118,7 +126,7 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
 }
 
 TEST(Conv2dOnednn, MatchesPyTorchInFloatAndEveryPolicyIsBitwiseEqualToPlain) {
-  REMAT_SKIP_WITHOUT_ONEDNN();
+  // Without oneDNN: every case on im2col, in float.
   int cases = 0, on_onednn = 0;
   for (const ReferenceCase& c : remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/conv_reference.txt")) {
     if (c.name != "conv2d") continue;
@@ -150,7 +158,10 @@ TEST(Conv2dOnednn, MatchesPyTorchInFloatAndEveryPolicyIsBitwiseEqualToPlain) {
     }
   }
   EXPECT_EQ(cases, 19);
-  EXPECT_GE(on_onednn, 5);  // the file's last five conv2d cases are shapes oneDNN's direct kernels run
+  if (remat::backends::onednn::is_available())
+    EXPECT_GE(on_onednn, 5);  // the file's last five conv2d cases are shapes oneDNN's direct kernels run
+  else
+    EXPECT_EQ(on_onednn, 0);  // set_enabled(true) changes nothing
 }
 
 /// A convolution with padding 1 and its inputs; by default x [2,16,6,6] and w [16,16,3,3], which oneDNN runs in
@@ -275,7 +286,6 @@ TEST(Conv2dOnednn, ItsTemporaryCountsInThePeakAsOneDnnSizesIt) {
 }
 
 TEST(Conv2dOnednn, EstimateMemoryEqualsARealStep) {
-  REMAT_SKIP_WITHOUT_ONEDNN();
   const OnednnEnabled on(true);
   const Blocked b;
   auto step = [&](Tape<float>& tape) {
@@ -385,7 +395,6 @@ TEST(Conv2dOnednn, ShapesOnWhichOneDnnRoundsByThreadCountOrPadsChannelsRunOnIm2c
 }
 
 TEST(Conv2dOnednn, AnOpKeepsTheKernelsItWasRecordedWith) {
-  REMAT_SKIP_WITHOUT_ONEDNN();
   const Blocked b;
   auto step = [&](bool switch_off_before_backward) {
     const OnednnEnabled on(true);
@@ -545,6 +554,16 @@ TEST(Conv2dOnednn, TapesOnTwoThreadsEvictEachOthersPlansAndGetTheirOwnBits) {
   EXPECT_TRUE(same[0]);
   EXPECT_TRUE(same[1]);
   EXPECT_LE(remat::backends::onednn::cached_plans(), 1u);
+}
+
+TEST(Conv2dOnednn, WithoutOneDnnNoPlanIsKept) {
+  if (remat::backends::onednn::is_available()) GTEST_SKIP() << "remat was built with oneDNN";
+  const OnednnEnabled on(true);
+  const PlanCapacity capacity(3);
+  EXPECT_EQ(remat::backends::onednn::plan_cache_capacity(), 3u);
+  const Step step = conv_step(batch_of(2), true);
+  EXPECT_EQ(step.result.output.size(), 2u * 16 * 6 * 6);
+  EXPECT_EQ(remat::backends::onednn::cached_plans(), 0u);
 }
 
 TEST(Conv2dOnednn, TheSwitch) {
