@@ -2,14 +2,21 @@
 // against PyTorch's float64 values at float's accuracy, every policy bitwise equal to plain; gradients added into
 // gradients already there; the temporary (blocked copies and oneDNN's scratchpad) counted in the peak, against the
 // sizes oneDNN itself reports; estimate_memory equal to a real step; thread counts changed between the record and
-// the backward; the value and dx bitwise equal at every thread count; the switch. Skipped in a build without
-// oneDNN, whose conv2d runs on im2col only (conv2d_test.cpp checks that path in double).
+// the backward; the value and dx bitwise equal at every thread count; the plan cache's bound, and plans made again
+// after their eviction giving the same bits and bytes; the switch.
+//
+// Compiled twice: into tests/ops's program with oneDNN, and on its own without REMAT_USE_ONEDNN as
+// tests_without_onednn (tests/CMakeLists.txt), so that the build without oneDNN is compiled and run too. There
+// the tests that need oneDNN skip, and the others check the im2col fallback in float: the PyTorch cases under
+// every policy (checkpointed steps), estimate_memory, the switch, and that no plan is kept.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "api_checks.hpp"
@@ -17,6 +24,10 @@
 #include "nd_reference.hpp"
 #include "remat/remat.hpp"
 #include "restore_threads.hpp"
+
+#if defined(REMAT_TEST_WITHOUT_ONEDNN) && defined(REMAT_USE_ONEDNN)
+#error "tests_without_onednn must be compiled without REMAT_USE_ONEDNN: it links remat::onednn (tests/CMakeLists.txt)"
+#endif
 
 #ifdef REMAT_USE_ONEDNN
 #include <omp.h>
@@ -115,7 +126,7 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
 }
 
 TEST(Conv2dOnednn, MatchesPyTorchInFloatAndEveryPolicyIsBitwiseEqualToPlain) {
-  REMAT_SKIP_WITHOUT_ONEDNN();
+  // Without oneDNN: every case on im2col, in float.
   int cases = 0, on_onednn = 0;
   for (const ReferenceCase& c : remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/conv_reference.txt")) {
     if (c.name != "conv2d") continue;
@@ -147,7 +158,10 @@ TEST(Conv2dOnednn, MatchesPyTorchInFloatAndEveryPolicyIsBitwiseEqualToPlain) {
     }
   }
   EXPECT_EQ(cases, 19);
-  EXPECT_GE(on_onednn, 5);  // the file's last five conv2d cases are shapes oneDNN's direct kernels run
+  if (remat::backends::onednn::is_available())
+    EXPECT_GE(on_onednn, 5);  // the file's last five conv2d cases are shapes oneDNN's direct kernels run
+  else
+    EXPECT_EQ(on_onednn, 0);  // set_enabled(true) changes nothing
 }
 
 /// A convolution with padding 1 and its inputs; by default x [2,16,6,6] and w [16,16,3,3], which oneDNN runs in
@@ -272,7 +286,6 @@ TEST(Conv2dOnednn, ItsTemporaryCountsInThePeakAsOneDnnSizesIt) {
 }
 
 TEST(Conv2dOnednn, EstimateMemoryEqualsARealStep) {
-  REMAT_SKIP_WITHOUT_ONEDNN();
   const OnednnEnabled on(true);
   const Blocked b;
   auto step = [&](Tape<float>& tape) {
@@ -382,7 +395,6 @@ TEST(Conv2dOnednn, ShapesOnWhichOneDnnRoundsByThreadCountOrPadsChannelsRunOnIm2c
 }
 
 TEST(Conv2dOnednn, AnOpKeepsTheKernelsItWasRecordedWith) {
-  REMAT_SKIP_WITHOUT_ONEDNN();
   const Blocked b;
   auto step = [&](bool switch_off_before_backward) {
     const OnednnEnabled on(true);
@@ -395,6 +407,163 @@ TEST(Conv2dOnednn, AnOpKeepsTheKernelsItWasRecordedWith) {
     return std::vector<float>(x.grad().data(), x.grad().data() + x.grad().size());
   };
   EXPECT_TRUE(step(true) == step(false));
+}
+
+/// Sets the plan cache's capacity for the test's lifetime, then puts back what was there.
+class PlanCapacity {
+ public:
+  explicit PlanCapacity(std::size_t plans) : saved_(remat::backends::onednn::plan_cache_capacity()) {
+    remat::backends::onednn::set_plan_cache_capacity(plans);
+  }
+  ~PlanCapacity() { remat::backends::onednn::set_plan_cache_capacity(saved_); }
+  PlanCapacity(const PlanCapacity&) = delete;
+  PlanCapacity& operator=(const PlanCapacity&) = delete;
+
+ private:
+  std::size_t saved_;
+};
+
+/// b with a batch of n: another convolution shape, so another plan.
+Blocked batch_of(std::int64_t n) {
+  Blocked b;
+  b.xs = {n, 16, 6, 6};
+  b.x = remat_test::nd_values(b.xs, 3).cast<float>();
+  return b;
+}
+
+/// A step on b (conv2d then tanh, or the same checkpointed with nothing_saveable, whose backward replays the
+/// convolution), its value and gradients, and the tape's peak bytes after the backward.
+struct Step {
+  Result result;
+  std::size_t peak = 0;
+};
+Step conv_step(const Blocked& b, bool checkpointed) {
+  Tape<float> tape;
+  const F x = tape.variable(b.xs, b.x.data()), w = tape.variable(b.ws, b.w.data());
+  auto block = [&](const F& a) { return remat::tanh(remat::conv2d(a, w, b.options)); };
+  const F y = checkpointed ? remat::checkpoint(block, remat::policies::nothing_saveable)(x) : block(x);
+  tape.backward(remat::sum(y));
+  return {
+      {{y.value().data(), y.value().data() + y.value().size()},
+       {{x.grad().data(), x.grad().data() + x.grad().size()}, {w.grad().data(), w.grad().data() + w.grad().size()}}},
+      tape.memory().peak_bytes};
+}
+
+TEST(Conv2dOnednn, PlanCacheHoldsAtMostItsCapacity) {
+  REMAT_SKIP_WITHOUT_ONEDNN();
+  EXPECT_EQ(remat::backends::onednn::plan_cache_capacity(), 64u);  // the default
+  const OnednnEnabled on(true);
+  const PlanCapacity capacity(3);
+  EXPECT_EQ(remat::backends::onednn::plan_cache_capacity(), 3u);
+  EXPECT_LE(remat::backends::onednn::cached_plans(), 3u);
+  for (std::int64_t n = 1; n <= 6; ++n) {
+    conv_step(batch_of(n), false);
+    EXPECT_LE(remat::backends::onednn::cached_plans(), 3u) << "batch " << n;
+  }
+  EXPECT_EQ(remat::backends::onednn::cached_plans(), 3u);
+  remat::backends::onednn::set_plan_cache_capacity(1);  // evicts at once
+  EXPECT_EQ(remat::backends::onednn::cached_plans(), 1u);
+  remat::backends::onednn::set_plan_cache_capacity(0);  // keeps none: every call makes its plan
+  EXPECT_EQ(remat::backends::onednn::cached_plans(), 0u);
+  const Step kept = conv_step(batch_of(2), true);
+  EXPECT_EQ(remat::backends::onednn::cached_plans(), 0u);
+  remat::backends::onednn::set_plan_cache_capacity(3);
+  const Step cached = conv_step(batch_of(2), true);
+  EXPECT_TRUE(kept.result.output == cached.result.output && kept.result.grads == cached.result.grads);
+  EXPECT_EQ(kept.peak, cached.peak);
+}
+
+TEST(Conv2dOnednn, MoreShapesThanThePlanCacheHoldsGiveTheSameBitsEveryTime) {
+  // Seven shapes through a cache of three, in turn: from the second round on, every plan is made again after its
+  // eviction, and gives the first round's values, gradients and peak bytes bitwise.
+  REMAT_SKIP_WITHOUT_ONEDNN();
+  const OnednnEnabled on(true);
+  const PlanCapacity capacity(3);
+  std::vector<Step> first;
+  for (std::int64_t n = 1; n <= 7; ++n) first.push_back(conv_step(batch_of(n), n % 2 == 0));
+  for (int round = 0; round < 2; ++round)
+    for (std::int64_t n = 1; n <= 7; ++n) {
+      SCOPED_TRACE("batch " + std::to_string(n) + ", round " + std::to_string(round + 2));
+      const Step again = conv_step(batch_of(n), n % 2 == 0);
+      const Step& want = first[static_cast<std::size_t>(n - 1)];
+      EXPECT_TRUE(again.result.output == want.result.output);
+      EXPECT_TRUE(again.result.grads == want.result.grads);
+      EXPECT_EQ(again.peak, want.peak);
+      EXPECT_LE(remat::backends::onednn::cached_plans(), 3u);
+    }
+}
+
+TEST(Conv2dOnednn, AnOpWhosePlanWasEvictedBeforeItsBackwardGetsItsGradient) {
+  // Record (plain, and checkpointed so that the backward replays the convolution too), run other shapes until
+  // the op's plan is evicted, then run the backward: the same bits as a backward right after the record.
+  REMAT_SKIP_WITHOUT_ONEDNN();
+  const OnednnEnabled on(true);
+  const PlanCapacity capacity(2);
+  const Blocked b = batch_of(2);
+  for (const bool checkpointed : {false, true}) {
+    SCOPED_TRACE(checkpointed ? "checkpointed" : "plain");
+    const Step want = conv_step(b, checkpointed);
+    Tape<float> tape;
+    const F x = tape.variable(b.xs, b.x.data()), w = tape.variable(b.ws, b.w.data());
+    auto block = [&](const F& a) { return remat::tanh(remat::conv2d(a, w, b.options)); };
+    const F y = checkpointed ? remat::checkpoint(block, remat::policies::nothing_saveable)(x) : block(x);
+    const F loss = remat::sum(y);
+#ifdef REMAT_USE_ONEDNN
+    // The op's plan, watched: the other shapes must evict it, so that the backward makes it again.
+    remat::detail::Conv2dOp::Params params = remat::detail::conv2d_params(b.options);
+    const Shape in[2] = {b.xs, b.ws};
+    remat::detail::choose_conv2d_kernel<float>(params, in);
+    ASSERT_GT(params.onednn_threads, 0);
+    const std::weak_ptr<const remat::detail::onednn::ConvPlan> recorded = remat::detail::onednn::plan(
+        remat::detail::Conv2dOp::onednn_key(remat::detail::Conv2dOp::geometry(in, params), params));
+#endif
+    for (std::int64_t n = 3; n <= 6; ++n) conv_step(batch_of(n), true);
+#ifdef REMAT_USE_ONEDNN
+    EXPECT_TRUE(recorded.expired());
+#endif
+    tape.backward(loss);
+    EXPECT_TRUE(std::vector<float>(y.value().data(), y.value().data() + y.value().size()) == want.result.output);
+    EXPECT_TRUE(std::vector<float>(x.grad().data(), x.grad().data() + x.grad().size()) == want.result.grads[0]);
+    EXPECT_TRUE(std::vector<float>(w.grad().data(), w.grad().data() + w.grad().size()) == want.result.grads[1]);
+    EXPECT_EQ(tape.memory().peak_bytes, want.peak);
+  }
+}
+
+TEST(Conv2dOnednn, TapesOnTwoThreadsEvictEachOthersPlansAndGetTheirOwnBits) {
+  // Each thread may run its own tape: with a cache of one plan, each call of one thread evicts the plan the other
+  // may be running on (which lives on while it does) and makes its own again.
+  REMAT_SKIP_WITHOUT_ONEDNN();
+  const OnednnEnabled on(true);
+  const PlanCapacity capacity(1);
+  const std::int64_t batches[2][2] = {{1, 3}, {2, 4}};
+  std::vector<Step> want[2];
+  for (int t = 0; t < 2; ++t)
+    for (const std::int64_t n : batches[t]) want[t].push_back(conv_step(batch_of(n), n % 2 == 0));
+  bool same[2] = {true, true};
+  auto work = [&](int t) {
+    for (int i = 0; i < 8; ++i) {
+      const Step got = conv_step(batch_of(batches[t][i % 2]), batches[t][i % 2] % 2 == 0);
+      const Step& w = want[t][static_cast<std::size_t>(i % 2)];
+      same[t] =
+          same[t] && got.result.output == w.result.output && got.result.grads == w.result.grads && got.peak == w.peak;
+    }
+  };
+  std::thread a(work, 0), b(work, 1);
+  a.join();
+  b.join();
+  EXPECT_TRUE(same[0]);
+  EXPECT_TRUE(same[1]);
+  EXPECT_LE(remat::backends::onednn::cached_plans(), 1u);
+}
+
+TEST(Conv2dOnednn, WithoutOneDnnNoPlanIsKept) {
+  if (remat::backends::onednn::is_available()) GTEST_SKIP() << "remat was built with oneDNN";
+  const OnednnEnabled on(true);
+  const PlanCapacity capacity(3);
+  EXPECT_EQ(remat::backends::onednn::plan_cache_capacity(), 3u);
+  const Step step = conv_step(batch_of(2), true);
+  EXPECT_EQ(step.result.output.size(), 2u * 16 * 6 * 6);
+  EXPECT_EQ(remat::backends::onednn::cached_plans(), 0u);
 }
 
 TEST(Conv2dOnednn, TheSwitch) {

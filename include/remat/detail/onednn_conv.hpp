@@ -10,15 +10,18 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "remat/shape.hpp"
@@ -220,15 +223,79 @@ inline std::unique_ptr<ConvPlan> make_plan(const ConvKey& k) {
   return p;
 }
 
-/// The plan of `k`, made once and kept for the process (one per convolution shape and thread count).
+/// The plans of the convolutions seen lately, at most capacity() of them, the least recently used evicted first
+/// (remat::backends::onednn::set_plan_cache_capacity). A plan is a function of its key, so a plan made again
+/// after its eviction is the one evicted: the same primitives (oneDNN picks them from the key on the same CPU) and
+/// the same scratch sizes. Callers hold plans by shared_ptr: an evicted plan lives on while a call runs on it.
+/// One mutex guards the cache; a plan is made under it, as the map it replaces did (two threads never make the
+/// same plan twice).
+class PlanCache {
+ public:
+  /// What a cache holds unless set_capacity says otherwise: 64 plans, about 13 MB at 200 KB a plan.
+  static constexpr std::size_t default_capacity = 64;
+
+  /// The plan of `k`, the most recently used from now on; made (and the least recently used plan evicted if the
+  /// cache is full) on a miss. Throws dnnl::error if oneDNN cannot run it, std::bad_alloc.
+  std::shared_ptr<const ConvPlan> get(const ConvKey& k) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = index_.find(k);
+    if (it != index_.end()) {
+      order_.splice(order_.begin(), order_, it->second);
+      return it->second->second;
+    }
+    std::shared_ptr<const ConvPlan> p = make_plan(k);
+    if (capacity_ == 0) return p;
+    order_.emplace_front(k, p);
+    try {
+      index_.emplace(k, order_.begin());
+    } catch (...) {
+      order_.pop_front();
+      throw;
+    }
+    trim();
+    return p;
+  }
+  /// The number of plans held, ≤ capacity().
+  std::size_t size() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return order_.size();
+  }
+  std::size_t capacity() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return capacity_;
+  }
+  /// Holds at most `plans` from now on, evicting the least recently used beyond it at once. Never throws.
+  void set_capacity(std::size_t plans) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    capacity_ = plans;
+    trim();
+  }
+
+ private:
+  using Entry = std::pair<ConvKey, std::shared_ptr<const ConvPlan>>;
+  void trim() {
+    while (order_.size() > capacity_) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+  }
+  std::mutex mutex_;
+  std::size_t capacity_ = default_capacity;
+  std::list<Entry> order_;  // the most recently used first
+  std::unordered_map<ConvKey, std::list<Entry>::iterator, ConvKeyHash> index_;
+};
+
+/// The process's plan cache.
+inline PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
+/// The plan of `k` from the process's cache (one per convolution shape and thread count), made on a miss.
+/// Hold the shared_ptr for as long as the plan is used: another call may evict it from the cache meanwhile.
 /// Throws dnnl::error if oneDNN cannot run it, std::bad_alloc.
-inline const ConvPlan& plan(const ConvKey& k) {
-  static std::mutex mutex;
-  static std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, ConvKeyHash> plans;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = plans.find(k);
-  if (it == plans.end()) it = plans.emplace(k, make_plan(k)).first;
-  return *it->second;
+inline std::shared_ptr<const ConvPlan> plan(const ConvKey& k) {
+  return plan_cache().get(k);
 }
 
 /// A oneDNN memory over `data` in the layout `d`.
@@ -255,13 +322,29 @@ inline dnnl::memory where(const Staged& s, float* plain, float* scratch) {
   return s.offset < 0 ? wrap(s.plain, plain) : wrap(s.blocked, scratch + s.offset);
 }
 
+/// The plan of `key`, which was made before (an op was recorded on it), from the cache or made again if the cache
+/// has evicted it: the same plan, with the same scratch sizes. Throws std::bad_alloc if making it again runs out of
+/// memory, std::logic_error if oneDNN refuses what it accepted before (a bug: never seen).
+inline std::shared_ptr<const ConvPlan> plan_again(const ConvKey& key) {
+  try {
+    return plan(key);
+  } catch (const dnnl::error& e) {
+    if (e.status == dnnl_out_of_memory) throw std::bad_alloc();
+    throw std::logic_error(std::string("conv2d: oneDNN refused again a convolution it planned before: ") + e.what());
+  }
+}
+
 /// The plan of `key` (made when the op was recorded, at the thread count it was recorded with): an op runs every
 /// call — its forward, a replay's or a budget's regeneration, its backward — on that plan, so a replay reproduces
-/// the recorded value bitwise whatever the thread setting is now. Never throws: the plan exists.
-inline const ConvPlan& recorded_plan(const ConvKey& key, std::int64_t floats) {
-  const ConvPlan& p = plan(key);
-  assert(p.usable && p.floats() <= floats);
-  static_cast<void>(floats);
+/// the recorded value bitwise whatever the thread setting is now. The op's temporary holds `floats` floats, the
+/// plan's size when recorded; a plan made again after an eviction has that size too, as it is checked here (a
+/// larger one would write past the temporary). Throws what plan_again throws, and std::logic_error if the plan is
+/// no longer usable or needs more than `floats` (a bug: never seen).
+inline std::shared_ptr<const ConvPlan> recorded_plan(const ConvKey& key, std::int64_t floats) {
+  std::shared_ptr<const ConvPlan> p = plan_again(key);
+  if (!p->usable || p->floats() > floats)
+    throw std::logic_error("conv2d: oneDNN's plan made again needs " + std::to_string(p->floats()) +
+                           " floats of scratch, the recorded op has " + std::to_string(floats));
   return p;
 }
 
@@ -275,7 +358,8 @@ inline dnnl::stream& stream() {
 /// holds `floats` floats.
 inline void forward(const ConvKey& key, std::int64_t floats, const float* x, const float* w, const float* b, float* y,
                     float* scratch) {
-  const ConvPlan& p = recorded_plan(key, floats);
+  const std::shared_ptr<const ConvPlan> held = recorded_plan(key, floats);
+  const ConvPlan& p = *held;
   const OmpThreads threads(p.threads);
   dnnl::stream& st = stream();
   std::unordered_map<int, dnnl::memory> args{
@@ -293,7 +377,8 @@ inline void forward(const ConvKey& key, std::int64_t floats, const float* x, con
 /// backward_data's layout in the scratch, where backward_weights may read it.
 inline void backward_data(const ConvKey& key, std::int64_t floats, const float* w, const float* dy, float* dx,
                           bool accumulate, float* scratch) {
-  const ConvPlan& p = recorded_plan(key, floats);
+  const std::shared_ptr<const ConvPlan> held = recorded_plan(key, floats);
+  const ConvPlan& p = *held;
   const OmpThreads threads(p.threads);
   dnnl::stream& st = stream();
   p.backward_data.execute(st, {{DNNL_ARG_DIFF_DST, read(p.diff_dst_data, dy, scratch, st)},
@@ -308,7 +393,8 @@ inline void backward_data(const ConvKey& key, std::int64_t floats, const float* 
 /// backward_data has just run on this scratch, so its copy of dY is there.
 inline void backward_weights(const ConvKey& key, std::int64_t floats, const float* x, const float* dy, float* dw,
                              bool accumulate, bool dy_staged, float* scratch) {
-  const ConvPlan& p = recorded_plan(key, floats);
+  const std::shared_ptr<const ConvPlan> held = recorded_plan(key, floats);
+  const ConvPlan& p = *held;
   const OmpThreads threads(p.threads);
   dnnl::stream& st = stream();
   const bool shared = dy_staged && p.diff_dst_weights.offset == p.diff_dst_data.offset;

@@ -100,7 +100,7 @@ struct Conv2dOp : OpBase {
   static Shape scratch_shape(const Shape* in, const Params& a) {
     const Geometry g = geometry(in, a);
 #ifdef REMAT_USE_ONEDNN
-    if (a.onednn_threads > 0) return Shape{std::max<Index>(onednn::plan(onednn_key(g, a)).floats(), 1)};
+    if (a.onednn_threads > 0) return Shape{std::max<Index>(onednn::plan_again(onednn_key(g, a))->floats(), 1)};
 #endif
     return Shape{g.k(), g.oh, g.ow};  // not {K, Hout · Wout}: apply_op's checks refuse sizes whose product overflows
   }
@@ -344,7 +344,7 @@ void choose_conv2d_kernel(Conv2dOp::Params& p, const Shape* in) {
     Conv2dOp::check_shapes(in, p);
     p.onednn_threads = num_threads();
     try {
-      if (!onednn::plan(Conv2dOp::onednn_key(Conv2dOp::geometry(in, p), p)).usable) p.onednn_threads = 0;
+      if (!onednn::plan(Conv2dOp::onednn_key(Conv2dOp::geometry(in, p), p))->usable) p.onednn_threads = 0;
     } catch (const dnnl::error& e) {
       if (e.status == dnnl_out_of_memory) throw std::bad_alloc();
       p.onednn_threads = 0;  // a convolution oneDNN does not run: im2col
@@ -378,7 +378,10 @@ void choose_conv2d_kernel(Conv2dOp::Params& p, const Shape* in) {
 /// allocation failure there while the op is recorded throws (nothing is recorded), but in a backward sweep it ends
 /// the program, as any exception from a backward does (and oneDNN 2.6 itself crashed when malloc returned null
 /// inside it in a fault-injection run); backends::onednn::set_enabled(false) gives im2col, whose kernels allocate
-/// nothing. A plan (oneDNN's primitives, about 200 KB) is kept for the process per distinct shape and thread count.
+/// nothing. A plan (oneDNN's primitives and the temporary's layout, about 200 KB) is made per distinct shape and
+/// thread count and kept in a least-recently-used cache of backends::onednn::plan_cache_capacity() plans (64 by
+/// default): a plan evicted and made again is the same plan, with the same values bitwise and the same temporary
+/// bytes, so an op recorded before its plan's eviction runs its backward and replays as if it had stayed.
 /// Otherwise (double, or without oneDNN): im2col (Chellapilla, Puri & Simard, "High Performance Convolutional
 /// Neural Networks for Document Processing", 2006) of one sample and group into the op's temporary
 /// ([C/G·kH·kW, Hout·Wout] elements) and one GEMM, bitwise the same at every thread count. Either temporary counts
