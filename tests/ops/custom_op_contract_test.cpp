@@ -25,6 +25,7 @@
 #include "api_checks.hpp"
 #include "expect_error.hpp"
 #include "fma_op.hpp"
+#include "pool_faults.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 #include "sample_ops.hpp"
@@ -471,24 +472,7 @@ Var<T> user_sum(const std::vector<Var<T>>& parts) {
   return sum;
 }
 
-/// Fails the `fail_at`-th pool miss (remat::detail::allocation_hook, as tests/alloc/exception_safety_test.cpp).
-namespace fault {
-long misses = 0;
-long fail_at = -1;
-void hook(std::size_t) {
-  if (++misses == fail_at) throw std::bad_alloc();
-}
-struct Scope {
-  explicit Scope(long fail) {
-    misses = 0;
-    fail_at = fail;
-    remat::detail::allocation_hook = &hook;
-  }
-  ~Scope() { remat::detail::allocation_hook = nullptr; }
-  Scope(const Scope&) = delete;
-  Scope& operator=(const Scope&) = delete;
-};
-}  // namespace fault
+namespace fault = remat_test::pool_faults;  // pool misses counted and failed in turn
 
 // A user's op of several records keeps apply_op's guarantee with check_input, same_tape and reserve_records
 // (concat, stack and concat_cols are written so): a bad last part (another tape's, empty, computed in a region that
