@@ -58,10 +58,14 @@
 // The op's public function checks its arguments (x.shape("op") names the op in the error for a bad handle),
 // then returns apply_op's Var. The contexts' kernels may run on remat's thread team with for_row_blocks and
 // add_grad_rows; a one-input elementwise op derives from UnaryElementwise and gives only its value and
-// derivative.
+// derivative. An op made of several records (concat: a tree of joins) checks every input first (check_input,
+// same_tape, valid_output_shape of its whole result), then reserve_records for all of them, so that it is recorded
+// whole or not at all; tag_in_place names an op's output without a record (checkpoint_name).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "remat/detail/apply.hpp"
@@ -242,6 +246,72 @@ Var<T> apply_op(const typename Op::Params& params, const Var<T>& first, const Re
 template <class Op, class T, class... Rest>
 Var<T> apply_op(const Var<T>& first, const Rest&... rest) {
   return apply_op<Op>(OpCall<Op>{}, first, rest...);
+}
+
+// ---- ops recorded as several records, and naming in place ----
+// apply_op records one op whole or not at all. An op made of several records (concat of k parts is a tree of
+// three-input joins) keeps that guarantee by checking every input (check_input, same_tape) and reserving room for
+// every record (reserve_records) before the first: then a bad part or a std::bad_alloc leaves nothing recorded.
+
+/// Throws, naming `op`, what apply_op would throw for `v` as an input of `op`, and changes nothing: tape_error
+/// for an empty Var or one whose tape was cleared or destroyed, freed_value_error for a freed value, tape_error
+/// for a value computed inside a checkpointed function that did not return it, stale_value_error for a
+/// Parameter modified since it was recorded. For an op recorded as several records, which checks each input
+/// before the first record (a bad input found at the third record would leave the first two on the tape).
+template <class T>
+void check_input(const char* op, const Var<T>& v) {
+  detail::VarAccess::node(v, op);  // valid, and its tape live
+  detail::VarAccess::state(v)->check_input(op, detail::VarAccess::id(v));
+}
+
+/// Whether `a` and `b` are valid handles (Var::valid()) on one tape, as every input of one op must be (apply_op
+/// throws tape_error otherwise): an op of several records checks it first, to name the part that is not.
+template <class T>
+bool same_tape(const Var<T>& a, const Var<T>& b) {
+  return a.valid() && b.valid() && detail::VarAccess::state(a) == detail::VarAccess::state(b);
+}
+
+/// Whether apply_op accepts `shape` as the output shape of an op on a tape of T: every dimension at least 1 and at
+/// most 2^48 bytes. An op of several records checks its whole result's shape with it before the first record: the
+/// partial results of a tree of joins are then valid too, and none of the records throws shape_error halfway.
+template <class T>
+bool valid_output_shape(const Shape& shape) {
+  return detail::valid_op_shape(shape, false, sizeof(T));
+}
+
+/// Room, on the tape of `on_tape_of` (whose value is not read), for `count` records whose outputs have the shapes
+/// `outputs[0 … count)`, each without extra, temporary or indices: their nodes, their buffers from the tape's
+/// pool and, inside checkpoint regions, what closing the regions needs. Those records, made next with
+/// apply_op, then throw no std::bad_alloc (only what a policy or a forward throws, and under a memory budget what
+/// an eviction trial throws), so an op of several records whose inputs and whole shape were checked first
+/// (check_input) is recorded whole or not at all. Allocates nothing once the tape's stores have grown (a
+/// steady training step). Throws tape_error naming `op` for an empty or stale `on_tape_of` or a tape a
+/// CapturedStep holds, freed_value_error for a freed one, shape_error naming `op` for a shape apply_op would
+/// refuse as an output (a dimension below 1, more than 2^48 bytes), std::bad_alloc with the tape's memory()
+/// figures unchanged.
+template <class T>
+void reserve_records(const char* op, const Var<T>& on_tape_of, const Shape* outputs, std::size_t count) {
+  detail::VarAccess::node(on_tape_of, op);
+  for (std::size_t i = 0; i < count; ++i)
+    if (!valid_output_shape<T>(outputs[i]))
+      detail::throw_op_shape_error(op, detail::OpShapes{outputs[i], {}, {}}, sizeof(T));
+  detail::VarAccess::state(on_tape_of)->reserve_records(op, outputs, count);
+}
+
+/// Names `x` itself `name` (OpInfo::tag, what the name policies select) when `x` is an op's output that no op has
+/// read yet and that has no name: nothing has been decided from its name then, so the policies of the open
+/// checkpoint regions enclosing it are asked again with the name, and no record is made (checkpoint_name's first
+/// choice: the named value is x's, neither copied nor replayed). Returns false, changing nothing, otherwise (a
+/// leaf, a value already read or named); the caller then records an op whose OpCall::tag is the name. Whether it
+/// names in place depends on neither regions nor memory, so a program names the same values with checkpoints as
+/// without. Throws domain_error naming `op` for an empty name, tape_error naming `op` for an empty or stale `x`
+/// or a tape a CapturedStep holds, freed_value_error for a freed `x`, what a policy throws, std::bad_alloc, with
+/// the tape unchanged.
+template <class T>
+bool tag_in_place(const char* op, const Var<T>& x, std::string_view name) {
+  if (name.empty()) throw domain_error(std::string(op) + ": the name must not be empty");
+  detail::VarAccess::node(x, op);
+  return detail::VarAccess::state(x)->name_in_place(op, detail::VarAccess::id(x), name);
 }
 
 /// Base of one-input elementwise ops: Derived supplies name, residuals (reads_input0, reads_output or

@@ -24,6 +24,7 @@
 
 #include "api_checks.hpp"
 #include "expect_error.hpp"
+#include "pool_faults.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 
@@ -48,27 +49,7 @@ using remat_test::rndd;
 using remat_test::same_bits;
 using remat_test::same_memory;
 
-/// Fault injection through the pool's test hook remat::detail::allocation_hook (as
-/// tests/alloc/exception_safety_test.cpp does): counts the system allocations of tensor buffers (pool
-/// misses) and makes the `fail_at`-th throw std::bad_alloc.
-namespace fault {
-long misses = 0;
-long fail_at = -1;
-void hook(std::size_t) {
-  ++misses;
-  if (misses == fail_at) throw std::bad_alloc();
-}
-struct Scope {
-  explicit Scope(long fail) {
-    misses = 0;
-    fail_at = fail;
-    remat::detail::allocation_hook = &hook;
-  }
-  ~Scope() { remat::detail::allocation_hook = nullptr; }
-  Scope(const Scope&) = delete;
-  Scope& operator=(const Scope&) = delete;
-};
-}  // namespace fault
+namespace fault = remat_test::pool_faults;  // pool misses counted and failed in turn
 // ================================================================ attention
 
 VD unfused_attention(const VD& q, const VD& k, const VD& v, Index heads, Index S, bool causal) {

@@ -1,7 +1,8 @@
 // The op recipe's contract (remat/op.hpp: OpBase, OpCall, apply_op, the contexts' params, indices and
 // scratch) from the user's side: a forward that throws is not recorded, Params of the maximum size, indices
 // copied at record time, tags and the name policies, output/extra/temporary shapes that are empty or negative, a
-// temporary counted in the peak, three inputs with some requiring gradients, batch dims and the dot policies.
+// temporary counted in the peak, three inputs with some requiring gradients, batch dims and the dot policies, an
+// op of several records made atomic with check_input, same_tape and reserve_records, and tag_in_place.
 //
 // Each test states the behaviour asked for (a typed exception naming the op and the values, with the tape and
 // its memory() figures unchanged; no UB; no silent wrong gradient; checkpointed gradients bitwise equal to plain
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -23,6 +25,7 @@
 #include "api_checks.hpp"
 #include "expect_error.hpp"
 #include "fma_op.hpp"
+#include "pool_faults.hpp"
 #include "random.hpp"
 #include "remat/remat.hpp"
 #include "sample_ops.hpp"
@@ -421,6 +424,159 @@ TEST(CustomOpContract, BatchDimsDecideTheDotPoliciesAndAnEmptyIndexListIsRefused
   const std::size_t nodes = tape.size();
   expect_error_naming<remat::shape_error>([&] { gather_cols(x, {}); }, {"gather_cols", "[3,0]"});
   EXPECT_EQ(tape.size(), nodes);
+}
+
+// ================================================================ an op of several records, a name in place
+
+/// a + b of one shape: user_sum's record.
+struct PairSumOp : remat::OpBase {
+  static constexpr const char* name = "pair_sum";
+  static constexpr remat::OpKind kind = remat::OpKind::elementwise;
+  static unsigned reads(remat::GradInputs) { return remat::reads_nothing; }
+  static Shape output_shape(const Shape* in, const Params&) {
+    if (!(in[0] == in[1]))
+      throw remat::shape_error("pair_sum: " + remat::to_string(in[0]) + " and " + remat::to_string(in[1]) + " differ");
+    return in[0];
+  }
+  template <class T>
+  static void forward(const remat::ForwardContext<T>& c) {
+    c.out() = c.in(0) + c.in(1);
+  }
+  template <class T>
+  static void backward(const remat::BackwardContext<T>& c) {
+    for (int k = 0; k < 2; ++k)
+      if (c.wants_grad(k)) c.add_grad(k, c.grad_out());
+  }
+  static double flops(const Shape*, int, const Shape& out) { return static_cast<double>(out.numel()); }
+};
+
+/// The sum of k parts of one shape as k − 1 pair_sum records, written as concat is, with the recipe's pieces for
+/// an op of several records: every part checked and the room of every record reserved before the first, so that
+/// a bad part or a std::bad_alloc leaves nothing recorded.
+template <class T>
+Var<T> user_sum(const std::vector<Var<T>>& parts) {
+  const Shape shape = parts.at(0).shape("user_sum");
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Shape s = parts[i].shape("user_sum");
+    if (!remat::same_tape(parts[i], parts[0]))
+      throw remat::tape_error("user_sum: part " + std::to_string(i) + " is on another tape than part 0");
+    if (!(s == shape))
+      throw remat::shape_error("user_sum: part " + std::to_string(i) + " is " + remat::to_string(s) +
+                               " but part 0 is " + remat::to_string(shape));
+    remat::check_input("user_sum", parts[i]);
+  }
+  const std::vector<Shape> outputs(parts.size() - 1, shape);
+  remat::reserve_records("user_sum", parts[0], outputs.data(), outputs.size());
+  Var<T> sum = parts[0];
+  for (std::size_t i = 1; i < parts.size(); ++i) sum = remat::apply_op<PairSumOp>(sum, parts[i]);
+  return sum;
+}
+
+namespace fault = remat_test::pool_faults;  // pool misses counted and failed in turn
+
+// A user's op of several records keeps apply_op's guarantee with check_input, same_tape and reserve_records
+// (concat, stack and concat_cols are written so): a bad last part (another tape's, empty, computed in a region that
+// did not return it, a modified Parameter) or a std::bad_alloc at any pool miss leaves the tape and its figures
+// as they were, and the tape stays usable.
+TEST(CustomOpContract, AnOpOfSeveralRecordsIsRecordedWholeOrNotAtAll) {
+  Tape<float> tape, other;
+  remat::Parameter<float> p(rnd(2, 3, 20));
+  const VF a = tape.variable(rnd(2, 3, 21)), b = tape.variable(rnd(2, 3, 22)), param = tape.variable(p);
+  const VF foreign = other.variable(rnd(2, 3, 23)), wrong = tape.variable(rnd(3, 2, 24));
+  VF escaped;
+  const VF returned = remat::checkpoint([&](const VF& in) {
+    escaped = remat::tanh(in);
+    return remat::sin(in);
+  })(a);
+  const std::size_t nodes = tape.size();
+  const remat::MemoryStats before = tape.memory();
+  auto expect_unchanged = [&](const char* what) {
+    EXPECT_EQ(tape.size(), nodes) << what;
+    EXPECT_TRUE(same_memory(tape.memory(), before)) << what << ": " << describe(tape.memory());
+  };
+  expect_error_naming<remat::tape_error>([&] { user_sum<float>({a, b, a, foreign}); }, {"user_sum", "part 3"});
+  expect_unchanged("foreign");
+  expect_error_naming<remat::tape_error>([&] { user_sum<float>({a, b, a, VF()}); }, {"user_sum", "empty"});
+  expect_unchanged("empty");
+  expect_error_naming<remat::tape_error>([&] { user_sum<float>({a, b, a, escaped}); }, {"user_sum"});
+  expect_unchanged("escaped");
+  expect_error_naming<remat::shape_error>([&] { user_sum<float>({a, b, a, wrong}); }, {"user_sum", "[3,2]"});
+  expect_unchanged("shape");
+  p.mutable_value()(0, 0) += 1;
+  expect_error_naming<remat::stale_value_error>([&] { user_sum<float>({a, b, a, param}); }, {"user_sum"});
+  expect_unchanged("stale parameter");
+  VF y;
+  for (long k = 1; !y.valid(); ++k) {  // each pool miss of the four records in turn, until none is left to fail
+    fault::Scope inject(k);
+    try {
+      y = user_sum<float>({a, b, returned, b, a});
+      EXPECT_GT(k, 1) << "the records made no pool miss";
+    } catch (const std::bad_alloc&) {
+      expect_unchanged("bad_alloc");
+    }
+  }
+  EXPECT_EQ(tape.size(), nodes + 4);
+  tape.backward(remat::sum(y));
+  EXPECT_EQ(b.grad(), MF::Constant(2, 3, 2));
+}
+
+// reserve_records' own checks, and valid_output_shape's limits: a dimension below 1 or more than 2^48 bytes.
+TEST(CustomOpContract, ReserveRecordsRefusesBadShapesAndHandlesWithTheTapeUnchanged) {
+  Tape<float> tape;
+  const VF x = tape.variable(rnd(2, 3, 25));
+  const std::size_t nodes = tape.size();
+  const remat::MemoryStats before = tape.memory();
+  const Index huge = Index{1} << 46;  // floats: 2^48 bytes in a [1, 2^46] tensor, the most a tensor may have
+  EXPECT_TRUE(remat::valid_output_shape<float>(Shape{1, huge}));
+  EXPECT_FALSE(remat::valid_output_shape<float>(Shape{1, huge + 1}));
+  EXPECT_FALSE(remat::valid_output_shape<double>(Shape{1, huge}));
+  EXPECT_FALSE(remat::valid_output_shape<float>(Shape{0, 3}));
+  EXPECT_TRUE(remat::valid_output_shape<float>(Shape{2, 3, 4}));
+  const Shape bad[] = {Shape{2, 3}, Shape{0, 3}};
+  expect_error_naming<remat::shape_error>([&] { remat::reserve_records("my_op", x, bad, 2); }, {"my_op", "[0,3]"});
+  const Shape too_big[] = {Shape{1, huge + 1}};
+  expect_error_naming<remat::shape_error>([&] { remat::reserve_records("my_op", x, too_big, 1); }, {"my_op", "2^48"});
+  expect_error_naming<remat::tape_error>([&] { remat::reserve_records("my_op", VF(), bad, 1); }, {"my_op", "empty"});
+  EXPECT_EQ(tape.size(), nodes);
+  EXPECT_TRUE(same_memory(tape.memory(), before)) << describe(tape.memory());
+  EXPECT_FALSE(remat::same_tape(x, VF()));
+  EXPECT_TRUE(remat::same_tape(x, remat::sin(x)));
+}
+
+// tag_in_place names an op's fresh output itself (no record): the region's name policy then saves it, and the
+// backward replays nothing. A leaf, a value already read or already named is not named in place (false).
+TEST(CustomOpContract, TagInPlaceNamesAFreshOutputForTheNamePoliciesWithoutARecord) {
+  const MF xv = rnd(2, 3, 26);
+  auto replayed_ops = [&](bool named) {
+    Tape<float> tape;
+    const VF x = tape.variable(xv);
+    const VF y = remat::checkpoint(
+        [&](const VF& a) {
+          const VF h = remat::apply_op<PairSumOp>(a, a);
+          const std::size_t nodes = tape.size();
+          if (named) {
+            EXPECT_TRUE(remat::tag_in_place("my_name", h, "h"));
+          }
+          EXPECT_EQ(tape.size(), nodes);
+          const VF out = remat::square(h);
+          EXPECT_FALSE(remat::tag_in_place("my_name", h, "h2"));  // read by square
+          return out;
+        },
+        remat::policies::save_only_these_names({"h"}))(x);
+    tape.backward(remat::sum(y));
+    EXPECT_TRUE(x.grad().isApprox(8 * xv)) << x.grad();
+    return tape.memory().replayed_ops;
+  };
+  EXPECT_EQ(replayed_ops(true), 0u);
+  EXPECT_EQ(replayed_ops(false), 1u);
+  Tape<float> tape;
+  const VF x = tape.variable(xv);
+  const VF h = remat::sin(x);
+  EXPECT_FALSE(remat::tag_in_place("my_name", x, "leaf"));
+  EXPECT_TRUE(remat::tag_in_place("my_name", h, "first"));
+  EXPECT_FALSE(remat::tag_in_place("my_name", h, "second"));  // already named
+  expect_error_naming<remat::domain_error>([&] { remat::tag_in_place("my_name", h, ""); }, {"my_name", "empty"});
+  expect_error_naming<remat::tape_error>([&] { remat::tag_in_place("my_name", VF(), "h"); }, {"my_name", "empty"});
 }
 
 }  // namespace custom_op_contract_test

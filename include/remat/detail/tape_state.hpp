@@ -94,18 +94,18 @@ class TapeState : public TapeSweeps<T> {
                        "evaluation mode (tape.set_training(false))");
     return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
   }
-  /// checkpoint_name's first choice: tags the op output `id` with `name` itself and asks the open regions
-  /// enclosing it again (Recorder::retag). Only for an op's output no op has read yet and not yet tagged: then
-  /// nothing decided from its level has happened. Returns false, changing nothing, otherwise (the caller
-  /// records an identity op carrying the tag). Throws what a policy throws, or std::bad_alloc, with the tape
-  /// unchanged.
-  bool name_in_place(std::int32_t id, std::string_view name) {
-    check_not_in_callback("checkpoint_name");
+  /// remat::tag_in_place (checkpoint_name's first choice): tags the op output `id` with `name` itself and asks the
+  /// open regions enclosing it again (Recorder::retag). Only for an op's output no op has read yet and not yet
+  /// tagged: then nothing decided from its level has happened. Returns false, changing nothing, otherwise (the
+  /// caller records an identity op carrying the tag). Throws tape_error naming `op` on a frozen tape or from a
+  /// gradient-ready callback, what a policy throws, or std::bad_alloc, with the tape unchanged.
+  bool name_in_place(const char* op, std::int32_t id, std::string_view name) {
+    check_not_in_callback(op);
     const std::int32_t tag = graph_.intern_tag(name);
     return recorder_.retag(id, tag);
   }
-  /// Room for op `op` recorded as `n` nodes with these output shapes (Recorder::reserve_records: concat_cols,
-  /// concat and stack, trees of records). Throws std::bad_alloc with the tape's figures unchanged.
+  /// Room for op `op` recorded as `n` nodes with these output shapes (Recorder::reserve_records; remat::reserve_records
+  /// for concat_cols, concat and stack, trees of records). Throws std::bad_alloc with the tape's figures unchanged.
   void reserve_records(const char* op, const Shape* outputs, std::size_t n) {
     if (frozen_) throw_frozen(op);  // before it changes the pool or the node store
     recorder_.reserve_records(outputs, n);

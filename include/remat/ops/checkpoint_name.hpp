@@ -38,9 +38,7 @@ struct CheckpointNameOp : OpBase {
 /// given as a literal does not build a std::string (a heap allocation) on every call of a training step.
 template <class T>
 Var<T> checkpoint_name(const Var<T>& x, std::string_view name) {
-  if (name.empty()) throw domain_error("checkpoint_name: the name must not be empty");
-  detail::VarAccess::node(x, "checkpoint_name");  // a valid handle of a live tape
-  if (detail::VarAccess::state(x)->name_in_place(detail::VarAccess::id(x), name)) return x;
+  if (tag_in_place(detail::CheckpointNameOp::name, x, name)) return x;
   OpCall<detail::CheckpointNameOp> call;
   call.tag = name;
   return apply_op<detail::CheckpointNameOp>(call, x);

@@ -183,11 +183,12 @@ struct JoinTree {
 };
 
 /// Checks every part before anything is recorded (a bad part must not leave records before it on the tape), makes
-/// room for every record of the tree, and records it. `stack`: the parts are stacked along a new dimension.
+/// room for every record of the tree, and records it, with the op recipe only (check_input, same_tape,
+/// reserve_records: remat/op.hpp). `stack`: the parts are stacked along a new dimension.
 template <class Op, class T>
 Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stack) {
   if (parts.empty()) throw shape_error(std::string(op) + ": no parts; pass at least one");
-  const Shape first = detail::VarAccess::node(parts[0], op).shape;
+  const Shape first = parts[0].shape(op);
   const int rank = first.rank() + (stack ? 1 : 0);
   if (rank == 0)
     throw shape_error(std::string(op) + ": part 0 is a scalar; " + op +
@@ -199,8 +200,8 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
   const int d = wrap_dim(dim, rank, op);
   Index total = 0;  // along d
   for (std::size_t i = 0; i < parts.size(); ++i) {
-    const Shape s = detail::VarAccess::node(parts[i], op).shape;
-    if (detail::VarAccess::state(parts[i]) != detail::VarAccess::state(parts[0]))
+    const Shape s = parts[i].shape(op);
+    if (!same_tape(parts[i], parts[0]))
       throw tape_error(std::string(op) + ": part " + std::to_string(i) + " belongs to another tape than part 0");
     bool same = s.rank() == first.rank();
     for (int e = 0; same && e < s.rank(); ++e) same = s[e] == first[e] || (!stack && e == d);
@@ -213,7 +214,7 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
     if (__builtin_add_overflow(total, stack ? Index{1} : s[d], &total))
       throw shape_error(std::string(op) + ": parts 0 to " + std::to_string(i) + " have more elements along dim " +
                         std::to_string(dim) + " together than an Index holds");
-    detail::VarAccess::state(parts[i])->check_input(op, detail::VarAccess::id(parts[i]));
+    remat::check_input(op, parts[i]);
   }
   Shape whole = first;
   if (stack)
@@ -222,14 +223,14 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
     whole[d] = total;
   // The whole result must be a valid tensor: every partial one of the tree is then valid too, so no record of it
   // throws a shape_error after the first was recorded.
-  if (!valid_op_shape(whole, false, sizeof(T)))
+  if (!valid_output_shape<T>(whole))
     throw shape_error(std::string(op) + ": the parts make a " + to_string(whole) +
                       " tensor, more than the 2^48 bytes a tensor may have");
   const JoinTree<Op, T> tree{parts, dim, stack};
   JoinShapes shapes;
   tree.shapes(0, parts.size(), shapes);
   // Room for every record of the tree first: a std::bad_alloc must not leave the records made before it.
-  if (!shapes.empty()) detail::VarAccess::state(parts[0])->reserve_records(op, shapes.data(), shapes.size());
+  if (!shapes.empty()) remat::reserve_records(op, parts[0], shapes.data(), shapes.size());
   return tree.record(0, parts.size());
 }
 

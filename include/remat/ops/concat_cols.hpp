@@ -78,27 +78,27 @@ Var<T> concat_cols(const std::vector<Var<T>>& parts) {
   // concatenations recorded before it on the tape.
   Index columns = 0;  // every partial sum of the tree is at most this one
   for (std::size_t i = 0; i < parts.size(); ++i) {
-    const detail::Node<T>& n = detail::VarAccess::node(parts[i], "concat_cols");
-    if (__builtin_add_overflow(columns, n.shape.cols(), &columns))
+    const Shape s = parts[i].shape("concat_cols");
+    if (__builtin_add_overflow(columns, s.cols(), &columns))
       throw shape_error("concat_cols: parts 0 to " + std::to_string(i) + " (part " + std::to_string(i) + " is " +
-                        to_string(n.shape) + ") have more columns together than an Index holds");
-    if (detail::VarAccess::state(parts[i]) != detail::VarAccess::state(parts[0]))
+                        to_string(s) + ") have more columns together than an Index holds");
+    if (!same_tape(parts[i], parts[0]))
       throw tape_error("concat_cols: part " + std::to_string(i) + " belongs to another tape than part 0");
-    if (n.shape.rows() != parts[0].rows())
-      throw shape_error("concat_cols: part " + std::to_string(i) + " is " + to_string(n.shape) + " but part 0 is " +
+    if (s.rows() != parts[0].rows())
+      throw shape_error("concat_cols: part " + std::to_string(i) + " is " + to_string(s) + " but part 0 is " +
                         to_string(parts[0].shape()) + "; every part needs the same number of rows");
-    detail::VarAccess::state(parts[i])->check_input("concat_cols", detail::VarAccess::id(parts[i]));
+    check_input("concat_cols", parts[i]);
   }
   // The whole concatenation must be a valid tensor: every partial one of the tree is then valid too, so no
   // record of it throws a shape_error after the first was recorded.
-  if (!detail::valid_op_shape(Shape{parts[0].rows(), columns}, false, sizeof(T)))
+  if (!valid_output_shape<T>(Shape{parts[0].rows(), columns}))
     throw shape_error("concat_cols: the parts make a [" + std::to_string(parts[0].rows()) + "," +
                       std::to_string(columns) + "] tensor, more than the 2^48 bytes a tensor may have");
   // Room for every record of the tree first: a std::bad_alloc must not leave the pairs recorded before it.
   std::vector<Shape> shapes;
   shapes.reserve(parts.size());
   detail::concat_shapes(parts, 0, parts.size(), shapes);
-  detail::VarAccess::state(parts[0])->reserve_records("concat_cols", shapes.data(), shapes.size());
+  reserve_records("concat_cols", parts[0], shapes.data(), shapes.size());
   return detail::concat_range(parts, 0, parts.size());
 }
 
