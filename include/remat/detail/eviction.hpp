@@ -54,6 +54,7 @@ class Evictor : public EvictorChoice<T> {
   void set_budget(std::size_t bytes, EvictionHeuristic h) {
     budget_ = bytes;
     heuristic_ = h;
+    lifetime_.set_room_maker(bytes != 0 ? &make_room_for : nullptr, this);
   }
   bool active() const { return budget_ != 0; }
 
@@ -204,19 +205,40 @@ class Evictor : public EvictorChoice<T> {
       return;
     }
     if (n.packed) {  // kept compressed: decoded for the read (freed again when it settles)
-      lifetime_.unpack(id);
-      touch(id);
+      decode(id, false);
       return;
     }
     acquire(&id, 1);
     lifetime_.unpin(id);
   }
 
-  /// Makes the values of nodes `ids[0 … count)` resident, as ensure() does, all of them in one regeneration,
-  /// and pins each (once per entry: the caller unpins each entry). Never throws.
-  void acquire(const std::int32_t* ids, int count) noexcept {
+  /// Makes the values of nodes `ids[0 … count)` (count ≤ max_inputs + 1) resident, as ensure() does, all of them in
+  /// one regeneration, and pins each (once per entry: the caller unpins each entry). A value kept compressed is
+  /// decoded, as its sign alone for an entry k whose bit `1 << k` is set in `sign_only` (Lifetime::unpack); the
+  /// packed ones are held while they are decoded, so that the room one decode makes takes no other. Never throws.
+  void acquire(const std::int32_t* ids, int count, unsigned sign_only = 0) noexcept {
+    int packed = 0;  // the first `packed` entries of `order` are the packed ones
+    int order[max_inputs + 1];
     for (int k = 0; k < count; ++k)
-      if (!graph_[ids[k]].value && graph_[ids[k]].packed) lifetime_.unpack(ids[k]);  // kept compressed: decoded
+      if (!graph_[ids[k]].value && graph_[ids[k]].packed) {
+        lifetime_.pin(ids[k]);
+        order[packed++] = k;
+      }
+    for (int p = 0; p < packed; ++p)
+      if (!graph_[ids[order[p]]].value) decode(ids[order[p]], (sign_only >> order[p]) & 1u);
+    acquire_resident(ids, count);
+    for (int p = 0; p < packed; ++p) lifetime_.unpin(ids[order[p]]);
+  }
+
+  /// Decodes node `id`'s packed value for a read (Lifetime::unpack), after making room for it. Never throws.
+  void decode(std::int32_t id, bool sign_only) noexcept {
+    make_room(Buffers<T>::bytes(graph_[id].shape));
+    lifetime_.unpack(id, sign_only);
+    touch(id);
+  }
+
+  /// acquire() once no entry is left packed.
+  void acquire_resident(const std::int32_t* ids, int count) noexcept {
     bool resident = true;
     for (int k = 0; k < count && resident; ++k) resident = graph_[ids[k]].value != nullptr;
     if (!resident) {
@@ -253,6 +275,11 @@ class Evictor : public EvictorChoice<T> {
       Base::rematerialized_bytes_, Base::rematerialized_flops_, Base::rematerialized_ops_, Base::stack_, Base::stale_,
       Base::views_, Base::walk_, Base::walk_stamp_, Base::work_;  // its state
   using typename Base::ChoicesState;
+
+  /// make_room() for Lifetime, which packs compressed values (Lifetime::set_room_maker).
+  static bool make_room_for(void* evictor, std::size_t bytes) noexcept {
+    return static_cast<Evictor*>(evictor)->make_room(bytes);
+  }
 
   /// make_room()'s evictions.
   bool evict_for(std::size_t bytes) noexcept {
@@ -297,7 +324,12 @@ class Evictor : public EvictorChoice<T> {
     if (!n.value) n.value = buffers_.allocate(n.shape);
     if (n.extra_shape.numel() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
     if (n.scratch_shape.numel() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
-    for (int k = 0; k < n.arity; ++k) touch(n.inputs[k]);
+    std::uint8_t decoded = 0;  // which inputs it reads decoded (EvictorChoice::inputs_regenerable)
+    for (int k = 0; k < n.arity; ++k) {
+      touch(n.inputs[k]);
+      if (graph_[n.inputs[k]].packed) decoded |= static_cast<std::uint8_t>(1u << k);
+    }
+    if (graph_.budget_on) graph_.budget_of(u).decoded = decoded;
     if (!buffers_.simulating() && !buffers_.shapes_only()) {
       if (graph_.trace) graph_.trace->log_forward(graph_, u, false);
       n.op->forward(ForwardContext<T>{graph_, n, false});  // a replay or a regeneration, never the record
@@ -337,7 +369,7 @@ class Evictor : public EvictorChoice<T> {
         return;
       }
       BudgetFields& b = graph_.budget_of(v);
-      if (m.value || b.regen_mark == stamp) return;
+      if (m.value || m.packed || b.regen_mark == stamp) return;  // resident, or decoded once pinned (below)
       // Evicted, or freed since a replay planned to read it (an evicted value whose last holder was regenerated
       // in the meantime stops being evicted): computed all the same, from its inputs.
       assert(!m.is_leaf() && "a leaf's value is needed after it was freed");
@@ -372,6 +404,11 @@ class Evictor : public EvictorChoice<T> {
       const Node<T>& m = graph_[u];
       for (int k = 0; k < m.arity; ++k)
         if (!member(m.inputs[k])) lifetime_.pin(m.inputs[k]);
+    }
+    for (std::int32_t u : members_) {  // a boundary value kept compressed is decoded, held already (acquire)
+      const Node<T>& m = graph_[u];
+      for (int k = 0; k < m.arity; ++k)
+        if (!graph_[m.inputs[k]].value && graph_[m.inputs[k]].packed) decode(m.inputs[k], false);
     }
     for (std::int32_t u : members_) {
       run(u, true);

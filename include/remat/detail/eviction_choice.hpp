@@ -55,7 +55,7 @@ class EvictorChoice {
         const std::int32_t w = v.inputs[k];
         Node<T>& x = graph_[w];
         BudgetFields& b = graph_.budget_of(w);
-        if (x.value || x.evicted || b.walk_mark == stamp) continue;
+        if (x.value || x.packed || x.evicted || b.walk_mark == stamp) continue;
         if (x.is_leaf()) {
           lifetime_.note(w);
           x.value = x.parameter->value.data();  // evictable() checked it current
@@ -110,12 +110,17 @@ class EvictorChoice {
 
   // ---- choosing ----
   /// Whether node `id`, absent or not, could be regenerated from what is there: resident, evicted (its inputs
-  /// are held: regenerable by construction), a current Parameter, or an op whose inputs are regenerable.
-  /// Memoised per scan; walked on a work list, not by recursion. Never throws.
+  /// are held: regenerable by construction), a current Parameter, or an op whose inputs are regenerable; never a
+  /// value a policy stores compressed (Node::stored), resident or not. Its readers read it exact until it is packed
+  /// and decoded after, so a consumer regenerated from it could differ from the one it replaces; and a consumer's
+  /// eviction would hold it (a regeneration read) past the moment the run without a budget packs it, so that its
+  /// own readers would read it exact where that run reads it decoded. Memoised per scan; walked on a work list, not
+  /// by recursion. Never throws.
   bool regenerable(std::int32_t id) noexcept {
     auto known = [&](std::int32_t v, bool& result) {
       const Node<T>& n = graph_[v];
       const BudgetFields& b = graph_.budget_of(v);
+      if (n.stored != 0) return result = false, true;
       if (n.value || n.evicted) return result = true;
       if (n.is_leaf()) return result = n.parameter && n.parameter->version == n.parameter_version, true;
       if (b.evict_mark == scan_ && b.evict_memo != 0) return result = b.evict_memo == 1, true;
@@ -183,7 +188,7 @@ class EvictorChoice {
   /// to classes. So it is cached until then (invalidate_bounds): in a forward pass, each node's is computed once.
   /// Walked on a work list. Never throws.
   double bound(std::int32_t v) noexcept {
-    auto freed = [](const Node<T>& w) { return !w.value && !w.evicted && !w.is_leaf(); };
+    auto freed = [](const Node<T>& w) { return !w.value && !w.packed && !w.evicted && !w.is_leaf(); };
     auto class_cost = [&](std::int32_t w) { return graph_.budget_of(class_root(graph_, w)).class_cost; };
     auto bounded = [&](std::int32_t w) { return graph_.budget_of(w).bound_epoch == bound_epoch_; };
     if (bounded(v)) return graph_.budget_of(v).bound;
@@ -222,7 +227,8 @@ class EvictorChoice {
   /// Evictable: an op's tape-owned output, resident, wanted (the rule would keep it), not read by an op or a
   /// regeneration running now, not a view (OpBase::view: evicting it would free nothing), not the buffer of a view
   /// that a running op reads (evicting a buffer evicts the views that are it, detail/eviction.hpp), and
-  /// regenerable from what is there.
+  /// regenerable from what is there, and not stored compressed (Node::stored: its packed buffer is what the policy
+  /// chose to keep, and a value decoded from it goes when its read is done).
   std::int32_t best_victim() noexcept {
     next_stamp(scan_, &BudgetFields::evict_mark);
     if (heuristic_ == EvictionHeuristic::dtr && classes_exact_at_ != lifetime_.class_leaves()) rebuild_classes();
@@ -234,17 +240,14 @@ class EvictorChoice {
     double best_score = 0;
     for (std::int32_t i = 0; i < graph_.size(); ++i) {
       const Node<T>& n = graph_[i];
-      if (!n.value || n.is_leaf() || n.pins > 0 || n.is_view()) continue;  // an op's output is tape-owned
+      if (!n.value || n.is_leaf() || n.pins > 0 || n.is_view() || n.stored != 0) continue;  // an op's output
       if (n.view_holds > 0 && view_pinned(i)) continue;
       const double scale =
           static_cast<double>(Buffers<T>::bytes(n.shape)) * static_cast<double>(clock_ - n.last_access + 1);
       // A node whose lower bound already scores no better than the best so far cannot win, and its neighbourhood
       // need not be walked: h_local's cost is the node's own, the others' at least bound().
       if (best >= 0 && (heuristic_ == EvictionHeuristic::local ? n.cost : bound(i)) / scale >= best_score) continue;
-      if (!lifetime_.value_wanted(n)) continue;
-      bool ok = true;
-      for (int k = 0; k < n.arity && ok; ++k) ok = regenerable(n.inputs[k]);
-      if (!ok) continue;
+      if (!lifetime_.value_wanted(n) || !inputs_regenerable(i)) continue;
       const double score = cost(i) / scale;
       if (best < 0 || score < best_score) {
         best = i;
@@ -252,6 +255,19 @@ class EvictorChoice {
       }
     }
     return best;
+  }
+
+  /// Node `id` could be computed again from its inputs as it was: each regenerable (regenerable()), or stored
+  /// compressed, packed, and read decoded when id was last computed (a checkpoint replay's source): a regeneration
+  /// decodes it the same way. Never throws.
+  bool inputs_regenerable(std::int32_t id) noexcept {
+    const Node<T>& n = graph_[id];
+    for (int k = 0; k < n.arity; ++k) {
+      const Node<T>& in = graph_[n.inputs[k]];
+      const bool ok = in.stored != 0 ? in.packed && (graph_.budget_of(id).decoded >> k & 1u) : regenerable(n.inputs[k]);
+      if (!ok) return false;
+    }
+    return true;
   }
 
   /// Some view whose value is node `id`'s buffer (directly or through views of views) is read by an op running now.
@@ -354,7 +370,7 @@ class EvictorChoice {
       for (int k = 0; k < v.arity; ++k) {
         const Node<T>& w = graph_[v.inputs[k]];
         BudgetFields& b = graph_.budget_of(v.inputs[k]);
-        if (w.value || w.is_leaf()) continue;
+        if (w.value || w.packed || w.is_leaf()) continue;
         if (w.evicted) {
           add_evicted(v.inputs[k]);
         } else if (b.walk_mark != stamp) {

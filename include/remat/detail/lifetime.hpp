@@ -57,6 +57,7 @@
 #include "remat/detail/node.hpp"
 #include "remat/detail/node_snapshot.hpp"
 #include "remat/detail/packing.hpp"
+#include "remat/detail/trace.hpp"
 
 namespace remat::detail {
 
@@ -162,13 +163,22 @@ class Lifetime {
   }
 
   // ---- compressed values (Node::stored; detail/packing.hpp) ----
+  /// Under a memory budget, what makes room for a packed buffer before it is allocated (Evictor::make_room), so that
+  /// packing stays within the budget; null without one.
+  using RoomMaker = bool (*)(void* context, std::size_t bytes) noexcept;
+  void set_room_maker(RoomMaker make_room, void* context) noexcept {
+    room_maker_ = make_room;
+    room_context_ = context;
+  }
   std::size_t packed_bytes(const Node<T>& n) const { return detail::packed_bytes(graph_, n); }
   /// Its value may be kept packed now: only pending readers keep it (at this level), and, stored as sign, every
   /// reader that may read it reads only its sign: no replay, no open region that could add one, no reader from
-  /// outside a region that returned it, and each backward that reads it declares the read in sign_reads.
+  /// outside a region that returned it, and each backward that reads it declares the read in sign_reads. For a
+  /// value packed already (a decoded copy), the regenerations of its evicted consumers do not count: they read it
+  /// decoded too, when they run (EvictorChoice::inputs_regenerable).
   bool packable(const Node<T>& n) const {
-    if (n.handles > 0 || n.pins > 0 || n.regen_reads > 0 || n.schedule_holds > 0 || n.view_holds > 0 || n.evicted ||
-        !n.value_owned() || !read_at_this_level(n))
+    if (n.handles > 0 || n.pins > 0 || (n.regen_reads > 0 && !n.packed) || n.schedule_holds > 0 || n.view_holds > 0 ||
+        n.evicted || !n.value_owned() || !read_at_this_level(n))
       return false;
     if (n.stored_format() != StoredFormat::sign) return true;
     return graph_.open.empty() && n.replay_reads == 0 && !n.pending && n.tiers < 0 && only_sign_readers(graph_, n);
@@ -182,12 +192,16 @@ class Lifetime {
     }
     if (!n.value || !packable(n)) return;
     if (!n.packed) {
+      if (room_maker_) room_maker_(room_context_, packed_bytes(n));  // a budget's evictions (noted if it fails)
       try {
         n.packed = buffers_.allocate_elements(packed_bytes(n) / sizeof(T));
       } catch (...) {
         return;
       }
-      if (!buffers_.simulating() && !buffers_.shapes_only()) encode_packed(graph_, n);
+      if (!buffers_.simulating() && !buffers_.shapes_only()) {
+        encode_packed(graph_, n);
+        if (graph_.trace) graph_.trace->log_pack(graph_, static_cast<std::int32_t>(&n - graph_.nodes.data()));
+      }
     }
     buffers_.free(n.value, n.shape);  // a decoded copy, or the value now packed
   }
@@ -199,7 +213,10 @@ class Lifetime {
     assert(n.packed && !n.value);
     note(id);
     n.value = buffers_.allocate(n.shape);
-    if (!buffers_.simulating() && !buffers_.shapes_only()) decode_packed(graph_, n, sign_only);
+    if (!buffers_.simulating() && !buffers_.shapes_only()) {
+      decode_packed(graph_, n, sign_only);
+      if (graph_.trace) graph_.trace->log_unpack(graph_, id, sign_only);
+    }
   }
   void free_packed(Node<T>& n) noexcept {
     note(static_cast<std::int32_t>(&n - graph_.nodes.data()));
@@ -444,6 +461,8 @@ class Lifetime {
   }
 
   std::vector<std::int32_t> cascade_;  // forget_eviction's work list
+  RoomMaker room_maker_ = nullptr;
+  void* room_context_ = nullptr;
   std::uint64_t class_leaves_ = 0;
 };
 

@@ -166,6 +166,7 @@ struct OpShapes {
 /// grew with the node (bench W0).
 struct BudgetFields {
   std::int8_t evict_memo = 0;      // with evict_mark: 1 regenerable, 2 not, 0 being decided
+  std::uint8_t decoded = 0;        // bit k: input k was read decoded (packed) when it was last computed
   std::uint32_t bound_epoch = 0;   // cache of the victim scans: `bound` holds in this epoch
   std::int32_t class_parent = -1;  // union-find over evicted values (h_DTR^eq); -1: a root
   std::int32_t class_size = 1;     // at a root: members of the class

@@ -46,9 +46,11 @@ struct NodeSnapshot {
 struct BudgetSnapshot {
   std::int32_t class_parent, class_size;
   double class_cost;
+  std::uint8_t decoded;
 
-  static BudgetSnapshot of(const BudgetFields& b) { return {b.class_parent, b.class_size, b.class_cost}; }
+  static BudgetSnapshot of(const BudgetFields& b) { return {b.class_parent, b.class_size, b.class_cost, b.decoded}; }
   void restore(BudgetFields& b) const {
+    b.decoded = decoded;
     b.class_parent = class_parent;
     b.class_size = class_size;
     b.class_cost = class_cost;

@@ -358,7 +358,7 @@ class Recorder : public RegionRecorder<T> {
   };
   /// The answers of the open regions (those opened at or before node `first`, when given: the regions enclosing
   /// an existing node). May throw (a user policy); throws tape_error naming the op and the policy's answer for a
-  /// compressed answer where compression is not supported yet (a memory budget, a chain schedule, a capture).
+  /// compressed answer where compression is not supported yet (a chain run by its schedule).
   Answers policy_decisions(const OpInfo& info, std::int32_t first = -1) const {
     Answers a;
     for (std::int32_t rid : graph_.open) {  // outermost first
@@ -376,9 +376,7 @@ class Recorder : public RegionRecorder<T> {
     return a;
   }
   void check_compression_supported(const OpInfo& info, std::uint8_t stored) const {
-    const char* where = evictor_.active() ? "under a memory budget (Tape::set_memory_budget)"
-                        : graph_.trace    ? "inside a CapturedStep's function"
-                                          : nullptr;
+    const char* where = nullptr;
     for (std::int32_t rid : graph_.open)
       if (!where && graph_.region(rid).plan >= 0) where = "inside a chain run by its schedule (run_schedule)";
     if (where)

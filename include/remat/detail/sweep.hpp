@@ -394,7 +394,10 @@ class Sweep : public DryRunCache<T> {
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) read[count++] = n.inputs[k];
     if (n.reads & reads_output) read[count++] = i;
-    evictor_.acquire(read, count);
+    unsigned sign_only = 0;  // packed residuals i reads only through their sign (ensure_read)
+    for (int k = 0; k < count; ++k)
+      if (!graph_[read[k]].value && graph_[read[k]].packed && only_sign_read(graph_, i, read[k])) sign_only |= 1u << k;
+    evictor_.acquire(read, count, sign_only);
   }
   /// Residual `id` of node i's backward made resident: a packed one that i reads only through its sign is decoded as
   /// its sign (Lifetime::unpack, from its exact mask if it has one), any other as ensure() makes it.

@@ -163,14 +163,6 @@ class TapeState : public TapeSweeps<T> {
   // ---- the memory budget (detail/eviction.hpp) ----
   void set_memory_budget(std::size_t bytes, EvictionHeuristic heuristic) {
     check_not_in_callback("set_memory_budget");
-    if (bytes != 0)
-      for (std::int32_t i = 0; i < graph_.size(); ++i)
-        if (graph_[i].stored != 0)
-          throw tape_error("set_memory_budget: node #" + std::to_string(i) + " (" + node_name(i) + " " +
-                           to_string(graph_[i].shape) + ") is stored as " + compression_of(graph_[i].stored).name() +
-                           " by its checkpoint policy, and compressed residuals are not supported under a memory "
-                           "budget yet; set the budget on a tape without them (after clear()), or use a policy that "
-                           "answers save or recompute");
     if (bytes != 0) graph_.track_budget(graph_.nodes.size());  // the budget's side table, from now on
     evictor_.set_budget(bytes, heuristic);
   }

@@ -1,6 +1,7 @@
 // Trace<T>: what a CapturedStep (remat/captured_step.hpp) records while its first step runs, and how it runs
 // the step again. Every kernel call of the step — a forward at record, a checkpoint replay's or an eviction's
-// regeneration, a backward — is logged with the buffers its node and inputs had at that moment, together with
+// regeneration, a backward — and every encode and decode of a value a policy stores compressed (detail/packing.hpp)
+// is logged with the buffers its node and inputs had at that moment, together with
 // the few writes the tape makes outside kernels (a leaf's data, the loss's seed gradient, a Parameter's
 // gradient). Running the log again calls the same kernels on the same buffers in the same order: no
 // recording, no lifetime counting, no pool traffic.
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "remat/detail/node.hpp"
+#include "remat/detail/packing.hpp"
 #include "remat/matrix.hpp"
 #include "remat/op_context.hpp"
 
@@ -27,13 +29,14 @@ struct TraceNodeState {
   T* extra;
   T* scratch;
   T* grad;
+  T* packed;
 };
 
 /// The buffers of node `id` now.
 template <class T>
 TraceNodeState<T> state_of(const Graph<T>& g, std::int32_t id) {
   const Node<T>& n = g[id];
-  return {id, n.grad_assigned, n.value, n.extra, n.scratch, n.grad};
+  return {id, n.grad_assigned, n.value, n.extra, n.scratch, n.grad, n.packed};
 }
 /// Points its node at the buffers of `s`.
 template <class T>
@@ -44,6 +47,7 @@ void restore_state(Graph<T>& g, const TraceNodeState<T>& s) noexcept {
   n.extra = s.extra;
   n.scratch = s.scratch;
   n.grad = s.grad;
+  n.packed = s.packed;
 }
 
 struct TraceEvent {
@@ -54,10 +58,12 @@ struct TraceEvent {
     backward,   ///< an op's backward kernel
     seed,       ///< the loss's gradient set to 1 (or 1 added)
     delivery,   ///< a leaf's gradient added to, or handed to, its Parameter
+    pack,       ///< a value a policy stores compressed encoded into its packed buffer (detail/packing.hpp)
+    unpack,     ///< a packed value decoded for a read (data: 1 for its sign alone)
   } kind;
   std::int32_t node;
   std::int32_t states_begin;  ///< the node's state, then its inputs', in Trace::states
-  std::int32_t data;          ///< leaf_data: index into Trace::leaf_data
+  std::int32_t data;          ///< leaf_data: index into Trace::leaf_data; unpack: 1 for the sign alone
 };
 
 template <class T>
@@ -89,6 +95,14 @@ class Trace {
   }
   void log_seed(const Graph<T>& g, std::int32_t id) noexcept {
     guarded([&] { log(TraceEvent::seed, g, id, false); });
+  }
+  /// Node `id`'s value is encoded into its packed buffer (Lifetime::settle_packed).
+  void log_pack(const Graph<T>& g, std::int32_t id) noexcept {
+    guarded([&] { log(TraceEvent::pack, g, id, false); });
+  }
+  /// Node `id`'s packed value is decoded into its value buffer, as its sign alone if `sign_only` (Lifetime::unpack).
+  void log_unpack(const Graph<T>& g, std::int32_t id, bool sign_only) noexcept {
+    guarded([&] { log(TraceEvent::unpack, g, id, false).data = sign_only ? 1 : 0; });
   }
   /// Leaf `id` delivers its gradient to its Parameter; `handed_over`: the buffer becomes the Parameter's.
   void log_delivery(const Graph<T>& g, std::int32_t id, bool handed_over) noexcept {
@@ -164,6 +178,12 @@ class Trace {
           break;
         case TraceEvent::delivery:
           deliver(n);
+          break;
+        case TraceEvent::pack:
+          encode_packed(g, n);
+          break;
+        case TraceEvent::unpack:
+          decode_packed(g, n, e.data != 0);
           break;
       }
     }
