@@ -210,19 +210,25 @@ TEST(BatchNorm, AMemoryBudgetsRegenerationsDoNotUpdateTheRunningStatistics) {
   for (std::size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(bitwise(got[k].cast<double>(), want[k].cast<double>())) << k;
 }
 
+/// The stage's block, checkpointed (nothing_saveable), in a CapturedStep recorded and replayed twice: three runs.
+template <class S>
+void three_captured_runs(S& stage) {
+  remat::CapturedStep<float> run([&](Tape<float>& tape) {
+    const Var<float> x = tape.constant(Shape{4, 3, 6, 6}, stage.input.data());
+    return remat::sum(remat::checkpoint([&](const Var<float>& in) { return stage.block(tape, in); },
+                                        remat::policies::nothing_saveable)(x));
+  });
+  run.replay();
+  run.replay();
+}
+
 TEST(BatchNorm, ACapturedStepUpdatesThemOncePerRun) {
   Stage recorded, captured;
   for (int k = 0; k < 3; ++k) {
     Tape<float> tape;
     step(recorded, tape, nullptr);
   }
-  remat::CapturedStep<float> run([&](Tape<float>& tape) {
-    const Var<float> x = tape.constant(Shape{4, 3, 6, 6}, captured.input.data());
-    return remat::sum(remat::checkpoint([&](const Var<float>& in) { return captured.block(tape, in); },
-                                        remat::policies::nothing_saveable)(x));
-  });
-  run.replay();
-  run.replay();
+  three_captured_runs(captured);
   const auto want = recorded.statistics(), got = captured.statistics();
   for (std::size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(bitwise(got[k].cast<double>(), want[k].cast<double>())) << k;
 }
@@ -306,13 +312,7 @@ TEST(BatchNorm2dCounter, CountsOncePerRecordedStepUnderEveryCheckpointMode) {
   }
   {  // a CapturedStep counts once per run (the record and each replay), checkpointed replays not
     LayerStage captured;
-    remat::CapturedStep<float> run([&](Tape<float>& tape) {
-      const Var<float> x = tape.constant(Shape{4, 3, 6, 6}, captured.input.data());
-      return remat::sum(remat::checkpoint([&](const Var<float>& in) { return captured.block(tape, in); },
-                                          remat::policies::nothing_saveable)(x));
-    });
-    run.replay();
-    run.replay();
+    three_captured_runs(captured);
     expect_same_state(captured, plain, "CapturedStep");
   }
   {  // a shapes-only estimate and evaluation count nothing
