@@ -145,10 +145,8 @@ int train(const Options& o) {
   remat::nn::Generator g(o.seed);
   ResNet net(o.width, o.blocks, g);
   if (!o.load.empty()) {
-    // A PyTorch state_dict also holds each batch norm's num_batches_tracked, which remat does not keep.
-    remat::safetensors::LoadOptions options;
-    options.allow_extra = true;
-    remat::safetensors::load(o.load, weight_entries(net), options);
+    // Strict: every tensor of PyTorch's state_dict is named, each batch norm's num_batches_tracked included.
+    remat::safetensors::load(o.load, weight_entries(net));
   }
   std::vector<remat::Parameter<float>*> decayed, other;
   net.parameters(decayed, other);

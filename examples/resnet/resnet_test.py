@@ -82,6 +82,13 @@ def save_load(binary, data):
                   "fc.weight": [10, 32], "fc.bias": [10]}
         for name, shape in shapes.items():
             assert h[name]["shape"] == shape, (name, h.get(name))
+        # PyTorch's num_batches_tracked, I64 []: one count per training step (2048 / 64 = 32), none for evaluation.
+        counter = h["blocks.1.bn2.num_batches_tracked"]
+        assert (counter["dtype"], counter["shape"]) == ("I64", []), counter
+        with open(path, "rb") as f:
+            header_bytes = struct.unpack("<Q", f.read(8))[0]
+            f.seek(8 + header_bytes + counter["data_offsets"][0])
+            assert struct.unpack("<q", f.read(8))[0] == 32, "num_batches_tracked after 32 steps"
         loaded = run(binary, data, *flags, "--epochs", "0", "--load", path)
         initial = run(binary, data, *flags, "--epochs", "0")
         assert loaded["test_accuracy"] == trained["test_accuracy"] != initial["test_accuracy"], (trained, loaded, initial)

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -354,6 +355,59 @@ TEST(Distributed, MismatchedParameterListsAreDetectedOnEveryRank) {
   if (r == 1) list.pop_back();
   remat_test::expect_error_naming<remat::shape_error>([&] { dist::GradientReducer<float> g(list); },
                                                       {"GradientReducer", "rank 0 has 6 parameters", "rank 1 has"});
+}
+
+/// Two batch norms (momentum 0.1, and None: the cumulative average) trained on `rank`'s shards of three steps.
+struct BatchNorms {
+  remat::nn::BatchNorm2d<float> a{2}, b{3, 1e-5, std::nullopt};
+  std::vector<remat::nn::BatchNorm2d<float>*> layers() { return {&a, &b}; }
+  std::vector<Matrix<float>> statistics() const {
+    return {a.running_mean.value(), a.running_var.value(), b.running_mean.value(), b.running_var.value()};
+  }
+  /// One training forward of `rank`'s shard of step `step`: [4, 2, 3] into a, [4, 3, 2] into b.
+  void forward(int rank, int step) {
+    Tape<float> tape;
+    const auto seed = static_cast<std::uint64_t>(300 + 10 * step + rank);
+    const Matrix<float> x = remat_test::random_matrix<float>(4, 6, seed),
+                        y = remat_test::random_matrix<float>(4, 6, seed + 5);
+    a.forward(tape, tape.constant(remat::Shape{4, 2, 3}, x.data()));
+    b.forward(tape, tape.constant(remat::Shape{4, 3, 2}, y.data()));
+  }
+};
+
+// A batch norm's buffers have no gradient: the reducer leaves each rank's running statistics to its own shards.
+// broadcast_buffers before each forward makes them rank 0's, as DDP's broadcast_buffers=True does: rank 0's are
+// then exactly those of a single process fed rank 0's shards, and every rank's equal them after a broadcast.
+TEST(Distributed, BroadcastBuffersGivesEveryRankRankZerosBatchNormStatistics) {
+  const int r = dist::rank();
+  BatchNorms alone, without, with;
+  for (int step = 0; step < 3; ++step) {
+    alone.forward(0, step);
+    without.forward(r, step);
+    dist::broadcast_buffers(with.layers());
+    with.forward(r, step);
+  }
+  EXPECT_FALSE(same_on_every_rank(without.statistics()[0]));  // drifted apart, each rank's own batches
+  if (r == 0) {
+    for (std::size_t k = 0; k < 4; ++k) EXPECT_TRUE(with.statistics()[k] == alone.statistics()[k]) << k;
+  }
+  dist::broadcast_buffers(with.layers());
+  for (std::size_t k = 0; k < 4; ++k) {
+    EXPECT_TRUE(same_on_every_rank(with.statistics()[k])) << k;
+    EXPECT_TRUE(with.statistics()[k] == alone.statistics()[k]) << k;  // rank 0's, on every rank
+  }
+  EXPECT_EQ(with.a.num_batches_tracked(), 3);
+  EXPECT_EQ(with.b.num_batches_tracked(), 3);
+  // The counters come from rank 0 too.
+  with.b.num_batches_tracked() = r == 0 ? 7 : 1;
+  dist::broadcast_buffers(with.layers());
+  EXPECT_EQ(with.b.num_batches_tracked(), 7);
+  // Layers of other channels on one rank are refused on every rank, naming the first that differs.
+  remat::nn::BatchNorm2d<float> odd(r == 1 ? 4 : 3);
+  std::vector<remat::nn::BatchNorm2d<float>*> list{&with.a, &odd};
+  remat_test::expect_error_naming<remat::shape_error>(
+      [&] { dist::broadcast_buffers(list); }, {"broadcast_buffers", "parameter 2", "[3] on rank 0", "[4] on rank 1"});
+  EXPECT_EQ(with.b.num_batches_tracked(), 7);
 }
 
 TEST(StepTiming, HiddenFractionIsTheBusyTimeBeforeBackwardEndOverTheBusyTime) {

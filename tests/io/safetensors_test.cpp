@@ -231,14 +231,11 @@ TEST(SafetensorsNd, PyTorchsConv2dAndBatchNorm2dLoadExactlyIntoTheNnLayers) {
   remat::nn::BatchNorm2d<float> bn(3);
   std::vector<st::Entry> entries = st::torch_conv2d("conv", conv);
   for (st::Entry& e : st::torch_batch_norm2d("bn", bn)) entries.push_back(e);
-  // PyTorch's batch norm state also holds num_batches_tracked (I64), which remat does not keep.
-  Snapshot unchanged({&conv.weight, &conv.bias, &bn.weight, &bn.bias, &bn.running_mean, &bn.running_var}, {});
-  expect_io_error<remat::mismatch_error>([&] { st::load(path, entries); },
-                                         {"\"bn.num_batches_tracked\"", "allow_extra"}, "bn.num_batches_tracked");
-  unchanged.expect_unchanged();
-  st::LoadOptions extra;
-  extra.allow_extra = true;
-  st::load(path, entries, extra);
+  // PyTorch's batch norm state also holds num_batches_tracked (I64 []), which the layer keeps: a strict load.
+  EXPECT_EQ(entries.back().name(), "bn.num_batches_tracked");
+  st::load(path, entries);
+  EXPECT_EQ(expected.at("bn.num_batches_tracked"), std::vector<double>{2});
+  EXPECT_EQ(bn.num_batches_tracked(), 2);
   EXPECT_EQ(conv.weight.shape(), (remat::Shape{3, 2, 3, 2}));
   expect_exactly<float>(conv.weight.value(), expected.at("conv.weight"), "conv.weight");
   expect_exactly<float>(conv.bias.value(), expected.at("conv.bias"), "conv.bias");
@@ -258,6 +255,57 @@ TEST(SafetensorsNd, PyTorchsConv2dAndBatchNorm2dLoadExactlyIntoTheNnLayers) {
   ASSERT_EQ(static_cast<std::size_t>(y.size()), want.size());
   for (remat::Index i = 0; i < y.size(); ++i)
     EXPECT_NEAR(y.data()[i], want[static_cast<std::size_t>(i)], 1e-6) << "output[" << i << "]";
+}
+
+TEST(SafetensorsNd, BatchNorm2dsCounterIsSavedAsAnI64ScalarAndLoaded) {
+  TemporaryDirectory dir;
+  const std::string path = dir.file("bn.safetensors");
+  remat::nn::BatchNorm2d<float> bn(3, 1e-5, std::nullopt);
+  bn.running_mean.mutable_value().setConstant(0.25f);
+  bn.num_batches_tracked() = (std::int64_t{1} << 40) + 3;  // beyond 32 bits
+  st::save(path, st::torch_batch_norm2d("bn", bn));
+  const st::Header h = st::read_header(path);
+  ASSERT_NE(h.find("bn.num_batches_tracked"), nullptr);
+  EXPECT_EQ(h.find("bn.num_batches_tracked")->dtype, "I64");
+  EXPECT_TRUE(h.find("bn.num_batches_tracked")->shape.empty());
+  EXPECT_EQ(h.tensors.size(), 5u);
+
+  remat::nn::BatchNorm2d<float> back(3);
+  st::load(path, st::torch_batch_norm2d("bn", back));  // strict: every tensor named
+  EXPECT_EQ(back.num_batches_tracked(), (std::int64_t{1} << 40) + 3);
+  EXPECT_TRUE(back.running_mean.value() == bn.running_mean.value());
+
+  // A file without the counter (saved by remat before the layer kept one) loads and leaves the count as it is.
+  const std::string old = dir.file("old.safetensors");
+  std::vector<st::Entry> four = st::torch_batch_norm2d("bn", bn);
+  four.pop_back();
+  st::save(old, four);
+  remat::nn::BatchNorm2d<float> kept(3);
+  kept.num_batches_tracked() = 5;
+  st::load(old, st::torch_batch_norm2d("bn", kept));
+  EXPECT_EQ(kept.num_batches_tracked(), 5);
+  EXPECT_TRUE(kept.running_mean.value() == bn.running_mean.value());
+  // A counter entry made with required true is missed, naming it.
+  std::int64_t count = 9;
+  expect_io_error<remat::mismatch_error>(
+      [&] {
+        st::load(old, {{"bn.num_batches_tracked", count}});
+      },
+      {"\"bn.num_batches_tracked\"", "1 missing"}, "bn.num_batches_tracked");
+
+  // A counter of another dtype or shape is refused, and nothing changes.
+  const std::string wrong = dir.file("wrong.safetensors");
+  Parameter<float> as_float(Matrix<float>::Constant(1, 1, 2.0f));
+  four.emplace_back("bn.num_batches_tracked", as_float);
+  st::save(wrong, four);
+  remat::nn::BatchNorm2d<float> untouched(3);
+  untouched.num_batches_tracked() = 4;
+  expect_io_error<remat::mismatch_error>([&] { st::load(wrong, st::torch_batch_norm2d("bn", untouched)); },
+                                         {"\"bn.num_batches_tracked\"", "F32 [1,1]", "I64 scalar"},
+                                         "bn.num_batches_tracked");
+  EXPECT_EQ(untouched.num_batches_tracked(), 4);
+  EXPECT_TRUE(untouched.running_mean.value().isZero());
+  EXPECT_EQ(count, 9);
 }
 
 TEST(SafetensorsNd, SaveWritesTheNdShapeAndLoadChecksIt) {

@@ -59,6 +59,8 @@ TEST(BatchNorm2dLayer, StartsAsPyTorchAndFollowsTheTapesMode) {
   EXPECT_TRUE(bn.bias.value().isZero());
   EXPECT_TRUE(bn.running_mean.value().isZero());
   EXPECT_TRUE(bn.running_var.value().isOnes());
+  EXPECT_EQ(bn.num_batches_tracked(), 0);
+  EXPECT_EQ(bn.momentum(), 0.1);
   const remat::Matrix<double> data = remat_test::nd_values(Shape{4, 3, 2, 2}, 2, 1, 3);  // means near 2
   {
     Tape<double> tape;  // training by default: batch statistics, running ones move toward them
@@ -69,6 +71,7 @@ TEST(BatchNorm2dLayer, StartsAsPyTorchAndFollowsTheTapesMode) {
     EXPECT_TRUE(bn.weight.grad().allFinite());
   }
   EXPECT_GT(bn.running_mean.value().minCoeff(), 0.1);  // 0.1 · a mean near 2
+  EXPECT_EQ(bn.num_batches_tracked(), 1);
   EXPECT_EQ(bn.running_mean.grad().size(), 3);
   EXPECT_TRUE(bn.running_mean.grad().isZero());  // never given a gradient
   const remat::Matrix<double> mean = bn.running_mean.value(), var = bn.running_var.value();
@@ -78,6 +81,7 @@ TEST(BatchNorm2dLayer, StartsAsPyTorchAndFollowsTheTapesMode) {
   const double want = (data(0, 0) - mean(0, 0)) / std::sqrt(var(0, 0) + 1e-5);
   EXPECT_NEAR(y.value()(0, 0), want, 1e-12);
   EXPECT_TRUE(bn.running_mean.value() == mean);
+  EXPECT_EQ(bn.num_batches_tracked(), 1);  // evaluation counts nothing
 }
 
 TEST(OneCycleSchedule, EqualsPyTorchsOneCycleLR) {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -208,19 +210,25 @@ TEST(BatchNorm, AMemoryBudgetsRegenerationsDoNotUpdateTheRunningStatistics) {
   for (std::size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(bitwise(got[k].cast<double>(), want[k].cast<double>())) << k;
 }
 
+/// The stage's block, checkpointed (nothing_saveable), in a CapturedStep recorded and replayed twice: three runs.
+template <class S>
+void three_captured_runs(S& stage) {
+  remat::CapturedStep<float> run([&](Tape<float>& tape) {
+    const Var<float> x = tape.constant(Shape{4, 3, 6, 6}, stage.input.data());
+    return remat::sum(remat::checkpoint([&](const Var<float>& in) { return stage.block(tape, in); },
+                                        remat::policies::nothing_saveable)(x));
+  });
+  run.replay();
+  run.replay();
+}
+
 TEST(BatchNorm, ACapturedStepUpdatesThemOncePerRun) {
   Stage recorded, captured;
   for (int k = 0; k < 3; ++k) {
     Tape<float> tape;
     step(recorded, tape, nullptr);
   }
-  remat::CapturedStep<float> run([&](Tape<float>& tape) {
-    const Var<float> x = tape.constant(Shape{4, 3, 6, 6}, captured.input.data());
-    return remat::sum(remat::checkpoint([&](const Var<float>& in) { return captured.block(tape, in); },
-                                        remat::policies::nothing_saveable)(x));
-  });
-  run.replay();
-  run.replay();
+  three_captured_runs(captured);
   const auto want = recorded.statistics(), got = captured.statistics();
   for (std::size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(bitwise(got[k].cast<double>(), want[k].cast<double>())) << k;
 }
@@ -234,6 +242,166 @@ TEST(BatchNorm, AShapesOnlyEstimateLeavesThemAlone) {
   const auto after = s.statistics();
   for (std::size_t k = 0; k < after.size(); ++k)
     EXPECT_TRUE(bitwise(after[k].cast<double>(), before[k].cast<double>()));
+}
+
+/// The Stage as nn::BatchNorm2d layers: the first with momentum 0.1, the second with momentum None (the cumulative
+/// average, whose update weight 1/num_batches_tracked is read from the counter as the op runs).
+struct LayerStage {
+  Parameter<float> w1{kernel(1)}, w2{kernel(2)};
+  remat::nn::BatchNorm2d<float> bn1{3}, bn2{3, 1e-5, std::nullopt};
+  remat::Matrix<float> input = remat_test::nd_values(Shape{4, 3, 6, 6}, 7).cast<float>();
+
+  Var<float> block(Tape<float>& tape, const Var<float>& x) {
+    const Var<float> c1 = remat::conv2d(x, tape.variable(w1), remat::Conv2dOptions().padding(1));
+    const Var<float> h = remat::relu(bn1.forward(tape, c1));
+    return remat::relu(bn2.forward(tape, remat::conv2d(h, tape.variable(w2), remat::Conv2dOptions().padding(1))));
+  }
+  /// One step: `depth` blocks in a row (each counting in the same layers), checkpointed under `policy` or plain.
+  remat::MemoryStats step(Tape<float>& tape, const remat_test::AnyPolicy* policy, int depth = 1) {
+    Var<float> y = tape.constant(Shape{4, 3, 6, 6}, input.data());
+    for (int k = 0; k < depth; ++k)
+      y = policy ? remat::checkpoint([&](const Var<float>& in) { return block(tape, in); }, *policy)(y)
+                 : block(tape, y);
+    tape.backward(remat::sum(y));
+    return tape.memory();
+  }
+  std::vector<remat::Matrix<float>> statistics() const {
+    return {bn1.running_mean.value(), bn1.running_var.value(), bn2.running_mean.value(), bn2.running_var.value()};
+  }
+  std::vector<std::int64_t> counters() const { return {bn1.num_batches_tracked(), bn2.num_batches_tracked()}; }
+};
+
+/// Whether `got`'s statistics and counters are bitwise `want`'s.
+void expect_same_state(const LayerStage& got, const LayerStage& want, const std::string& what) {
+  const auto a = got.statistics(), b = want.statistics();
+  for (std::size_t k = 0; k < a.size(); ++k)
+    EXPECT_TRUE(bitwise(a[k].cast<double>(), b[k].cast<double>())) << what << ", statistic " << k;
+  EXPECT_EQ(got.counters(), want.counters()) << what;
+}
+
+TEST(BatchNorm2dCounter, CountsOncePerRecordedStepUnderEveryCheckpointMode) {
+  LayerStage plain;
+  for (int k = 0; k < 3; ++k) {
+    Tape<float> tape;
+    plain.step(tape, nullptr);
+  }
+  EXPECT_EQ(plain.counters(), (std::vector<std::int64_t>{3, 3}));
+  for (const auto& [name, policy] : remat_test::every_policy()) {
+    LayerStage s;
+    for (int k = 0; k < 3; ++k) {
+      Tape<float> tape;
+      const remat::MemoryStats m = s.step(tape, &policy);
+      if (name == "nothing_saveable") {
+        EXPECT_GE(m.replayed_ops, 5u);  // both batch norms ran again
+      }
+    }
+    expect_same_state(s, plain, name);
+  }
+  {  // a memory budget that regenerates batch norms: counted once per block still
+    LayerStage deep, budget;
+    std::size_t peak = 0;
+    {
+      Tape<float> tape;
+      peak = deep.step(tape, nullptr, 6).peak_bytes;
+    }
+    EXPECT_EQ(deep.counters(), (std::vector<std::int64_t>{6, 6}));
+    Tape<float> tape;
+    tape.set_memory_budget(peak / 2);
+    EXPECT_GT(budget.step(tape, nullptr, 6).rematerialized_ops, 0u);
+    expect_same_state(budget, deep, "memory budget");
+  }
+  {  // a CapturedStep counts once per run (the record and each replay), checkpointed replays not
+    LayerStage captured;
+    three_captured_runs(captured);
+    expect_same_state(captured, plain, "CapturedStep");
+  }
+  {  // a shapes-only estimate and evaluation count nothing
+    LayerStage s;
+    Tape<float> estimate(remat::shapes_only);
+    const remat_test::AnyPolicy nothing = remat::policies::nothing_saveable;
+    s.step(estimate, &nothing);
+    Tape<float> evaluation;
+    evaluation.set_training(false);
+    s.block(evaluation, evaluation.constant(Shape{4, 3, 6, 6}, s.input.data()));
+    expect_same_state(s, LayerStage(), "estimate and evaluation");
+  }
+}
+
+TEST(BatchNorm2dCounter, MomentumNoneIsTheCumulativeAverageOfTheBatchStatistics) {
+  // Three batches of [2, 2, 3] (C = 2, 6 values per channel): after them, PyTorch's momentum=None leaves
+  // running_mean = the mean of the three batch means and running_var = the mean of the three unbiased variances
+  // (the initial 0 and 1 forgotten at the first step, whose weight is 1/1), num_batches_tracked = 3.
+  remat::nn::BatchNorm2d<double> bn(2, 1e-5, std::nullopt);
+  EXPECT_FALSE(bn.momentum().has_value());
+  double mean[2] = {0, 0}, var[2] = {0, 0};
+  for (int b = 0; b < 3; ++b) {
+    const Matrix x = remat_test::nd_values(Shape{2, 2, 3}, 20 + static_cast<std::uint64_t>(b), -1, 2 + b);
+    for (int c = 0; c < 2; ++c) {  // by hand: x is row-major [n, c, s]
+      double sum = 0, squares = 0;
+      for (int n = 0; n < 2; ++n)
+        for (int s = 0; s < 3; ++s) sum += x.data()[(n * 2 + c) * 3 + s];
+      const double mu = sum / 6;
+      for (int n = 0; n < 2; ++n)
+        for (int s = 0; s < 3; ++s) squares += std::pow(x.data()[(n * 2 + c) * 3 + s] - mu, 2);
+      mean[c] += mu / 3;
+      var[c] += squares / 5 / 3;
+    }
+    Tape<double> tape;
+    bn.forward(tape, tape.constant(Shape{2, 2, 3}, x.data()));
+    EXPECT_EQ(bn.num_batches_tracked(), b + 1);
+    if (b == 0) {  // weight 1/1: the first batch's statistics exactly replace the initial ones
+      EXPECT_NEAR(bn.running_var.value()(0, 0), var[0] * 3, 1e-15);
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    EXPECT_NEAR(bn.running_mean.value()(0, c), mean[c], 1e-14) << c;
+    EXPECT_NEAR(bn.running_var.value()(0, c), var[c], 1e-14) << c;
+  }
+  // A count set by hand (as a loaded one) continues: the next weight is 1/(4 + 1).
+  bn.num_batches_tracked() = 4;
+  const Matrix before = bn.running_mean.value();
+  const Matrix x = remat_test::nd_values(Shape{2, 2, 3}, 30);
+  Tape<double> tape;
+  bn.forward(tape, tape.constant(Shape{2, 2, 3}, x.data()));
+  EXPECT_EQ(bn.num_batches_tracked(), 5);
+  const double mu0 = (x.data()[0] + x.data()[1] + x.data()[2] + x.data()[6] + x.data()[7] + x.data()[8]) / 6;
+  EXPECT_NEAR(bn.running_mean.value()(0, 0), 0.8 * before(0, 0) + 0.2 * mu0, 1e-14);
+  // A negative count is refused before anything is recorded or counted.
+  bn.num_batches_tracked() = -1;
+  const std::size_t size = tape.size();
+  remat_test::expect_error_naming<remat::domain_error>(
+      [&] {
+        bn.forward(tape, tape.constant(Shape{2, 2, 3}, x.data()));
+      },
+      {"nn::BatchNorm2d", "num_batches_tracked is -1"});
+  EXPECT_EQ(bn.num_batches_tracked(), -1);
+  EXPECT_EQ(tape.size(), size + 1);  // the constant only
+}
+
+TEST(BatchNorm2dCounter, FollowsTheLayerWhenItMovesAndIsCopiedWithIt) {
+  std::vector<remat::nn::BatchNorm2d<float>> layers;
+  layers.emplace_back(3);
+  const remat::Matrix<float> x = remat_test::nd_values(Shape{2, 3, 2, 2}, 4).cast<float>();
+  remat::CapturedStep<float> run([&](Tape<float>& tape) {
+    return remat::sum(layers[0].forward(tape, tape.constant(Shape{2, 3, 2, 2}, x.data())));
+  });
+  EXPECT_EQ(layers[0].num_batches_tracked(), 1);
+  for (int k = 0; k < 8; ++k) layers.emplace_back(3);  // reallocates: the layer moves, its counter with it
+  run.replay();
+  EXPECT_EQ(layers[0].num_batches_tracked(), 2);
+  remat::nn::BatchNorm2d<float> copy = layers[0];  // a copy counts on its own
+  run.replay();
+  EXPECT_EQ(layers[0].num_batches_tracked(), 3);
+  EXPECT_EQ(copy.num_batches_tracked(), 2);
+  // An assignment copies the count into the layer's own storage, which stays where a tape recorded it.
+  remat::nn::BatchNorm2d<float> a(3);
+  const std::int64_t* address = &a.num_batches_tracked();
+  a = copy;
+  EXPECT_EQ(&a.num_batches_tracked(), address);
+  EXPECT_EQ(a.num_batches_tracked(), 2);
+  a = std::move(layers[0]);
+  EXPECT_EQ(&a.num_batches_tracked(), address);
+  EXPECT_EQ(a.num_batches_tracked(), 3);
 }
 
 /// A user op y = x that counts its forward runs, and those that were records (ForwardContext::recording()).

@@ -2,6 +2,7 @@
 // (remat/remat.hpp) never include MPI.
 #pragma once
 
+#include "remat/distributed/buffers.hpp"
 #include "remat/distributed/environment.hpp"
 #include "remat/distributed/gradient_reducer.hpp"
 #include "remat/distributed/parameters.hpp"

@@ -69,16 +69,17 @@ namespace detail {
 /// root of a broadcast), some Parameter's value is still read by a backward in progress (ParameterStorage::
 /// check_not_read): that rank's mutable_value() would throw before its MPI_Bcast and leave the others waiting.
 template <class T>
-void check_not_read_anywhere(const std::vector<Parameter<T>*>& parameters, bool only_read_here, MPI_Comm comm) {
+void check_not_read_anywhere(const std::vector<Parameter<T>*>& parameters, bool only_read_here, MPI_Comm comm,
+                             const char* who = "broadcast_parameters") {
   long long mine = -1;  // the first parameter this rank cannot write
   for (std::size_t k = 0; k < parameters.size() && mine < 0 && !only_read_here; ++k)
     if (remat::detail::ParameterAccess::storage(*parameters[k])->being_read()) mine = static_cast<long long>(k);
   std::vector<long long> all(static_cast<std::size_t>(size(comm)));
   check(MPI_Allgather(&mine, 1, MPI_LONG_LONG, all.data(), 1, MPI_LONG_LONG, comm),
-        "broadcast_parameters: MPI_Allgather");
+        (std::string(who) + ": MPI_Allgather").c_str());
   for (std::size_t r = 0; r < all.size(); ++r)
     if (all[r] >= 0)
-      throw tape_error("broadcast_parameters: parameter " + std::to_string(all[r]) + " on rank " + std::to_string(r) +
+      throw tape_error(std::string(who) + ": parameter " + std::to_string(all[r]) + " on rank " + std::to_string(r) +
                        ": a backward still reads its value (called from a gradient-ready callback before that "
                        "Parameter's gradient was ready); nothing was changed on any rank");
 }

@@ -89,8 +89,9 @@ enum class Layout {
 /// The optional "__metadata__" of a file: free-form text keys and values (PyTorch's files say {"format": "pt"}).
 using Metadata = std::map<std::string, std::string>;
 
-/// One tensor of a file named for a Parameter<float> (dtype F32) or Parameter<double> (F64), and its layout.
-/// The Entry refers to the Parameter: it must outlive the save or load call it is given to.
+/// One tensor of a file named for a Parameter<float> (dtype F32) or Parameter<double> (F64), and its layout; or for
+/// an std::int64_t, a scalar of dtype I64 (shape [], as PyTorch's nn.BatchNorm2d's num_batches_tracked). The Entry
+/// refers to the Parameter or the integer: it must outlive the save or load call it is given to.
 class Entry {
  public:
   /// Tensor `name` is `parameter`'s value (F32), laid out as `layout` says.
@@ -99,17 +100,27 @@ class Entry {
   /// The same for a Parameter<double> (F64).
   Entry(std::string name, Parameter<double>& parameter, Layout layout = Layout::matrix)
       : name_(std::move(name)), double_(&parameter), layout_(layout) {}
+  /// Tensor `name` is `scalar`, I64 of shape [] (a count, such as nn::BatchNorm2d::num_batches_tracked()).
+  /// required false: a file without the tensor loads, and leaves `scalar` as it is (as PyTorch's BatchNorm loads
+  /// a state_dict without num_batches_tracked); a tensor of that name must still be an I64 scalar.
+  Entry(std::string name, std::int64_t& scalar, bool required = true)
+      : name_(std::move(name)), int64_(&scalar), layout_(Layout::matrix), required_(required) {}
 
   const std::string& name() const noexcept { return name_; }                ///< the tensor's name in the file
   Layout layout() const noexcept { return layout_; }                        ///< how the value maps to the tensor
   Parameter<float>* float_parameter() const noexcept { return float_; }     ///< null unless a float Parameter
   Parameter<double>* double_parameter() const noexcept { return double_; }  ///< null unless a double Parameter
+  std::int64_t* int64_scalar() const noexcept { return int64_; }            ///< null unless an I64 scalar
+  /// false: load accepts a file without this tensor (only an I64 scalar's Entry can say so).
+  bool required() const noexcept { return required_; }
 
  private:
   std::string name_;
   Parameter<float>* float_ = nullptr;
   Parameter<double>* double_ = nullptr;
+  std::int64_t* int64_ = nullptr;
   Layout layout_;
+  bool required_ = true;
 };
 
 /// The entries of an nn::Linear as PyTorch's nn.Linear names and lays them out: "PREFIX.weight" [out, in]
@@ -130,14 +141,17 @@ std::vector<Entry> torch_conv2d(const std::string& prefix, nn::Conv2d<T>& layer)
   return entries;
 }
 
-/// The entries of an nn::BatchNorm2d as PyTorch's nn.BatchNorm2d names them: "PREFIX.weight", "PREFIX.bias",
-/// "PREFIX.running_mean", "PREFIX.running_var", each [C]. PyTorch's state_dict also holds
-/// "PREFIX.num_batches_tracked", an I64 scalar remat does not keep: load such a file with
-/// LoadOptions::allow_extra.
+/// The entries of an nn::BatchNorm2d as PyTorch's nn.BatchNorm2d's state_dict names them: "PREFIX.weight",
+/// "PREFIX.bias", "PREFIX.running_mean", "PREFIX.running_var", each [C], and "PREFIX.num_batches_tracked", an I64
+/// scalar. A file saved with them loads into torch.nn.BatchNorm2d(C) with load_state_dict(strict=True), and one
+/// written by PyTorch loads into nn::BatchNorm2d(C) without LoadOptions::allow_extra. The counter is not required
+/// on load: a file without it (saved by remat before the layer kept one) loads and leaves the count as it is, as
+/// PyTorch does for a state_dict without it.
 template <class T>
 std::vector<Entry> torch_batch_norm2d(const std::string& prefix, nn::BatchNorm2d<T>& layer) {
   return {Entry(prefix + ".weight", layer.weight), Entry(prefix + ".bias", layer.bias),
-          Entry(prefix + ".running_mean", layer.running_mean), Entry(prefix + ".running_var", layer.running_var)};
+          Entry(prefix + ".running_mean", layer.running_mean), Entry(prefix + ".running_var", layer.running_var),
+          Entry(prefix + ".num_batches_tracked", layer.num_batches_tracked(), false)};
 }
 
 /// What load accepts besides an exact match of names, dtypes and shapes.
@@ -570,6 +584,11 @@ inline void check_entries(const std::vector<Entry>& entries, const char* op) {
     }
     if (!names.insert(e.name()).second)
       throw name_error(where + "the tensor name " + quote_name(e.name()) + " is given twice");
+    if (e.int64_scalar()) {
+      if (!parameters.insert(e.int64_scalar()).second)
+        throw name_error(where + "the integer named " + quote_name(e.name()) + " is also given under another name");
+      continue;
+    }
     const void* identity =
         e.float_parameter() ? static_cast<const void*>(remat::detail::ParameterAccess::identity(*e.float_parameter()))
                             : static_cast<const void*>(remat::detail::ParameterAccess::identity(*e.double_parameter()));
@@ -617,6 +636,25 @@ Source make_source(const std::string& name, const Matrix<T>& value, const Shape&
     }
   }
   return s;
+}
+
+/// An I64 scalar (shape []) of the 8 bytes at `value`.
+inline Source make_source(const std::string& name, const std::int64_t& value) {
+  Source s;
+  s.name = name;
+  s.dtype = "I64";
+  s.data = &value;
+  s.bytes = sizeof(std::int64_t);
+  return s;
+}
+
+/// Throws mismatch_error unless tensor `t` is an I64 scalar (shape []), what an Entry of an std::int64_t loads.
+inline void check_int64_scalar(const std::string& path, const TensorInfo& t) {
+  if (t.dtype == "I64" && t.shape.empty()) return;
+  throw mismatch_error(path + ": tensor " + quote_name(t.name) + " is " + t.dtype + " " + shape_text(t.shape) +
+                           " in the file but its entry is an std::int64_t, an I64 scalar []; a count such as "
+                           "num_batches_tracked is saved so by PyTorch and remat",
+                       path, t.name);
 }
 
 /// The directory a file at `path` is in: "." for a bare name.
@@ -751,7 +789,8 @@ inline Header read_header(const std::string& path) {
 }
 
 /// Saves each entry's Parameter as a tensor of the entry's name, layout and dtype (F32 for float, F64 for
-/// double), with `metadata` as "__metadata__" (none if empty), to the file at `path` (created or replaced).
+/// double), and each entry's std::int64_t as an I64 scalar [], with `metadata` as "__metadata__" (none if empty), to
+/// the file at `path` (created or replaced).
 ///
 /// Atomic: the file is written to a temporary file in the same directory (`path`.tmp.PID.N), flushed to the
 /// disk (fsync) and renamed over `path`; a save that fails at any step removes the temporary file and leaves
@@ -767,22 +806,27 @@ inline void save(const std::string& path, const std::vector<Entry>& entries, con
   sources.reserve(entries.size());
   for (const Entry& e : entries)
     sources.push_back(
-        e.float_parameter()
+        e.int64_scalar() ? detail::make_source(e.name(), *e.int64_scalar())
+        : e.float_parameter()
             ? detail::make_source(e.name(), e.float_parameter()->value(), e.float_parameter()->shape(), e.layout())
             : detail::make_source(e.name(), e.double_parameter()->value(), e.double_parameter()->shape(), e.layout()));
   detail::write_file(path, sources, metadata);
 }
 
-/// Loads the tensors of the file at `path` into the entries' Parameters, each from the tensor of its name.
+/// Loads the tensors of the file at `path` into the entries' Parameters (and integers), each from the tensor of its
+/// name.
 ///
 /// Checked before any Parameter changes: the whole file against the format (format_error), then that every
-/// entry's name is in the file, that each tensor's dtype is its Parameter's (F32 for float, F64 for double;
+/// entry's name is in the file (but for an integer's entry made with required false, which a file may lack: it is
+/// then left as it is), that each tensor's dtype is its Parameter's (F32 for float, F64 for double;
 /// LoadOptions::convert_dtype converts between the two) and its shape fits the Parameter's [rows, cols] under
-/// the entry's Layout, that the file has no tensor no entry names (unless LoadOptions::allow_extra), and that
+/// the entry's Layout, that an integer's tensor is an I64 scalar [], that the file has no tensor no entry names
+/// (unless LoadOptions::allow_extra), and that
 /// no backward is still reading a Parameter (mismatch_error, tape_error); then every tensor is read (an
 /// io_error or a format_error if the file shrinks meanwhile). Only when all of that succeeded are the
 /// Parameters assigned, in place (their buffers and shapes stay; their versions move on, so a tape that
-/// recorded one of them refuses to backward with the new value): a failed load leaves every Parameter as it was.
+/// recorded one of them refuses to backward with the new value), and the integers: a failed load leaves every
+/// Parameter and integer as it was.
 ///
 /// Throws name_error and shape_error as save does; io_error if the file cannot be opened or read;
 /// format_error if it is not a valid safetensors file; mismatch_error as above; tape_error if a backward
@@ -796,9 +840,11 @@ inline void load(const std::string& path, const std::vector<Entry>& entries, con
   std::string missing;
   std::size_t missing_count = 0;
   const std::string* first_missing = nullptr;
+  std::size_t found = 0;
   for (const Entry& e : entries) {
     tensors.push_back(header.find(e.name()));
-    if (tensors.back()) continue;
+    if (tensors.back()) ++found;
+    if (tensors.back() || !e.required()) continue;
     if (!first_missing) first_missing = &e.name();
     if (++missing_count <= 5) missing += (missing_count > 1 ? ", " : "") + detail::quote_name(e.name());
   }
@@ -815,7 +861,12 @@ inline void load(const std::string& path, const std::vector<Entry>& entries, con
   }
   for (std::size_t k = 0; k < entries.size(); ++k) {
     const Entry& e = entries[k];
+    if (!tensors[k]) continue;  // an entry not required, absent from the file
     const TensorInfo& t = *tensors[k];
+    if (e.int64_scalar()) {
+      detail::check_int64_scalar(path, t);
+      continue;
+    }
     const std::string into = "its Parameter";
     if (e.float_parameter())
       detail::check_dtype<float>(path, t, options, into);
@@ -827,7 +878,7 @@ inline void load(const std::string& path, const std::vector<Entry>& entries, con
     if (!detail::shape_fits(t.shape, dims, rows, cols, e.layout()))
       throw detail::shape_mismatch(path, t, dims, rows, cols, e.layout());
   }
-  if (!options.allow_extra && header.tensors.size() > entries.size()) {
+  if (!options.allow_extra && header.tensors.size() > found) {
     std::set<std::string> named;
     for (const Entry& e : entries) named.insert(e.name());
     std::string extra;
@@ -848,14 +899,19 @@ inline void load(const std::string& path, const std::vector<Entry>& entries, con
   for (const Entry& e : entries) {
     if (e.float_parameter())
       remat::detail::ParameterAccess::storage(*e.float_parameter())->check_not_read("safetensors::load");
-    else
+    else if (e.double_parameter())
       remat::detail::ParameterAccess::storage(*e.double_parameter())->check_not_read("safetensors::load");
   }
   std::vector<Matrix<float>> floats(entries.size());
   std::vector<Matrix<double>> doubles(entries.size());
+  std::vector<std::int64_t> integers(entries.size());
   for (std::size_t k = 0; k < entries.size(); ++k) {
     const Entry& e = entries[k];
-    if (e.float_parameter())
+    if (!tensors[k]) continue;
+    if (e.int64_scalar())
+      file.read_at(8 + header.header_bytes + tensors[k]->begin, &integers[k], sizeof(std::int64_t),
+                   "tensor " + detail::quote_name(e.name()), e.name());
+    else if (e.float_parameter())
       floats[k] = detail::read_matrix<float>(path, file, header, *tensors[k], e.float_parameter()->rows(),
                                              e.float_parameter()->cols(), e.layout());
     else
@@ -865,7 +921,10 @@ inline void load(const std::string& path, const std::vector<Entry>& entries, con
   // Nothing below throws: the shapes are the Parameters' own, so each assignment copies into the existing
   // buffer without allocating, and no backward reads them.
   for (std::size_t k = 0; k < entries.size(); ++k) {
-    if (entries[k].float_parameter())
+    if (!tensors[k]) continue;
+    if (entries[k].int64_scalar())
+      *entries[k].int64_scalar() = integers[k];
+    else if (entries[k].float_parameter())
       entries[k].float_parameter()->mutable_value() = floats[k];
     else
       entries[k].double_parameter()->mutable_value() = doubles[k];

@@ -2,7 +2,9 @@
 // statistics updated once per recorded step, never by a checkpoint's replay.
 #pragma once
 
+#include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -79,14 +81,27 @@ using NotDeduced = typename NotDeducedType<T>::type;
 struct BatchNormOp : OpBase {
   static constexpr const char* name = "batch_norm";
   static constexpr OpKind kind = OpKind::normalization;
+  /// 40 bytes (max_params_bytes): three pointers and two doubles, the three flags in the low bits of the counter's
+  /// address (an std::int64_t is 8-aligned, so they are free).
   struct Params {
     void* running_mean = nullptr;  ///< T[C] updated when the op is recorded (null: none)
     void* running_var = nullptr;   ///< T[C], likewise, with the unbiased variance
+    /// The address of the std::int64_t num_batches_tracked incremented when the op is recorded (0: none), or'ed
+    /// with has_weight_flag, has_bias_flag and cumulative_flag.
+    std::uintptr_t counter_and_flags = 0;
     double momentum = 0.1;
     double eps = 1e-5;
-    std::int8_t has_weight = 0;  ///< input 1 is the weight [C]
-    std::int8_t has_bias = 0;    ///< the next input is the bias [C]
+
+    static constexpr std::uintptr_t has_weight_flag = 1;  ///< input 1 is the weight [C]
+    static constexpr std::uintptr_t has_bias_flag = 2;    ///< the next input is the bias [C]
+    static constexpr std::uintptr_t cumulative_flag = 4;  ///< momentum None: the update weight is 1/counter
+    static constexpr std::uintptr_t flag_bits = 7;
+    int has_weight() const { return (counter_and_flags & has_weight_flag) ? 1 : 0; }
+    int has_bias() const { return (counter_and_flags & has_bias_flag) ? 1 : 0; }
+    bool cumulative() const { return (counter_and_flags & cumulative_flag) != 0; }
+    std::int64_t* counter() const { return reinterpret_cast<std::int64_t*>(counter_and_flags & ~flag_bits); }
   };
+  static_assert(alignof(std::int64_t) >= 8, "the flags need the counter's three low bits");
   /// Channels and elements per channel and sample of x [N, C, *].
   static Index channels(const Shape& x) { return x[1]; }
   static Index inner(const Shape& x) { return x.numel() / (x[0] * x[1]); }
@@ -99,11 +114,11 @@ struct BatchNormOp : OpBase {
   static Shape output_shape(const Shape* in, const Params& p) {
     const Shape& x = in[0];
     if (x.rank() < 2) throw shape_error("batch_norm: x is " + to_string(x) + "; it must be [N, C, *] (rank 2 or more)");
-    for (int k = 1; k <= p.has_weight + p.has_bias; ++k)
+    for (int k = 1; k <= p.has_weight() + p.has_bias(); ++k)
       if (in[k].rank() != 1 || in[k][0] != x[1])
         throw shape_error(std::string("batch_norm: x is ") + to_string(x) + " but " +
-                          (k == 1 && p.has_weight ? "weight" : "bias") + " is " + to_string(in[k]) + "; it must be [" +
-                          std::to_string(x[1]) + "], one per channel");
+                          (k == 1 && p.has_weight() ? "weight" : "bias") + " is " + to_string(in[k]) +
+                          "; it must be [" + std::to_string(x[1]) + "], one per channel");
     if (x.numel() / x[1] < 2)
       throw shape_error("batch_norm: x is " + to_string(x) +
                         "; training needs more than one value per channel (as PyTorch: a batch of one sample "
@@ -124,10 +139,18 @@ struct BatchNormOp : OpBase {
     const T* x = c.in(0).data();
     T* y = c.out().data();
     auto stats = c.extra();
-    const T* w = p.has_weight ? c.in(1).data() : nullptr;
-    const T* b = p.has_bias ? c.in(1 + p.has_weight).data() : nullptr;
+    const T* w = p.has_weight() ? c.in(1).data() : nullptr;
+    const T* b = p.has_bias() ? c.in(1 + p.has_weight()).data() : nullptr;
     T* running_mean = c.recording() ? static_cast<T*>(p.running_mean) : nullptr;
     T* running_var = c.recording() ? static_cast<T*>(p.running_var) : nullptr;
+    // The effects outside the tape, only on the record (never on a replay or a regeneration): the counter first,
+    // since a cumulative average weighs this batch by 1/(the count including it), as PyTorch does.
+    double momentum = p.momentum;
+    if (std::int64_t* counter = c.recording() ? p.counter() : nullptr) {
+      ++*counter;
+      if (p.cumulative()) momentum = 1.0 / static_cast<double>(*counter);
+    }
+    const T m = T(momentum);
     for_row_blocks(C, N * S, 8, [&](Index c0, Index count) {
       for (Index ch = c0; ch < c0 + count; ++ch) {
         T sum = 0;
@@ -145,8 +168,6 @@ struct BatchNormOp : OpBase {
           Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(y + (n * C + ch) * S, S) =
               (Segment<T>(x + (n * C + ch) * S, S) - mean) * scale + shift;
         }
-        // The effect outside the tape, only on the record (never on a replay or a regeneration).
-        const T m = T(p.momentum);
         if (running_mean) running_mean[ch] = (T(1) - m) * running_mean[ch] + m * mean;
         if (running_var) running_var[ch] = (T(1) - m) * running_var[ch] + m * T(squares / T(M - 1));
       }
@@ -161,13 +182,13 @@ struct BatchNormOp : OpBase {
     const Index N = s[0], C = channels(s), S = inner(s);
     const T M = T(N * S);
     const T* g = c.grad_out().data();
-    const int kw = p.has_weight ? 1 : -1, kb = p.has_bias ? 1 + p.has_weight : -1;
+    const int kw = p.has_weight() ? 1 : -1, kb = p.has_bias() ? 1 + p.has_weight() : -1;
     const bool want_x = c.wants_grad(0), want_w = kw > 0 && c.wants_grad(kw), want_b = kb > 0 && c.wants_grad(kb);
     GradTarget<T> dx = want_x ? c.grad_target(0) : GradTarget<T>{AlignedMap<T>(nullptr, 0, 0), false};
     GradTarget<T> dw = want_w ? c.grad_target(kw) : GradTarget<T>{AlignedMap<T>(nullptr, 0, 0), false};
     GradTarget<T> db = want_b ? c.grad_target(kb) : GradTarget<T>{AlignedMap<T>(nullptr, 0, 0), false};
     const T* x = want_x || want_w ? c.in(0).data() : nullptr;
-    const T* w = want_x && p.has_weight ? c.in(1).data() : nullptr;
+    const T* w = want_x && p.has_weight() ? c.in(1).data() : nullptr;
     const auto stats = c.extra();
     for_row_blocks(C, N * S, 12, [&](Index c0, Index count) {
       for (Index ch = c0; ch < c0 + count; ++ch) {
@@ -299,6 +320,53 @@ Var<T> batch_norm_evaluation(const Var<T>& x, const Parameter<T>& running_mean, 
   return apply_op<ChannelAffineOp>(x, scale, shift);
 }
 
+/// batch_norm, with nn::BatchNorm2d's counter: in training, a recorded op also adds 1 to *num_batches_tracked
+/// (when not null) before updating the running statistics, and `cumulative` (momentum None, which needs the
+/// counter) weighs the batch by 1/(*num_batches_tracked) instead of options.momentum(): PyTorch's cumulative moving
+/// average. The counter is written through a pointer kept with the op, like the running statistics.
+template <class T>
+Var<T> batch_norm_tracked(const Var<T>& x, Parameter<T>* running_mean, Parameter<T>* running_var,
+                          std::int64_t* num_batches_tracked, bool cumulative, const BatchNormFuncOptions<T>& options) {
+  check_batch_norm_options(options.momentum(), options.eps());
+  const Shape xs = x.shape("batch_norm");
+  if (xs.rank() >= 2) {
+    check_running_statistic(running_mean, "running_mean", xs);
+    check_running_statistic(running_var, "running_var", xs);
+  }
+  if (!options.training()) {
+    if (!running_mean || !running_var)
+      throw domain_error(
+          "batch_norm: evaluation (training(false)) normalises by the running statistics, but running_mean or "
+          "running_var is null; pass both, or training(true) for the batch's statistics");
+    if (xs.rank() < 2)
+      throw shape_error("batch_norm: x is " + to_string(xs) + "; it must be [N, C, *] (rank 2 or more)");
+    for (int k = 0; k < 2; ++k) {
+      if (!(k == 0 ? options.has_weight() : options.has_bias())) continue;
+      const Shape s = (k == 0 ? options.weight() : options.bias()).shape("batch_norm");
+      if (s.rank() != 1 || s[0] != xs[1])
+        throw shape_error("batch_norm: x is " + to_string(xs) + " but " + (k == 0 ? "weight" : "bias") + " is " +
+                          to_string(s) + "; it must be [" + std::to_string(xs[1]) + "], one per channel");
+    }
+    return batch_norm_evaluation(x, *running_mean, *running_var, options);
+  }
+  BatchNormOp::Params p;
+  p.momentum = options.momentum();
+  p.eps = options.eps();
+  const auto address = reinterpret_cast<std::uintptr_t>(num_batches_tracked);
+  assert((address & BatchNormOp::Params::flag_bits) == 0);  // an std::int64_t is 8-aligned (static_assert above)
+  p.counter_and_flags = address | (options.has_weight() ? BatchNormOp::Params::has_weight_flag : 0) |
+                        (options.has_bias() ? BatchNormOp::Params::has_bias_flag : 0) |
+                        (cumulative ? BatchNormOp::Params::cumulative_flag : 0);
+  // Written only by the op's forward when recorded (not through mutable_value(), which a shapes-only tape, that
+  // changes no Parameter, must not call): state without gradient, like PyTorch's buffers. So is the counter.
+  if (running_mean) p.running_mean = const_cast<T*>(running_mean->value().data());
+  if (running_var) p.running_var = const_cast<T*>(running_var->value().data());
+  if (p.has_weight() && p.has_bias()) return apply_op<BatchNormOp>(p, x, options.weight(), options.bias());
+  if (p.has_weight()) return apply_op<BatchNormOp>(p, x, options.weight());
+  if (p.has_bias()) return apply_op<BatchNormOp>(p, x, options.bias());
+  return apply_op<BatchNormOp>(p, x);
+}
+
 }  // namespace detail
 
 /// Batch normalisation, torch.nn.functional.batch_norm (Ioffe & Szegedy, "Batch Normalization", ICML 2015):
@@ -329,41 +397,7 @@ Var<T> batch_norm_evaluation(const Var<T>& x, const Parameter<T>& running_mean, 
 template <class T>
 Var<T> batch_norm(const Var<T>& x, detail::NotDeduced<Parameter<T>>* running_mean,
                   detail::NotDeduced<Parameter<T>>* running_var, const BatchNormFuncOptions<T>& options = {}) {
-  detail::check_batch_norm_options(options.momentum(), options.eps());
-  const Shape xs = x.shape("batch_norm");
-  if (xs.rank() >= 2) {
-    detail::check_running_statistic(running_mean, "running_mean", xs);
-    detail::check_running_statistic(running_var, "running_var", xs);
-  }
-  if (!options.training()) {
-    if (!running_mean || !running_var)
-      throw domain_error(
-          "batch_norm: evaluation (training(false)) normalises by the running statistics, but running_mean or "
-          "running_var is null; pass both, or training(true) for the batch's statistics");
-    if (xs.rank() < 2)
-      throw shape_error("batch_norm: x is " + to_string(xs) + "; it must be [N, C, *] (rank 2 or more)");
-    for (int k = 0; k < 2; ++k) {
-      if (!(k == 0 ? options.has_weight() : options.has_bias())) continue;
-      const Shape s = (k == 0 ? options.weight() : options.bias()).shape("batch_norm");
-      if (s.rank() != 1 || s[0] != xs[1])
-        throw shape_error("batch_norm: x is " + to_string(xs) + " but " + (k == 0 ? "weight" : "bias") + " is " +
-                          to_string(s) + "; it must be [" + std::to_string(xs[1]) + "], one per channel");
-    }
-    return detail::batch_norm_evaluation(x, *running_mean, *running_var, options);
-  }
-  detail::BatchNormOp::Params p;
-  p.momentum = options.momentum();
-  p.eps = options.eps();
-  p.has_weight = options.has_weight() ? 1 : 0;
-  p.has_bias = options.has_bias() ? 1 : 0;
-  // Written only by the op's forward when recorded (not through mutable_value(), which a shapes-only tape, that
-  // changes no Parameter, must not call): state without gradient, like PyTorch's buffers.
-  if (running_mean) p.running_mean = const_cast<T*>(running_mean->value().data());
-  if (running_var) p.running_var = const_cast<T*>(running_var->value().data());
-  if (p.has_weight && p.has_bias) return apply_op<detail::BatchNormOp>(p, x, options.weight(), options.bias());
-  if (p.has_weight) return apply_op<detail::BatchNormOp>(p, x, options.weight());
-  if (p.has_bias) return apply_op<detail::BatchNormOp>(p, x, options.bias());
-  return apply_op<detail::BatchNormOp>(p, x);
+  return detail::batch_norm_tracked<T>(x, running_mean, running_var, nullptr, false, options);
 }
 
 }  // namespace remat
