@@ -28,7 +28,9 @@
 //   static unsigned reads(remat::GradInputs g);   what its backward reads for the gradients in g:
 //                                                 reads_input0..2, reads_output, reads_extra (residuals by need)
 //   static remat::Shape output_shape(const remat::Shape* in, const Params&);    throws remat::shape_error
-//   static remat::Shape extra_shape(const remat::Shape* in, const Params&);     optional extra residual
+//   static remat::Shape extra_shape(const remat::Shape* in, const Params&);     optional extra residual, in
+//       elements of T; or template <class T> static remat::Shape extra_shape_of(in, params) when its element count
+//       depends on sizeof(T) (max_pool2d keeps its argmax as bytes)
 //   static remat::Shape scratch_shape(const remat::Shape* in, const Params&);   optional temporary of its
 //       forward and backward (c.scratch()), from the tape's pool, never saved: the kernels must not allocate
 //       (apply_op throws shape_error naming the op for an output without a row or column, or an extra or
@@ -197,7 +199,8 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   if constexpr (Op::training_only)
     if (!state->training()) return detail::evaluation_identity<Op>(first, shapes, call.params);
   if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
-  const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params), Op::extra_shape(shapes, call.params),
+  const detail::OpShapes op_shapes{Op::output_shape(shapes, call.params),
+                                   detail::extra_shape_on<Op, T>(shapes, call.params),
                                    Op::scratch_shape(shapes, call.params)};
   detail::check_op_shapes<T>(Op::name, op_shapes);
   if constexpr (Op::view) detail::check_view_shapes(Op::name, shapes[0], op_shapes);
@@ -223,7 +226,7 @@ Var<T> apply_op_without_inputs(const typename Op::Params& params, const Var<T>& 
   VarAccess::node(on_tape_of, Op::name);
   detail::TapeState<T>* state = VarAccess::state(on_tape_of);
   if (!Op::estimable && state->shapes_only()) detail::throw_not_estimable(Op::name);
-  const detail::OpShapes op_shapes{Op::output_shape(nullptr, params), Op::extra_shape(nullptr, params),
+  const detail::OpShapes op_shapes{Op::output_shape(nullptr, params), detail::extra_shape_on<Op, T>(nullptr, params),
                                    Op::scratch_shape(nullptr, params)};
   detail::check_op_shapes<T>(Op::name, op_shapes);
   detail::Attributes attributes;

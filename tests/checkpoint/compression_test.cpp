@@ -480,6 +480,55 @@ TEST(Compression, LossyValuesKeepAnExactMaskForRelu) {
   EXPECT_EQ(saved, 2 * bytes<float>(N, D) + 2048 + 32 * 4 + sign_bytes);
 }
 
+/// A relu before max_pool2d: max pooling reads its argmax (kept in one byte an output), not its input, so the relu's
+/// output has one reader, relu's own backward, which reads its sign (with max_pool2d saved, so that no replay reads
+/// it). Stored as sign it takes 1 bit an element, and stored as int8 (with the exact mask relu reads) it changes no
+/// gradient bit either: nothing reads the lossy values. [4,8,8,8] floats: 8192 B as it is; sign 2048/64 · 8 = 256 B;
+/// int8 per row (rows of 8) 2048 + 256·4 B + the mask.
+TEST(Compression, AReluBeforeMaxPoolingIsReadOnlyThroughItsSign) {
+  const remat::Shape xs{4, 8, 8, 8};
+  const Matrix<float> xm = remat_test::random_matrix<float>(4 * 8 * 8, 8, 81);
+  Parameter<float> w(remat_test::random_matrix<float>(8, 8, 82));
+  auto block = [](const Var<float>& x, const Var<float>& w) {
+    return remat::max_pool2d(remat::relu(remat::reshape(remat::matmul(x, w), {4, 8, 8, 8})),
+                             remat::MaxPool2dOptions(2));
+  };
+  auto step = [&](Tape<float>& tape, const std::function<policies::Decision(const remat::OpInfo&)>* policy) {
+    const Var<float> x = tape.constant(xm), wv = tape.variable(w);
+    const Var<float> y = policy ? remat::checkpoint(block, *policy)(x, wv) : block(x, wv);
+    return remat::sum(remat::square(y));
+  };
+  Matrix<float> want;
+  {
+    Tape<float> tape;
+    tape.backward(step(tape, nullptr));
+    want = w.grad();
+    w.zero_grad();
+  }
+  const std::size_t pool_output = 4 * 8 * 4 * 4 * sizeof(float), argmax = 4 * 8 * 4 * 4, x_bytes = xm.size() * 4;
+  struct Case {
+    Compression c;
+    std::size_t relu;  // the relu output's stored bytes
+  };
+  for (const Case& k : {Case{Compression::sign(), 256}, Case{Compression::int8_per_row(), 2048 + 256 * 4 + 256}}) {
+    SCOPED_TRACE(k.c.name());
+    // The relu's output stored compressed; max_pool2d's output, and with it its argmax, saved: a replay of
+    // max_pool2d would read the relu's output decoded (as every replay reads a compressed source).
+    const std::function<policies::Decision(const remat::OpInfo&)> policy = [&](const remat::OpInfo& op) {
+      if (op.name == std::string_view("relu")) return policies::Decision::save_as(k.c);
+      return policies::Decision(op.name == std::string_view("max_pool2d"));
+    };
+    Tape<float> tape;
+    const Var<float> loss = step(tape, &policy);
+    // x (matmul's backward reads it), the relu output packed, the argmax, the pooled output (square reads it).
+    EXPECT_EQ(tape.memory().saved_bytes, x_bytes + k.relu + argmax + pool_output)
+        << remat_test::describe(tape.memory());
+    tape.backward(loss);
+    EXPECT_TRUE(w.grad() == want);
+    w.zero_grad();
+  }
+}
+
 /// A bad group is refused with the value and the fix.
 TEST(Compression, Int8GroupsArePowersOfTwo) {
   remat_test::expect_error_naming<std::invalid_argument>([] { Compression::int8_per_group(48); },

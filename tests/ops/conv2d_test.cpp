@@ -278,6 +278,37 @@ TEST(Pooling, MaxPoolRoutesTiesToTheFirstMaximumAndNaNToTheLast) {
   EXPECT_TRUE(std::isnan(y.value()(1, 0)));
 }
 
+/// max_pool2d keeps each window's argmax, not its input: with x·2 (whose backward reads nothing) before it, what
+/// stays for the backward is the argmax alone, one byte an output ([2,3,4,4]: 96 B, in whole doubles 96 B), where
+/// the input would be 2·3·8·8·8 = 3072 B; a window of 256 positions takes two bytes an output, one of 65536 four.
+/// The gradients route as the input says (the gradcheck and the PyTorch cases check the values).
+TEST(Pooling, MaxPoolKeepsItsArgmaxInSmallIntegersNotItsInput) {
+  struct Case {
+    Shape x;
+    remat::MaxPool2dOptions options;
+    std::size_t saved;
+  };
+  const Case cases[] = {{Shape{2, 3, 8, 8}, remat::MaxPool2dOptions(2), 2 * 3 * 4 * 4},
+                        {Shape{1, 2, 16, 16}, remat::MaxPool2dOptions(16), 8},      // 2 outputs · 2 B, a whole double
+                        {Shape{1, 1, 256, 256}, remat::MaxPool2dOptions(256), 8}};  // 1 output · 4 B
+  for (const Case& c : cases) {
+    SCOPED_TRACE(remat::to_string(c.x));
+    Tape<double> tape;
+    const V x = tape.variable(c.x, remat_test::nd_values(c.x, 3).data());
+    const V y = remat::max_pool2d(x * 2.0, c.options);
+    const V loss = remat::sum(y * y);
+    EXPECT_EQ(tape.memory().saved_bytes, c.saved + y.shape().numel() * sizeof(double))  // and y, for y·y
+        << remat::to_string(y.shape());
+    tape.backward(loss);
+    // dx = 2 · 2y at each window's maximum, 0 elsewhere: its sum is 4·sum(y) (the positions: the gradcheck).
+    const auto g = x.grad();
+    double routed = 0, expected = 0;
+    for (remat::Index i = 0; i < g.size(); ++i) routed += g.data()[i];
+    for (remat::Index i = 0; i < y.shape().numel(); ++i) expected += 4 * y.value().data()[i];
+    EXPECT_NEAR(routed, expected, 1e-9 * std::abs(expected));
+  }
+}
+
 TEST(Pooling, BadOptionsAndShapesThrowNamingTheOp) {
   Tape<double> tape;
   const V x = tape.variable(Shape{1, 1, 4, 4}, remat_test::nd_values(Shape{1, 1, 4, 4}, 1).data());

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "remat/detail/op_kernels.hpp"
 #include "remat/detail/tape_state.hpp"
@@ -38,6 +39,23 @@ void check_indices_with(const Shape* inputs, const Attributes& attributes, const
 }
 
 /// check_indices_with<Op>, or null for an op that declares no check_indices.
+/// The op's extra shape on a tape of T: Op::extra_shape_of<T> where the op declares it (an extra whose element count
+/// depends on sizeof(T): max_pool2d's argmax bytes), else Op::extra_shape.
+template <class Op, class T, class = void>
+struct TypedExtra : std::false_type {};
+template <class Op, class T>
+struct TypedExtra<Op, T,
+                  std::void_t<decltype(Op::template extra_shape_of<T>(static_cast<const Shape*>(nullptr),
+                                                                      std::declval<const typename Op::Params&>()))>>
+    : std::true_type {};
+template <class Op, class T>
+Shape extra_shape_on(const Shape* in, const typename Op::Params& params) {
+  if constexpr (TypedExtra<Op, T>::value)
+    return Op::template extra_shape_of<T>(in, params);
+  else
+    return Op::extra_shape(in, params);
+}
+
 template <class Op, class = void>
 inline constexpr void (*check_indices_of)(const Shape*, const Attributes&, const int*, std::size_t) = nullptr;
 template <class Op>
