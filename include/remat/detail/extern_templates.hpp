@@ -24,6 +24,8 @@
   declaration class ::remat::detail::Buffers<T>;           \
   declaration class ::remat::detail::Pool<T>;              \
   declaration class ::remat::detail::Lifetime<T>;          \
+  declaration class ::remat::detail::CompressedValues<T>;  \
+  declaration class ::remat::detail::LifetimeRule<T>;      \
   declaration struct ::remat::detail::Graph<T>;            \
   declaration struct ::remat::detail::ParameterStorage<T>; \
   declaration class ::remat::Parameter<T>;                 \
