@@ -20,6 +20,7 @@
   declaration class ::remat::detail::Recorder<T>;          \
   declaration class ::remat::detail::RegionRecorder<T>;    \
   declaration class ::remat::detail::Evictor<T>;           \
+  declaration class ::remat::detail::EvictorBudget<T>;     \
   declaration class ::remat::detail::EvictorChoice<T>;     \
   declaration class ::remat::detail::Buffers<T>;           \
   declaration class ::remat::detail::Pool<T>;              \

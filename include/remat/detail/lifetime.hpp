@@ -170,7 +170,7 @@ class Lifetime : public CompressedValues<T> {
   }
 
   /// How many times an evicted value has stopped being evicted: its class may have split then (the classes of
-  /// h_DTR^eq never split; h_DTR rebuilds them, detail/eviction.hpp). A trial puts it back.
+  /// h_DTR^eq never split; h_DTR rebuilds them, detail/eviction_classes.hpp). A trial puts it back.
   std::uint64_t class_leaves() const { return class_leaves_; }
   void set_class_leaves(std::uint64_t n) { class_leaves_ = n; }
 
