@@ -8,6 +8,7 @@
 
 #define REMAT_DETAIL_CLASS_TEMPLATES(declaration, T)       \
   declaration class ::remat::detail::Sweep<T>;             \
+  declaration class ::remat::detail::NodeBackward<T>;      \
   declaration class ::remat::detail::DryRunCache<T>;       \
   declaration class ::remat::detail::ChainSchedule<T>;     \
   declaration class ::remat::detail::Replays<T>;           \
