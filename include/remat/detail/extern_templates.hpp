@@ -19,6 +19,7 @@
   declaration class ::remat::detail::TapeCore<T>;          \
   declaration class ::remat::detail::Reports<T>;           \
   declaration class ::remat::detail::Recorder<T>;          \
+  declaration class ::remat::detail::PolicyDecisions<T>;   \
   declaration class ::remat::detail::RegionRecorder<T>;    \
   declaration class ::remat::detail::Evictor<T>;           \
   declaration class ::remat::detail::EvictorBudget<T>;     \
