@@ -15,6 +15,7 @@
   declaration class ::remat::detail::GradientDelivery<T>;  \
   declaration class ::remat::detail::SweepState<T>;        \
   declaration class ::remat::detail::TapeState<T>;         \
+  declaration class ::remat::detail::TapeFigures<T>;       \
   declaration class ::remat::detail::TapeSweeps<T>;        \
   declaration class ::remat::detail::TapeCore<T>;          \
   declaration class ::remat::detail::Reports<T>;           \
