@@ -1,7 +1,8 @@
 // Choosing what the memory budget evicts (detail/eviction.hpp) and evicting it: the heuristics' victim scans
 // (h_DTR's equivalence classes, cached bounds, neighbourhoods), the eviction of a victim with the absent values
-// behind it and the views that are its buffer, and the evictor's state, as the base of Evictor. Apart from
-// eviction's mechanics (trials, regeneration) because choosing and evicting change only which buffers are there.
+// behind it and the views that are its buffer, and the evictor's state, as the base of EvictorBudget and Evictor.
+// Apart from eviction's mechanics (trials, regeneration) because choosing and evicting change only which buffers are
+// there.
 #pragma once
 
 #include <algorithm>
@@ -281,49 +282,9 @@ class EvictorChoice {
     return false;
   }
 
-  /// Makes the union-find classes the exact connected components of the evicted values (through inputs and
-  /// consumers), each with its members' summed cost: h_DTR's evicted neighbourhoods. Evictions only merge
-  /// components, which the classes follow as they are (enter_class); a value that stops being evicted may split
-  /// one, so h_DTR rebuilds them at its next scan after that (h_DTR^eq never does: the paper's approximation).
-  /// Each component becomes a star (every member's parent is its lowest member), labelled by a walk on a work
-  /// list. Costs are whole numbers, so a sum does not depend on the order it was taken in. O(nodes). Never throws.
+  /// h_DTR's classes made exact (make_classes_exact, detail/eviction_classes.hpp). Never throws.
   void rebuild_classes() noexcept {
-    for (std::int32_t i = 0; i < graph_.size(); ++i) {
-      BudgetFields& b = graph_.budget_of(i);
-      if (b.class_parent == -1 && b.class_size == 1 && b.class_cost == 0) continue;
-      lifetime_.note(i);
-      b.class_parent = -1;
-      b.class_size = 1;
-      b.class_cost = 0;
-    }
-    // A member is marked by its parent (or, for the root, its size) as soon as it is reached.
-    for (std::int32_t root = 0; root < graph_.size(); ++root) {
-      BudgetFields& r = graph_.budget_of(root);
-      if (!graph_[root].evicted || r.class_parent != -1 || r.class_cost != 0) continue;
-      lifetime_.note(root);
-      double cost = 0;
-      std::int32_t size = 0;
-      stack_.clear();
-      stack_.push_back(root);
-      r.class_cost = 1;  // reached (set below)
-      auto reach = [&](std::int32_t w) {
-        if (!graph_[w].evicted || w == root || graph_.budget_of(w).class_parent != -1) return;
-        lifetime_.note(w);
-        graph_.budget_of(w).class_parent = root;
-        stack_.push_back(w);  // within capacity: each node once
-      };
-      while (!stack_.empty()) {
-        const Node<T>& m = graph_[stack_.back()];
-        stack_.pop_back();
-        cost += m.cost;
-        ++size;
-        for (int k = 0; k < m.arity; ++k) reach(m.inputs[k]);
-        for (std::int32_t e = m.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs])
-          reach(e / max_inputs);
-      }
-      r.class_cost = cost;
-      r.class_size = size;
-    }
+    make_classes_exact(graph_, stack_, [this](std::int32_t changed) { lifetime_.note(changed); });
     classes_exact_at_ = lifetime_.class_leaves();
   }
 

@@ -8,22 +8,28 @@
 
 #define REMAT_DETAIL_CLASS_TEMPLATES(declaration, T)       \
   declaration class ::remat::detail::Sweep<T>;             \
+  declaration class ::remat::detail::NodeBackward<T>;      \
   declaration class ::remat::detail::DryRunCache<T>;       \
   declaration class ::remat::detail::ChainSchedule<T>;     \
   declaration class ::remat::detail::Replays<T>;           \
   declaration class ::remat::detail::GradientDelivery<T>;  \
   declaration class ::remat::detail::SweepState<T>;        \
   declaration class ::remat::detail::TapeState<T>;         \
+  declaration class ::remat::detail::TapeFigures<T>;       \
   declaration class ::remat::detail::TapeSweeps<T>;        \
   declaration class ::remat::detail::TapeCore<T>;          \
   declaration class ::remat::detail::Reports<T>;           \
   declaration class ::remat::detail::Recorder<T>;          \
+  declaration class ::remat::detail::PolicyDecisions<T>;   \
   declaration class ::remat::detail::RegionRecorder<T>;    \
   declaration class ::remat::detail::Evictor<T>;           \
+  declaration class ::remat::detail::EvictorBudget<T>;     \
   declaration class ::remat::detail::EvictorChoice<T>;     \
   declaration class ::remat::detail::Buffers<T>;           \
   declaration class ::remat::detail::Pool<T>;              \
   declaration class ::remat::detail::Lifetime<T>;          \
+  declaration class ::remat::detail::CompressedValues<T>;  \
+  declaration class ::remat::detail::LifetimeRule<T>;      \
   declaration struct ::remat::detail::Graph<T>;            \
   declaration struct ::remat::detail::ParameterStorage<T>; \
   declaration class ::remat::Parameter<T>;                 \

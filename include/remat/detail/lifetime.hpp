@@ -1,6 +1,6 @@
 // THE value-lifetime rule. Every decision to keep or free a value or an op's extra buffer — in the forward
 // pass, when a region closes, during a replay, when the sweep leaves a region, and in memory() and
-// print_saved_residuals — goes through value_wanted / extra_wanted / saved_value / saved_extra here.
+// print_saved_residuals — goes through value_wanted / extra_wanted / saved_value / saved_extra (lifetime_rule.hpp).
 //
 //   A value is kept while a handle refers to it, or while a pending reader needs it at the current
 //   nesting level: a backward that reads it, or a checkpoint replay that reads it (a replay source).
@@ -26,22 +26,16 @@
 // Freeing a view's value gives the hold back. The buffer counts once: with its owner, saved while the owner or a
 // view of it is kept for a reader.
 //
-// A value a policy stores compressed (Node::stored, policies::Decision::save_as) follows the same rule; only its
-// buffer changes. Once it is kept only for pending readers (no handle, pin, view, regeneration or schedule holds it),
-// it is packed: encoded into Node::packed and its value buffer freed. A read decodes it into a value buffer again
-// (unpack: the sweep's backwards and replays), which the next settle frees; the packed buffer goes when no reader
-// wants the value. For a replay a packed value is there (replay_plan.hpp). Stored as sign, a value is packed only
-// when every reader that may still read it reads only its sign (OpBase::sign_reads) and no open region may add one
-// that reads more (packable).
+// A value a policy stores compressed follows the same rule; only its buffer changes: once only pending readers keep
+// it, it is packed (detail/compressed_values.hpp).
 //
 // A chain run by its schedule (ChainPlan, run_schedule with a non-persistent schedule) holds the
 // activations its schedule keeps at every level too (a schedule hold), from the operation that computes
 // one to the one that frees it: the schedule, not a region, says when such a checkpoint goes.
 //
-// Every change this class (and the budget's Evictor) makes to a node goes through note(id) first: during a
-// trial of an allocation under a memory budget (Evictor::trial) that saves the node's mutable fields once, so
-// that the trial is undone in time proportional to the nodes it touched, not to the tape (restoring every node
-// after a trial per recorded op would make recording under a budget quadratic in the tape's length).
+// Lifetime holds every change the rule makes: the counters its readers take and give back, settling a node (freeing
+// what the rule no longer wants), views' holds and evictions. Its bases hold the rule's questions and a trial's
+// journal (LifetimeRule, lifetime_rule.hpp) and compressed values (CompressedValues, compressed_values.hpp).
 #pragma once
 
 #include <algorithm>
@@ -52,83 +46,26 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
+#include "remat/detail/compressed_values.hpp"
 #include "remat/detail/eviction_classes.hpp"
 #include "remat/detail/levels.hpp"
 #include "remat/detail/node.hpp"
-#include "remat/detail/node_snapshot.hpp"
-#include "remat/detail/packing.hpp"
-#include "remat/detail/trace.hpp"
 
 namespace remat::detail {
 
 template <class T>
-class Lifetime {
- public:
-  Lifetime(Graph<T>& graph, Buffers<T>& buffers) : graph_(graph), buffers_(buffers) {}
+class Lifetime : public CompressedValues<T> {
+  using Base = CompressedValues<T>;
 
-  // ---- a trial's undo log ----
+ public:
+  using Base::Base;
+  using Base::note, Base::value_wanted, Base::wanted_for_itself, Base::extra_wanted, Base::settle_packed;
+
+  // ---- room for a trial ----
   /// Room for a journal of `nodes` nodes and for the cascades of forget_eviction(). Throws std::bad_alloc.
   void reserve(std::size_t nodes) {
     if (journal_.capacity() < nodes) journal_.reserve(std::max(nodes, 2 * journal_.capacity()));
     if (cascade_.capacity() < nodes) cascade_.reserve(std::max(nodes, 2 * cascade_.capacity()));
-  }
-  /// From now until end_journal(), the first change to each node saves its mutable fields (within the
-  /// capacity reserve() made). Never throws.
-  void begin_journal() noexcept {
-    journal_.clear();
-    if (++journal_stamp_ == 0) {  // after 2^32 trials: no mark may equal a stamp still to come
-      for (BudgetFields& b : graph_.budget) b.journal_mark = 0;
-      journal_stamp_ = 1;
-    }
-    journaling_ = true;
-  }
-  /// Puts back every node changed since begin_journal() and stops logging. Never throws.
-  void end_journal() noexcept {
-    for (auto it = journal_.rbegin(); it != journal_.rend(); ++it) {
-      it->node.restore(graph_[it->id]);
-      it->budget.restore(graph_.budget_of(it->id));
-    }
-    journal_.clear();
-    journaling_ = false;
-  }
-  /// Node `id` is about to change. Never throws. Inlined: outside a trial it is one test on every change the
-  /// tape makes to a node.
-  void note(std::int32_t id) noexcept {
-    if (journaling_) save(id);
-  }
-
-  // ---- the rule ----
-  bool value_wanted(const Node<T>& n) const { return n.view_holds > 0 || wanted_for_itself(n); }
-  /// Wanted by something other than a view of it. A value kept only for its views (Node::view_kept) is absent for
-  /// every replay and schedule (replay_plan.hpp, PresentNow), which compute it again before a backward reads it: a
-  /// pending reader does not keep it once its last view has gone, whatever the level (a chain schedule marks it at
-  /// the level below its own, detail/chain_schedule.hpp, and gives back its views' holds at the chain's level).
-  bool wanted_for_itself(const Node<T>& n) const {
-    return n.handles > 0 || n.pins > 0 || n.regen_reads > 0 || n.schedule_holds > 0 ||
-           (!n.view_kept && read_at_this_level(n));
-  }
-  bool extra_wanted(const Node<T>& n) const { return n.extra_read && (n.handles > 0 || n.level <= level_); }
-  /// A tape-owned buffer kept for a reader (not only for a handle), its own or a view's of it: what
-  /// memory().saved_bytes counts (a buffer once, with its owner).
-  bool saved_value(const Node<T>& n) const {
-    return n.value && !n.packed && n.value_owned() && (held_for_reader(n) || (n.view_holds > 0 && saving_view(n) >= 0));
-  }
-  /// Its packed buffer is kept for a reader: what memory().saved_bytes counts for it (packed_bytes).
-  bool saved_packed(const Node<T>& n) const { return n.packed && held_for_reader(n); }
-  /// A reader (not only a handle) keeps n's value: a backward or a replay at this level, a regeneration, a schedule.
-  bool held_for_reader(const Node<T>& n) const {
-    return n.regen_reads > 0 || n.schedule_holds > 0 || read_at_this_level(n);
-  }
-  /// A view whose value is n's buffer now (directly or through views of views) and that is held for a reader —
-  /// the one recorded last if several are — or -1 if none. Walks n's consumers: only memory() and the reports ask.
-  std::int32_t saving_view(const Node<T>& n) const {
-    const auto id = static_cast<std::int32_t>(&n - graph_.nodes.data());
-    for (std::int32_t e = n.first_use; e >= 0; e = graph_[e / max_inputs].next_use[e % max_inputs]) {
-      const Node<T>& v = graph_[e / max_inputs];
-      if (e % max_inputs != 0 || !v.is_view() || !v.value || v.inputs[0] != id) continue;
-      if (held_for_reader(v) || (v.view_holds > 0 && saving_view(v) >= 0)) return e / max_inputs;
-    }
-    return -1;
   }
 
   // ---- views ----
@@ -147,9 +84,6 @@ class Lifetime {
     v.value = base.value;
     ++base.view_holds;
   }
-  /// A pending reader needs n at the current level (levels.hpp: read_at_or_below).
-  bool read_at_this_level(const Node<T>& n) const { return read_at_or_below(graph_, n, level_); }
-  bool saved_extra(const Node<T>& n) const { return n.extra && n.extra_read && n.level <= level_; }
 
   /// Frees what the rule no longer wants. Never throws.
   void settle(std::int32_t id) noexcept {
@@ -162,66 +96,6 @@ class Lifetime {
     if (n.stored != 0) settle_packed(n);
   }
 
-  // ---- compressed values (Node::stored; detail/packing.hpp) ----
-  /// Under a memory budget, what makes room for a packed buffer before it is allocated (Evictor::make_room), so that
-  /// packing stays within the budget; null without one.
-  using RoomMaker = bool (*)(void* context, std::size_t bytes) noexcept;
-  void set_room_maker(RoomMaker make_room, void* context) noexcept {
-    room_maker_ = make_room;
-    room_context_ = context;
-  }
-  std::size_t packed_bytes(const Node<T>& n) const { return detail::packed_bytes(graph_, n); }
-  /// Its value may be kept packed now: only pending readers keep it (at this level), and, stored as sign, every
-  /// reader that may read it reads only its sign: no replay, no open region that could add one, no reader from
-  /// outside a region that returned it, and each backward that reads it declares the read in sign_reads. For a
-  /// value packed already (a decoded copy), the regenerations of its evicted consumers do not count: they read it
-  /// decoded too, when they run (EvictorChoice::inputs_regenerable).
-  bool packable(const Node<T>& n) const {
-    if (n.handles > 0 || n.pins > 0 || (n.regen_reads > 0 && !n.packed) || n.schedule_holds > 0 || n.view_holds > 0 ||
-        n.evicted || !n.value_owned() || !read_at_this_level(n))
-      return false;
-    if (n.stored_format() != StoredFormat::sign) return true;
-    return graph_.open.empty() && n.replay_reads == 0 && !n.pending && n.tiers < 0 && only_sign_readers(graph_, n);
-  }
-  /// Packs n's value when the rule keeps it only for readers, and frees the packed buffer when nothing wants the
-  /// value. A pack that cannot get its buffer (std::bad_alloc) leaves the value as it is. Never throws.
-  void settle_packed(Node<T>& n) noexcept {
-    if (n.packed && !wanted_for_itself(n)) {
-      free_packed(n);
-      return;
-    }
-    if (!n.value || !packable(n)) return;
-    if (!n.packed) {
-      if (room_maker_) room_maker_(room_context_, packed_bytes(n));  // a budget's evictions (noted if it fails)
-      try {
-        n.packed = buffers_.allocate_elements(packed_bytes(n) / sizeof(T));
-      } catch (...) {
-        return;
-      }
-      if (!buffers_.simulating() && !buffers_.shapes_only()) {
-        encode_packed(graph_, n);
-        if (graph_.trace) graph_.trace->log_pack(graph_, static_cast<std::int32_t>(&n - graph_.nodes.data()));
-      }
-    }
-    buffers_.free(n.value, n.shape);  // a decoded copy, or the value now packed
-  }
-  /// Decodes node `id`'s packed value into a value buffer for a read: for a backward that reads only its sign
-  /// (`sign_only`) 1 where it was > 0 and 0 elsewhere (decode_packed). The sweep's dry run reserved the buffer.
-  /// Never throws.
-  void unpack(std::int32_t id, bool sign_only = false) noexcept {
-    Node<T>& n = graph_[id];
-    assert(n.packed && !n.value);
-    note(id);
-    n.value = buffers_.allocate(n.shape);
-    if (!buffers_.simulating() && !buffers_.shapes_only()) {
-      decode_packed(graph_, n, sign_only);
-      if (graph_.trace) graph_.trace->log_unpack(graph_, id, sign_only);
-    }
-  }
-  void free_packed(Node<T>& n) noexcept {
-    note(static_cast<std::int32_t>(&n - graph_.nodes.data()));
-    buffers_.free_elements(n.packed, packed_bytes(n) / sizeof(T));
-  }
   /// Settles node `id` as if the level were `level` (below the current one: a chain region done with one
   /// layer's values, detail/chain_schedule.hpp), but what that releases — an evicted node's regeneration reads of its
   /// inputs — settles at the current level: those inputs may belong to a tape the chain still keeps.
@@ -296,14 +170,11 @@ class Lifetime {
   }
 
   /// How many times an evicted value has stopped being evicted: its class may have split then (the classes of
-  /// h_DTR^eq never split; h_DTR rebuilds them, detail/eviction.hpp). A trial puts it back.
+  /// h_DTR^eq never split; h_DTR rebuilds them, detail/eviction_classes.hpp). A trial puts it back.
   std::uint64_t class_leaves() const { return class_leaves_; }
   void set_class_leaves(std::uint64_t n) { class_leaves_ = n; }
 
   // ---- the counters it reads ----
-  int level() const { return level_; }
-  void set_level(int level) { level_ = level; }
-
   void acquire_handle(std::int32_t id) { ++graph_[id].handles; }  // handles are not in a journal: no trial changes them
   void release_handle(std::int32_t id) noexcept {
     assert(graph_[id].handles > 0);
@@ -434,35 +305,14 @@ class Lifetime {
   }
 
  private:
+  using Base::graph_, Base::buffers_, Base::level_, Base::journal_, Base::journaling_;
+
   std::int32_t& tier(std::int32_t id, int c) {
     assert(!journaling_ && "a trial changes no backward or replay read");
     return graph_.tier_holds[static_cast<std::size_t>(graph_[id].tiers + c)];
   }
 
-  Graph<T>& graph_;
-  Buffers<T>& buffers_;
-  int level_ = 0;
-  // A trial's changed nodes, as they were. Only a trial journals, and only after Evictor::reserve(), which
-  // starts the side table: every node has its budget state then.
-  struct Entry {
-    std::int32_t id;
-    NodeSnapshot<T> node;
-    BudgetSnapshot budget;
-  };
-  std::vector<Entry> journal_;
-  std::uint32_t journal_stamp_ = 0;
-  bool journaling_ = false;
-  /// note()'s work in a trial: the node's fields, once per trial.
-  void save(std::int32_t id) noexcept {
-    BudgetFields& b = graph_.budget_of(id);
-    if (b.journal_mark == journal_stamp_) return;
-    b.journal_mark = journal_stamp_;
-    journal_.push_back({id, NodeSnapshot<T>::of(graph_[id]), BudgetSnapshot::of(b)});  // within capacity: once a node
-  }
-
   std::vector<std::int32_t> cascade_;  // forget_eviction's work list
-  RoomMaker room_maker_ = nullptr;
-  void* room_context_ = nullptr;
   std::uint64_t class_leaves_ = 0;
 };
 

@@ -198,7 +198,7 @@ struct Node {
   T* scratch = nullptr;  // set only while a kernel runs
   T* grad = nullptr;
   // Its value stored compressed (Compression `stored`, a policy's save_as): while it is kept only for pending readers,
-  // the buffer is this encoding and `value` is null; a read decodes it into `value` (lifetime.hpp, "packing").
+  // the buffer is this encoding and `value` is null; a read decodes it into `value` (compressed_values.hpp).
   T* packed = nullptr;
   bool grad_assigned = false;  // grad holds a value: the next contribution adds to it
   Attributes attributes;

@@ -1,5 +1,5 @@
 // What a memory budget's trial or a backward's dry run puts back when it is undone: every field of a node that a
-// sweep, a regeneration or an eviction changes, and the budget's class fields (detail/lifetime.hpp journals them).
+// sweep, a regeneration or an eviction changes, and the budget's class fields (detail/lifetime_rule.hpp journals them).
 #pragma once
 
 #include <cstdint>

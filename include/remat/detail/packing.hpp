@@ -1,6 +1,6 @@
 // Values a policy stores compressed (Node::stored, policies::Decision::save_as): what their readers read, how many
 // bytes the packed buffer takes, and encoding into it and decoding from it. Free functions of the graph: Lifetime
-// (lifetime.hpp) decides when a value is packed and unpacked.
+// (its layer CompressedValues, compressed_values.hpp) decides when a value is packed and unpacked.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
-// Recording: leaves, ops (run forward at once), and checkpoint regions with their record-time policy
-// decisions and close-time analysis (which values their replay will read).
+// Recording: leaves, ops (run forward at once), naming an op's output in place, and anomaly detection's check of a
+// forward. Its layers hold the policies' decisions at record time (policy_decisions.hpp) and checkpoint regions:
+// opening, closing with the analysis of which values their replay will read, aborting (region_recorder.hpp).
 #pragma once
 
 #include <algorithm>
@@ -10,13 +11,13 @@
 #include <vector>
 
 #include "remat/detail/buffers.hpp"
-#include "remat/detail/compression_formats.hpp"
 #include "remat/detail/eviction.hpp"
 #include "remat/detail/levels.hpp"
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
 #include "remat/detail/non_finite.hpp"
 #include "remat/detail/parameter_check.hpp"
+#include "remat/detail/policy_decisions.hpp"
 #include "remat/detail/region_recorder.hpp"
 #include "remat/detail/replay_plan.hpp"
 #include "remat/detail/trace.hpp"
@@ -26,9 +27,10 @@
 namespace remat::detail {
 
 template <class T>
-class Recorder : public RegionRecorder<T> {
+class Recorder : public PolicyDecisions<T> {
  public:
-  using RegionRecorder<T>::RegionRecorder;
+  using PolicyDecisions<T>::PolicyDecisions;
+  using PolicyDecisions<T>::op_info;
 
   /// A leaf with an uninitialised tape-owned value (the caller fills it; if that throws, it calls
   /// remove_last_leaf()). Throws shape_error for an empty shape, std::bad_alloc; the tape is unchanged then.
@@ -276,26 +278,13 @@ class Recorder : public RegionRecorder<T> {
     check_parameter_current(graph_, id, op);
   }
 
-  OpInfo op_info(const Node<T>& n) const { return op_info(n.op, n.inputs, n.arity, n.attributes, n.shape); }
-  OpInfo op_info(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                 const Shape& shape) const {
-    OpInfo info;
-    info.name = table->name;
-    info.kind = table->kind;
-    info.batch_dims = table->batch_dims;
-    if (attributes.tag >= 0) info.tag = graph_.tags[static_cast<std::size_t>(attributes.tag)];
-    info.shape = shape;
-    info.bytes = Buffers<T>::bytes(shape);
-    Shape in[max_inputs];
-    for (int k = 0; k < arity; ++k) in[k] = graph_[inputs[k]].shape;
-    info.flops = table->flops(in, arity, shape, attributes);
-    return info;
-  }
-
  private:
-  using Base = RegionRecorder<T>;
+  using Base = PolicyDecisions<T>;
   using Base::graph_, Base::buffers_, Base::lifetime_, Base::evictor_, Base::reserve_at_least, Base::reserve_for_close,
-      Base::check_not_escaped;
+      Base::check_not_escaped;  // RegionRecorder
+
+  using Base::policy_decisions;  // PolicyDecisions
+  using typename Base::Answers;
 
   /// Under a memory budget: the trial of recording an op on `inputs` with these buffers (make its inputs
   /// resident, evict for its buffers), then the pool buffers the real run will take. Throws
@@ -346,44 +335,6 @@ class Recorder : public RegionRecorder<T> {
     n.region = graph_.open.empty() ? -1 : graph_.open.back();
     n.handles = 1;
     return n;
-  }
-
-  /// What the open regions answer for an op's output (Decision): the regions that drop it, and how it is kept.
-  struct Answers {
-    std::uint64_t drop_mask = 0;  // bit d: the open region at depth d does not save it
-    std::uint8_t stored = 0;      // compression_code() of the innermost save_as, or 0
-    int compressed_depth = 0;     // that region's depth (0: none)
-    /// How the value is kept with this drop mask: the innermost save_as if no deeper region drops it (Decision).
-    std::uint8_t stored_with(std::uint64_t mask) const { return compressed_depth > level_of(mask) ? stored : 0; }
-  };
-  /// The answers of the open regions (those opened at or before node `first`, when given: the regions enclosing
-  /// an existing node). May throw (a user policy); throws tape_error naming the op and the policy's answer for a
-  /// compressed answer where compression is not supported yet (a chain run by its schedule).
-  Answers policy_decisions(const OpInfo& info, std::int32_t first = -1) const {
-    Answers a;
-    for (std::int32_t rid : graph_.open) {  // outermost first
-      const Region& r = graph_.region(rid);
-      if (first >= 0 && r.begin > first) break;
-      const policies::Decision d = r.policy(r.policy_object, info);
-      if (!d.saves()) {
-        a.drop_mask |= std::uint64_t{1} << r.depth;
-      } else if (d.compression() != Compression()) {
-        a.compressed_depth = r.depth;  // deeper regions come later: the innermost answer wins
-        a.stored = compression_code(d.compression());
-      }
-    }
-    if (a.stored_with(a.drop_mask) != 0) check_compression_supported(info, a.stored);
-    return a;
-  }
-  void check_compression_supported(const OpInfo& info, std::uint8_t stored) const {
-    const char* where = nullptr;
-    for (std::int32_t rid : graph_.open)
-      if (!where && graph_.region(rid).plan >= 0) where = "inside a chain run by its schedule (run_schedule)";
-    if (where)
-      throw tape_error("checkpoint: the policy answered save_as(" + compression_of(stored).name() + ") for " +
-                       std::string(info.name) + "'s output " + to_string(info.shape) +
-                       ", and compressed residuals are not supported " + where +
-                       " yet; use a policy that answers save or recompute there");
   }
 
   /// After a successful forward: what the op's backward will read, and the pending holds. Never throws.

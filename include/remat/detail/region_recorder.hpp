@@ -1,6 +1,6 @@
 // Recording checkpoint regions (detail/recorder.hpp): opening one, closing it (its replay plan and the holds
-// on what the replay reads), aborting it, and the room closing needs, as the base of Recorder. Apart from
-// recording ops because a region's work happens at its ends, not per op.
+// on what the replay reads), aborting it, and the room closing needs, as the base of PolicyDecisions and Recorder.
+// Apart from recording ops because a region's work happens at its ends, not per op.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The backward sweep: one reverse pass over the nodes, replaying each checkpoint region as the sweep
 // enters it and releasing what it read as it goes. This file holds the pass; its layers hold the rest
-// (sweep_state.hpp, gradient_delivery.hpp, replay.hpp, chain_schedule.hpp, dry_run_cache.hpp).
+// (sweep_state.hpp, gradient_delivery.hpp, replay.hpp, chain_schedule.hpp, dry_run_cache.hpp, node_backward.hpp).
 //
 // Strong exception safety: before changing anything, the sweep runs once as a dry run (same code, kernels
 // skipped, buffers only counted) to learn how many buffers of each size it will need, and makes the pool
@@ -24,6 +24,7 @@
 #include "remat/detail/levels.hpp"
 #include "remat/detail/lifetime.hpp"
 #include "remat/detail/node.hpp"
+#include "remat/detail/node_backward.hpp"
 #include "remat/detail/trace.hpp"
 #include "remat/errors.hpp"
 #include "remat/op_context.hpp"
@@ -31,11 +32,11 @@
 namespace remat::detail {
 
 template <class T>
-class Sweep : public DryRunCache<T> {
+class Sweep : public NodeBackward<T> {
  public:
-  using DryRunCache<T>::DryRunCache;
-  using DryRunCache<T>::wanted;
-  using DryRunCache<T>::keep;
+  using NodeBackward<T>::NodeBackward;
+  using NodeBackward<T>::wanted;
+  using NodeBackward<T>::keep;
 
   /// Sweeps from `loss`. Throws std::bad_alloc (or shape_error for a Parameter gradient of the wrong size)
   /// before changing anything; cannot fail once it starts changing the tape. A gradient-ready callback that
@@ -88,22 +89,23 @@ class Sweep : public DryRunCache<T> {
   std::size_t predicted_peak_bytes() const { return predicted_peak_; }
 
  private:
-  using Base = DryRunCache<T>;
+  using Base = NodeBackward<T>;
   // What the layers below hold, by layer (a dependent base's names need a using-declaration).
   using Base::chain_held_, Base::chain_tape_, Base::hold_activation, Base::release_activation,
       Base::release_forward_holds, Base::recompute_layer;  // ChainSchedule
   using Base::graph_, Base::buffers_, Base::lifetime_, Base::evictor_, Base::simulating, Base::simulation_,
-      Base::next_simulation_serial, Base::free_grad, Base::anomaly_, Base::running_,
-      Base::check_finite_backward;  // SweepState
+      Base::next_simulation_serial, Base::running_;  // SweepState
   using Base::members_, Base::uses_, Base::computed_inputs_, Base::replayed_bytes_, Base::replayed_ops_,
       Base::replayed_flops_, Base::replay;  // Replays
   using Base::ready_callbacks_active, Base::prepare_deliveries, Base::prepare_ready_callbacks, Base::hold_parameters,
-      Base::release_parameters, Base::set_aside_accumulated_gradients, Base::deliver_gradients_completed_by,
-      Base::finish_leaf, Base::stash_;  // GradientDelivery
+      Base::release_parameters, Base::set_aside_accumulated_gradients, Base::finish_leaf,
+      Base::stash_;  // GradientDelivery
   using Base::signature_header, Base::signature_words, Base::sign_node, Base::signature_, Base::cached_signature_,
       Base::cached_demand_, Base::cached_rise_, Base::signable_, Base::redundant_, Base::dry_run_redundant,
       Base::remember_dry_run, Base::dry_runs_skipped_, Base::begin_signature,
       Base::end_signature;  // DryRunCache
+
+  using Base::sweep_op;  // NodeBackward
 
   /// Everything that may allocate or throw, before the tape changes; and the signature.
   void prepare(std::int32_t loss, SweepMode mode) {
@@ -339,93 +341,6 @@ class Sweep : public DryRunCache<T> {
     for (std::int32_t i = r.begin; i < r.end; ++i)
       if (graph_[i].grad && wanted[static_cast<std::size_t>(i)]) return true;
     return false;
-  }
-
-  void sweep_op(std::int32_t i, SweepMode mode) noexcept {
-    Node<T>& n = graph_[i];
-    if (n.grad && wanted[static_cast<std::size_t>(i)]) {
-      pin_residuals(i);
-      assert(residuals_present(n) && "a residual was freed before its backward ran");
-      for (int k = 0; k < n.arity; ++k) {
-        Node<T>& in = graph_[n.inputs[k]];
-        if (wanted[static_cast<std::size_t>(n.inputs[k])] && !in.grad) {
-          const auto count = static_cast<std::size_t>(in.shape.numel());  // once: a loop over the rank
-          evictor_.make_room(count * sizeof(T));
-          in.grad = buffers_.allocate_elements(count);
-        }
-      }
-      if (n.scratch_shape.numel() > 0) {
-        evictor_.make_room(Buffers<T>::bytes(n.scratch_shape));
-        n.scratch = buffers_.allocate(n.scratch_shape);
-      }
-      if (!simulating()) {
-        if (graph_.trace) graph_.trace->log_backward(graph_, i);
-        n.op->backward(BackwardContext<T>{graph_, n, wanted.data()});
-        if (graph_.detect_anomaly && !anomaly_) check_finite_backward(i);
-      }
-      buffers_.free(n.scratch, n.scratch_shape);
-      unpin_residuals(i);
-    }
-    if (!keep[static_cast<std::size_t>(i)]) free_grad(n);
-    if (mode.accumulate) deliver_gradients_completed_by(i, mode);
-    if (mode.retain_graph || !n.requires_grad) return;
-    for (int k = 0; k < n.arity; ++k)
-      if (n.reads & reads_input(k)) lifetime_.release_backward_read(n.inputs[k], i);
-    if (n.reads & reads_output) lifetime_.release_backward_read(i, i);
-    if (n.extra_read) lifetime_.release_extra_read(i);
-  }
-
-  /// The values node i's backward reads, made resident (regenerated if evicted) and, under a memory
-  /// budget, pinned while it runs. Without a budget nothing evicts (Evictor::make_room), so nothing can
-  /// free a residual while the backward runs: each one is wanted (its pending backward read holds it at
-  /// the sweep's level), and unpinning would settle it to what it is now.
-  /// Under a budget they are acquired together (Evictor::acquire): one regeneration makes all of them resident,
-  /// so that regenerating one cannot evict another the same backward reads.
-  void pin_residuals(std::int32_t i) noexcept {
-    const Node<T>& n = graph_[i];
-    if (!evictor_.active()) {
-      for (int k = 0; k < n.arity; ++k)
-        if (n.reads & reads_input(k)) ensure_read(i, n.inputs[k]);
-      if (n.reads & reads_output) ensure_read(i, i);
-      return;
-    }
-    std::int32_t read[max_inputs + 1];
-    int count = 0;
-    for (int k = 0; k < n.arity; ++k)
-      if (n.reads & reads_input(k)) read[count++] = n.inputs[k];
-    if (n.reads & reads_output) read[count++] = i;
-    unsigned sign_only = 0;  // packed residuals i reads only through their sign (ensure_read)
-    for (int k = 0; k < count; ++k)
-      if (!graph_[read[k]].value && graph_[read[k]].packed && only_sign_read(graph_, i, read[k])) sign_only |= 1u << k;
-    evictor_.acquire(read, count, sign_only);
-  }
-  /// Residual `id` of node i's backward made resident: a packed one that i reads only through its sign is decoded as
-  /// its sign (Lifetime::unpack, from its exact mask if it has one), any other as ensure() makes it.
-  void ensure_read(std::int32_t i, std::int32_t id) noexcept {
-    const Node<T>& v = graph_[id];
-    if (!v.value && v.packed && only_sign_read(graph_, i, id))
-      lifetime_.unpack(id, true);
-    else
-      evictor_.ensure(id);
-  }
-  void unpin_residuals(std::int32_t i) noexcept {
-    const Node<T>& n = graph_[i];
-    if (!evictor_.active()) {  // a residual decoded for this backward (kept packed) goes again
-      for (int k = 0; k < n.arity; ++k)
-        if ((n.reads & reads_input(k)) && graph_[n.inputs[k]].packed) lifetime_.settle(n.inputs[k]);
-      if ((n.reads & reads_output) && n.packed) lifetime_.settle(i);
-      return;
-    }
-    for (int k = 0; k < n.arity; ++k)
-      if (n.reads & reads_input(k)) lifetime_.unpin(n.inputs[k]);
-    if (n.reads & reads_output) lifetime_.unpin(i);
-  }
-
-  bool residuals_present(const Node<T>& n) const {
-    for (int k = 0; k < n.arity; ++k)
-      if ((n.reads & reads_input(k)) && !graph_[n.inputs[k]].value) return false;
-    if ((n.reads & reads_output) && !n.value) return false;
-    return !(n.reads & reads_extra) || n.extra;
   }
 
   void leave_region(std::int32_t rid, SweepMode mode) noexcept {

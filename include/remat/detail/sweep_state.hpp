@@ -1,7 +1,7 @@
 // What every layer of the backward sweep shares: the tape's parts, the per-node wanted and keep flags, whether
 // a dry run is running, and the errors a pass keeps for run()'s caller. The sweep is a chain of layers, each a
-// base of the next (SweepState, GradientDelivery, Replays, ChainSchedule, DryRunCache, Sweep), so that each
-// concern has a file while its code keeps its bodies and inlining, with no indirection on the per-node path.
+// base of the next (SweepState, GradientDelivery, Replays, ChainSchedule, DryRunCache, NodeBackward, Sweep), so that
+// each concern has a file while its code keeps its bodies and inlining, with no indirection on the per-node path.
 #pragma once
 
 #include <atomic>

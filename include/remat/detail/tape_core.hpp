@@ -1,6 +1,7 @@
 // TapeCore<T>: the state a Tape and its Vars share — the graph, its buffers, the lifetime rule, the recorder, the
 // sweep, the reports and the tape's flags — and the guards every entry point runs. TapeSweeps adds the backward
-// sweeps (detail/tape_sweeps.hpp), TapeState the rest of the interface (detail/tape_state.hpp).
+// sweeps (detail/tape_sweeps.hpp), TapeFigures what the tape reports (detail/tape_figures.hpp), TapeState the rest
+// of the interface (detail/tape_state.hpp).
 #pragma once
 
 #include <algorithm>

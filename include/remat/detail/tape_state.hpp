@@ -1,7 +1,8 @@
 // TapeState<T>: what a Tape and its Vars share, and the narrow interface that Tape, Var, apply<Op>, checkpoint()
 // and the schedules use. Its state and guards are TapeCore's (tape_core.hpp: the graph, buffers, lifetime rule,
-// recorder, sweep and reports), its backward sweeps TapeSweeps' (tape_sweeps.hpp); here are recording, regions,
-// the memory budget, reading nodes, a CapturedStep's tape, clear() and the memory figures.
+// recorder, sweep and reports), its backward sweeps TapeSweeps' (tape_sweeps.hpp), what it reports TapeFigures'
+// (tape_figures.hpp: memory(), saved residuals, diagnostics, the schedules' measures); here are recording, regions,
+// the memory budget, reading nodes, a CapturedStep's tape and clear().
 #pragma once
 
 #include <algorithm>
@@ -23,7 +24,7 @@
 #include "remat/detail/recorder.hpp"
 #include "remat/detail/reports.hpp"
 #include "remat/detail/sweep.hpp"
-#include "remat/detail/tape_sweeps.hpp"
+#include "remat/detail/tape_figures.hpp"
 #include "remat/diagnostics.hpp"
 #include "remat/errors.hpp"
 #include "remat/memory.hpp"
@@ -31,8 +32,8 @@
 namespace remat::detail {
 
 template <class T>
-class TapeState : public TapeSweeps<T> {
-  using Base = TapeSweeps<T>;
+class TapeState : public TapeFigures<T> {
+  using Base = TapeFigures<T>;
 
  public:
   /// `shapes_only`: the tape records shapes and counts bytes but computes nothing (Tape(remat::shapes_only)).
@@ -335,65 +336,6 @@ class TapeState : public TapeSweeps<T> {
           "release_cached_memory: called inside a CapturedStep's function, whose log names the "
           "buffers it would return");
     buffers_.trim();
-  }
-
-  /// Backwards that skipped their dry run as redundant (detail/dry_run_cache.hpp; tests).
-  std::size_t dry_runs_skipped() const { return sweep_.dry_runs_skipped(); }
-
-  MemoryStats memory() const {
-    MemoryStats m;
-    m.live_bytes = buffers_.live_bytes();
-    m.peak_bytes = buffers_.reported_peak_bytes();
-    for (const Node<T>& n : graph_.nodes) {
-      if (lifetime_.saved_value(n)) m.saved_bytes += Buffers<T>::bytes(n.shape);
-      if (lifetime_.saved_packed(n)) m.saved_bytes += lifetime_.packed_bytes(n);
-      if (lifetime_.saved_extra(n)) m.saved_bytes += Buffers<T>::bytes(n.extra_shape);
-    }
-    m.replayed_bytes = sweep_.replayed_bytes();
-    m.replayed_ops = sweep_.replayed_ops();
-    m.replayed_flops = sweep_.replayed_flops();
-    m.cached_bytes = buffers_.cached_bytes();
-    const typename Evictor<T>::Counters c = evictor_.counters();
-    m.evictions = c.evictions;
-    m.rematerialized_ops = c.ops;
-    m.rematerialized_bytes = c.bytes;
-    m.rematerialized_flops = c.flops;
-    return m;
-  }
-
-  /// The buffers memory().saved_bytes counts, with the reason each is kept (detail/reports.hpp).
-  std::vector<SavedResidual> saved_residuals() const { return reports_.saved_residuals(); }
-  /// Findings about the closed regions, with node `loss` as the loss (CheckpointDiagnostic). Does not
-  /// change the tape.
-  std::vector<CheckpointDiagnostic> diagnostics(std::int32_t loss) const { return reports_.diagnostics(loss); }
-  /// Sends the findings not reported yet to the diagnostics handler (Reports::report). Before a backward.
-  void report_diagnostics(std::int32_t loss) { reports_.report(loss); }
-  void set_diagnostics_handler(std::function<void(const CheckpointDiagnostic&)> handler) {
-    reports_.set_handler(std::move(handler));
-  }
-
-  /// For schedules (checkpoint_sequential_auto's probe): the live bytes now, and the peaks of a stretch of
-  /// recording: begin_peak_measure() starts it (peak_bytes drops to live_bytes) and returns what
-  /// end_peak_measure(saved) restores (the larger peak stays) after returning the stretch's peak and the
-  /// peak it would have had if the values and extras it freed that a backward reads had stayed
-  /// (Buffers::Measure). Stretches nest.
-  std::size_t live_bytes() const { return buffers_.live_bytes(); }
-  typename Buffers<T>::Measure begin_peak_measure() noexcept { return buffers_.begin_measure(); }
-  typename Buffers<T>::Measure end_peak_measure(const typename Buffers<T>::Measure& saved) noexcept {
-    return buffers_.end_measure(saved);
-  }
-
-  /// For schedules: the cost of node `id` as checkpoint_sequential_auto's planner models it.
-  NodeCost cost(std::int32_t id) const {
-    const Node<T>& n = graph_[id];
-    NodeCost c;
-    c.leaf = n.is_leaf();
-    c.bytes = Buffers<T>::bytes(n.shape);  // a view's too: the planner may count a shared buffer twice, never less
-    if (c.leaf) return c;
-    c.flops = recorder_.op_info(n).flops;
-    c.value_read = n.backward_reads > 0;
-    if (n.extra_read) c.extra_read_bytes = Buffers<T>::bytes(n.extra_shape);
-    return c;
   }
 
  private:

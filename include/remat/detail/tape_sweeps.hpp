@@ -1,6 +1,6 @@
 // TapeSweeps<T>: the backward sweeps of a tape (backward(), gradient()), the checks before one, and the
-// gradient-ready callbacks they call, over TapeCore's state (detail/tape_core.hpp). TapeState (tape_state.hpp)
-// derives from it.
+// gradient-ready callbacks they call, over TapeCore's state (detail/tape_core.hpp). TapeFigures (tape_figures.hpp),
+// then TapeState (tape_state.hpp), derive from it.
 #pragma once
 
 #include <cstdint>
