@@ -9,6 +9,7 @@
 // int8 decode (small positive values decode to 0); a packed buffer allocated over the budget.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -144,54 +145,73 @@ TEST(CompressionUnderABudget, GradientsAreTheUnbudgetedRunsBitwiseAndThePeakStay
   }
 }
 
+/// Two weights, a batch and the int8 policy of the two tests below, and their budget sweep.
+struct TwoWeights {
+  Parameter<float> w1, w2;
+  Matrix<float> xm;
+  Policy int8 = policies::save_compressed(Compression::int8_per_row(), policies::everything_saveable);
+  explicit TwoWeights(std::uint64_t seed)
+      : w1(remat_test::random_matrix<float>(D, D, seed) * 0.25f),
+        w2(remat_test::random_matrix<float>(D, D, seed + 1) * 0.25f),
+        xm(remat_test::random_matrix<float>(N, D, seed + 2)) {}
+  std::vector<Matrix<float>> take_grads() {
+    std::vector<Matrix<float>> g{w1.grad(), w2.grad()};
+    w1.zero_grad();
+    w2.zero_grad();
+    return g;
+  }
+  /// Runs `step` without a budget, then with budgets from `from` % of its peak down to 40 % in steps of `by` under
+  /// every heuristic; after each run a budget meets, `each(tape, budget, gradients, unbudgeted gradients)`.
+  template <class Step, class Each>
+  void sweep(const Step& step, int from, int by, const Each& each) {
+    std::vector<Matrix<float>> want;
+    std::size_t peak = 0;
+    {
+      Tape<float> tape;
+      tape.backward(step(tape));
+      want = take_grads();
+      peak = tape.memory().peak_bytes;
+    }
+    for (const EvictionHeuristic h : {EvictionHeuristic::dtr, EvictionHeuristic::dtr_eq, EvictionHeuristic::local}) {
+      for (int percent = from; percent >= 40; percent -= by) {
+        const std::size_t budget = peak * static_cast<std::size_t>(percent) / 100;
+        SCOPED_TRACE("budget " + std::to_string(budget) + ", heuristic " + std::to_string(static_cast<int>(h)));
+        Tape<float> tape;
+        tape.set_memory_budget(budget, h);
+        try {
+          tape.backward(step(tape));
+        } catch (const remat::memory_budget_error&) {
+          take_grads();
+          continue;
+        }
+        each(tape, budget, take_grads(), want);
+      }
+    }
+  }
+};
+
 /// y = square(x·W1) checkpointed with its product stored as int8 (read by square's backward), then z = y·W2 (whose
 /// backward reads y) and a chain of tanh that needs room: y, computed from the product exact, is the cheap victim.
 /// Regenerated from the product's int8 decode it would differ from the y dW2 reads without a budget: it may be
 /// evicted only while it can be computed again as it was, so the budget evicts the chain's values instead.
 TEST(CompressionUnderABudget, AValueComputedFromAnExactInputIsNotRegeneratedFromItsDecode) {
-  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 41) * 0.25f),
-      w2(remat_test::random_matrix<float>(D, D, 42) * 0.25f);
-  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 43);
-  const Policy int8 = policies::save_compressed(Compression::int8_per_row(), policies::everything_saveable);
+  TwoWeights m(41);
   auto step = [&](Tape<float>& tape) {
-    const V y = remat::checkpoint([](const V& x, const V& w) { return remat::square(remat::matmul(x, w)); }, int8)(
-        tape.constant(xm), tape.variable(w1));
-    V z = remat::matmul(y, tape.variable(w2));
+    const V y = remat::checkpoint([](const V& x, const V& w) { return remat::square(remat::matmul(x, w)); }, m.int8)(
+        tape.constant(m.xm), tape.variable(m.w1));
+    V z = remat::matmul(y, tape.variable(m.w2));
     for (int i = 0; i < 8; ++i) z = remat::tanh(z);
     return remat::sum(z);
   };
-  std::vector<Matrix<float>> want;
-  std::size_t peak = 0;
-  {
-    Tape<float> tape;
-    tape.backward(step(tape));
-    want = {w1.grad(), w2.grad()};
-    w1.zero_grad();
-    w2.zero_grad();
-    peak = tape.memory().peak_bytes;
-  }
   int evicting_runs = 0;
-  for (const EvictionHeuristic h : {EvictionHeuristic::dtr, EvictionHeuristic::dtr_eq, EvictionHeuristic::local}) {
-    for (int percent = 95; percent >= 40; percent -= 5) {
-      const std::size_t budget = peak * static_cast<std::size_t>(percent) / 100;
-      SCOPED_TRACE("budget " + std::to_string(budget) + ", heuristic " + std::to_string(static_cast<int>(h)));
-      Tape<float> tape;
-      tape.set_memory_budget(budget, h);
-      try {
-        tape.backward(step(tape));
-      } catch (const remat::memory_budget_error&) {
-        w1.zero_grad();
-        w2.zero_grad();
-        continue;
-      }
-      EXPECT_TRUE(bitwise_equal(w1.grad(), want[0]));
-      EXPECT_TRUE(bitwise_equal(w2.grad(), want[1]));
-      EXPECT_LE(tape.memory().peak_bytes, budget);
-      if (tape.memory().evictions > 0) ++evicting_runs;
-      w1.zero_grad();
-      w2.zero_grad();
-    }
-  }
+  m.sweep(step, 95, 5,
+          [&](const Tape<float>& tape, std::size_t budget, const std::vector<Matrix<float>>& got,
+              const std::vector<Matrix<float>>& want) {
+            EXPECT_TRUE(bitwise_equal(got[0], want[0]));
+            EXPECT_TRUE(bitwise_equal(got[1], want[1]));
+            EXPECT_LE(tape.memory().peak_bytes, budget);
+            if (tape.memory().evictions > 0) ++evicting_runs;
+          });
   EXPECT_GT(evicting_runs, 0) << "no budget evicted anything: the test tests nothing";
 }
 
@@ -199,41 +219,21 @@ TEST(CompressionUnderABudget, AValueComputedFromAnExactInputIsNotRegeneratedFrom
 /// takes a packed buffer before the product's goes, at the step's fullest moment. The budget makes room for that
 /// buffer first, so the peak stays within the budget at every budget the step can meet.
 TEST(CompressionUnderABudget, PackingAValueMakesRoomForItsPackedBuffer) {
-  Parameter<float> w1(remat_test::random_matrix<float>(D, D, 44) * 0.25f),
-      w2(remat_test::random_matrix<float>(D, D, 45) * 0.25f);
-  const Matrix<float> xm = remat_test::random_matrix<float>(N, D, 46);
-  const Policy int8 = policies::save_compressed(Compression::int8_per_row(), policies::everything_saveable);
+  TwoWeights m(44);
   auto step = [&](Tape<float>& tape) {
-    V z = remat::matmul(tape.constant(xm), tape.variable(w2));
+    V z = remat::matmul(tape.constant(m.xm), tape.variable(m.w2));
     for (int i = 0; i < 8; ++i) z = remat::tanh(z);
-    const V y = remat::checkpoint([](const V& x, const V& w) { return remat::square(remat::matmul(x, w)); }, int8)(
-        z, tape.variable(w1));
+    const V y = remat::checkpoint([](const V& x, const V& w) { return remat::square(remat::matmul(x, w)); }, m.int8)(
+        z, tape.variable(m.w1));
     return remat::sum(y);
   };
-  std::size_t peak = 0;
-  {
-    Tape<float> tape;
-    tape.backward(step(tape));
-    peak = tape.memory().peak_bytes;
-  }
   int met = 0;
-  for (const EvictionHeuristic h : {EvictionHeuristic::dtr, EvictionHeuristic::dtr_eq, EvictionHeuristic::local}) {
-    for (int percent = 100; percent >= 40; --percent) {
-      const std::size_t budget = peak * static_cast<std::size_t>(percent) / 100;
-      SCOPED_TRACE("budget " + std::to_string(budget) + ", heuristic " + std::to_string(static_cast<int>(h)));
-      Tape<float> tape;
-      tape.set_memory_budget(budget, h);
-      try {
-        tape.backward(step(tape));
-      } catch (const remat::memory_budget_error&) {
-        continue;
-      }
-      EXPECT_LE(tape.memory().peak_bytes, budget);
-      ++met;
-    }
-  }
-  w1.zero_grad();
-  w2.zero_grad();
+  m.sweep(step, 100, 1,
+          [&](const Tape<float>& tape, std::size_t budget, const std::vector<Matrix<float>>&,
+              const std::vector<Matrix<float>>&) {
+            EXPECT_LE(tape.memory().peak_bytes, budget);
+            ++met;
+          });
   EXPECT_GT(met, 30);
 }
 
