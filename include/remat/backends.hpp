@@ -45,8 +45,8 @@ inline void set_enabled(bool on) {
 /// plan is what conv2d needs to run one convolution shape (batch, channels, image and kernel sizes, options) at
 /// one thread count on oneDNN: its primitives (JIT-compiled kernels) and its scratch layout, about 200 KB. Plans
 /// are kept in least-recently-used order; a program that sees more distinct shapes than this makes an evicted
-/// plan again when it meets its shape again: milliseconds (for a small convolution, 2 ms here while oneDNN's own
-/// primitive cache, dnnl::set_primitive_cache_capacity, still holds its kernels, 25 ms when it compiles them). A plan
+/// plan again when it meets its shape again: oneDNN's primitive creation, cheaper while oneDNN's own primitive
+/// cache (dnnl::set_primitive_cache_capacity) still holds the kernels than when it compiles them again. A plan
 /// made again is the evicted one — the same kernels and scratch sizes, so the same values bitwise and the same bytes in
 /// memory()'s peak — so an op whose plan was evicted between its record and its backward or replay runs as it would
 /// have. Thread-safe.

@@ -165,12 +165,8 @@ class Evictor : public EvictorBudget<T> {
     if (!n.value) n.value = buffers_.allocate(n.shape);
     if (n.extra_shape.numel() > 0 && !n.extra) n.extra = buffers_.allocate(n.extra_shape);
     if (n.scratch_shape.numel() > 0) n.scratch = buffers_.allocate(n.scratch_shape);
-    std::uint8_t decoded = 0;  // which inputs it reads decoded (EvictorChoice::inputs_regenerable)
-    for (int k = 0; k < n.arity; ++k) {
-      touch(n.inputs[k]);
-      if (graph_[n.inputs[k]].packed) decoded |= static_cast<std::uint8_t>(1u << k);
-    }
-    if (graph_.budget_on) graph_.budget_of(u).decoded = decoded;
+    for (int k = 0; k < n.arity; ++k) touch(n.inputs[k]);
+    if (graph_.budget_on) graph_.budget_of(u).decoded = decoded_inputs(n);
     if (!buffers_.simulating() && !buffers_.shapes_only()) {
       if (graph_.trace) graph_.trace->log_forward(graph_, u, false);
       n.op->forward(ForwardContext<T>{graph_, n, false});  // a replay or a regeneration, never the record
@@ -183,6 +179,15 @@ class Evictor : public EvictorBudget<T> {
     }
     touch(u);
     lifetime_.mark_resident(u);
+  }
+
+  /// Which of n's inputs it reads decoded from a packed buffer (bit k: input k), for
+  /// EvictorChoice::inputs_regenerable: only a budget asks.
+  std::uint8_t decoded_inputs(const Node<T>& n) const noexcept {
+    std::uint8_t decoded = 0;
+    for (int k = 0; k < n.arity; ++k)
+      if (graph_[n.inputs[k]].packed) decoded |= static_cast<std::uint8_t>(1u << k);
+    return decoded;
   }
 
   /// The regeneration of `ids[0 … count)` (acquire): the absent values they need (evicted, or freed since a
