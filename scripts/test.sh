@@ -12,7 +12,7 @@
 # has no debug information (-g1 costs 12 % of its compile): reports name functions, not lines; for lines,
 # rebuild one test with -g. In both, the examples use the op kernels compiled once for the test programs
 # (REMAT_EXAMPLES_EXTERN_OP_KERNELS, examples/CMakeLists.txt). The two builds share one pool of $(nproc)
-# compile jobs (one make jobserver), so that neither build's last, largest translation unit leaves a core idle.
+# compile jobs (one make jobserver), and each runs its tests as soon as it is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -21,31 +21,27 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-
   -DREMAT_BUILD_BENCHMARKS=OFF -DREMAT_TEST_PROGRAMS="full_size;alloc;io" -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-Og" \
   -DREMAT_SANITIZE=ON -DREMAT_BUILD_BENCHMARKS=OFF -DREMAT_EXAMPLES_EXTERN_OP_KERNELS=ON >/dev/null
-make --no-print-directory -j"$jobs" -f - both <<'EOF'
-both: optimised sanitized
-optimised: ; +cmake --build build-test
-sanitized: ; +cmake --build build-sanitize
-.PHONY: both optimised sanitized
-EOF
 # Up to 2 × $(nproc) test programs run at once, each with a thread team of $(nproc) threads (remat's kernels
 # and OpenBLAS's OpenMP build share it): with libgomp's default active wait, a team's idle threads spin
 # for a while against the other programs' working threads. Passive waits make them sleep at once. No
 # result depends on it (the kernels are bitwise equal at every thread count, docs/design.md §6).
 export OMP_WAIT_POLICY=PASSIVE
-# The two test runs run at the same time: each ends on a few long tests that leave a core idle.
-echo "== running the tests of both builds (optimised, AddressSanitizer + UndefinedBehaviorSanitizer) =="
+# Each build runs its tests as soon as it is built, while the other still compiles (the optimised build, the
+# smaller, finishes first), so that neither the last translation units of one build nor the last long tests of
+# the other leave a core idle. -k: one build's failure does not stop the other.
+echo "== building both builds and running their tests (optimised; AddressSanitizer + UndefinedBehaviorSanitizer) =="
 logs=$(mktemp -d)
-(cd build-test && ctest --output-on-failure -j"$jobs" > "$logs/optimised.log" 2>&1) &
-optimised=$!
-(cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j"$jobs" > "$logs/sanitized.log" 2>&1) &
-sanitized=$!
 status=0
-wait "$optimised" || status=1
-wait "$sanitized" || status=1
+make -k --no-print-directory -j"$jobs" -f - both JOBS="$jobs" LOGS="$logs" <<'EOF' || status=1
+both: optimised sanitized
+optimised: ; +cmake --build build-test && cd build-test && ctest --output-on-failure -j$(JOBS) > $(LOGS)/optimised.log 2>&1
+sanitized: ; +cmake --build build-sanitize && cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 \
+  UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j$(JOBS) > $(LOGS)/sanitized.log 2>&1
+.PHONY: both optimised sanitized
+EOF
 echo "== optimised build =="
-cat "$logs/optimised.log"
+cat "$logs/optimised.log" 2>/dev/null || echo "(its tests did not run: see the build's output above)"
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build =="
-cat "$logs/sanitized.log"
+cat "$logs/sanitized.log" 2>/dev/null || echo "(its tests did not run: see the build's output above)"
 rm -rf "$logs"
 exit "$status"
