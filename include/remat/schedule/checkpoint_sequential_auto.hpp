@@ -457,7 +457,8 @@ std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begi
 /// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
 /// bytes ω_x; the bytes it holds as a checkpoint ω_c (ω_x and its op's extra buffer when the op's backward
 /// reads it); the bytes a kept layer holds ω_x̄ (output + residuals + op extras + values its own ops read,
-/// which a region's replay may hold as sources); the peak bytes of its forward beyond its input and output
+/// which a region's replay may hold as sources; a view's bytes are its root's buffer's, each buffer counted once:
+/// docs/schedules.md, Views); the peak bytes of its forward beyond its input and output
 /// (o_f, read from the tape's own peak counter; o_f̄ for Fall from the same counter with the values and extras the probe
 /// freed that a backward reads counted as kept); what its backward allocates beyond δ_i and δ_{i−1} (o_b and the weight
 /// gradients it leaves, g, from the recorded nodes by the sweep's rules: detail::backward_bytes); and the FLOP
