@@ -29,11 +29,14 @@
 
 namespace remat::detail {
 
-/// What a schedule may learn of a recorded node (checkpoint_sequential_auto's probe).
+/// What a schedule may learn of a recorded node (checkpoint_sequential_auto's probe). A view (OpBase::view:
+/// reshape, view, flatten, squeeze, unsqueeze) allocates nothing: its value is the buffer of `buffer`, which the
+/// tape counts once (docs/design.md §2.5), so its `bytes` are 0 and a planner counts that buffer's bytes instead.
 struct NodeCost {
   bool leaf = true;
   double flops = 0;                  ///< forward FLOP estimate
-  std::size_t bytes = 0;             ///< output bytes
+  std::size_t bytes = 0;             ///< bytes its value allocates: its shape's, 0 for a view
+  std::int32_t buffer = -1;          ///< the node whose buffer its value is: itself, or a view's input's, through views
   bool value_read = false;           ///< a backward reads its value
   std::size_t extra_read_bytes = 0;  ///< bytes of its extra if its backward reads it
 };

@@ -69,12 +69,20 @@ class TapeFigures : public TapeSweeps<T> {
     return buffers_.end_measure(saved);
   }
 
+  /// For schedules: the node whose buffer node `id`'s value is, as recorded: `id`, or for a view (OpBase::view)
+  /// its input 0's, followed through views to the buffer's owner (its root, docs/design.md §2.5).
+  std::int32_t buffer_of(std::int32_t id) const {
+    while (graph_[id].is_view()) id = graph_[id].inputs[0];
+    return id;
+  }
+
   /// For schedules: the cost of node `id` as checkpoint_sequential_auto's planner models it.
   NodeCost cost(std::int32_t id) const {
     const Node<T>& n = graph_[id];
     NodeCost c;
     c.leaf = n.is_leaf();
-    c.bytes = Buffers<T>::bytes(n.shape);  // a view's too: the planner may count a shared buffer twice, never less
+    c.bytes = n.is_view() ? 0 : Buffers<T>::bytes(n.shape);  // a view's buffer is its root's, counted once
+    c.buffer = buffer_of(id);
     if (c.leaf) return c;
     c.flops = recorder_.op_info(n).flops;
     c.value_read = n.backward_reads > 0;

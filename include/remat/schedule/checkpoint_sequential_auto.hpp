@@ -282,14 +282,38 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
   const auto at = [begin](std::int32_t j) { return static_cast<std::size_t>(j - begin); };
   // work[j − begin]: bit 0 has a gradient; the rest: backward readers of its value still to run.
   work.assign(static_cast<std::size_t>(end - begin), 0);
+  // A view's value is its root's buffer (docs/design.md §2.5): a read keeps that buffer, so reads count on the
+  // buffer's key — its root when the root is the layer's; the layer's first view of it when the root is outside
+  // the layer (x̄_i counts such a buffer once, checkpoint_sequential_auto's probe); none (-1) when the root is a leaf (a
+  // Parameter's storage, or a tape-owned leaf, held throughout in the baseline).
+  std::vector<std::pair<std::int32_t, std::int32_t>> outside;  // (root outside the layer, its key)
+  const auto key = [&](std::int32_t w) {
+    const std::int32_t r = state.buffer_of(w);
+    if (state.node(r).is_leaf()) return std::int32_t{-1};
+    if (r >= begin) return r;
+    for (const auto& [root, k] : outside)
+      if (root == r) return k;
+    outside.emplace_back(r, w);  // w ≥ begin: the views are visited in recording order below
+    return w;
+  };
+  const auto output_buffer = [&](std::int32_t k) {  // k's buffer is x_i's: counted in δ_i's and x_i's terms
+    const std::int32_t r = state.buffer_of(k);
+    for (int o = 0; o < output.width; ++o)
+      if (state.buffer_of(output.ids[o]) == r) return true;
+    return false;
+  };
   bool nested = false;
   for (std::int32_t j = begin; j < end; ++j) {
     const Node<T>& n = state.node(j);
     nested = nested || n.region != state.node(begin).region;
-    if (n.is_leaf() || !n.requires_grad) continue;
+    if (n.is_leaf()) continue;
+    if (n.is_view()) key(j);  // the layer's first view of an outside root is its key
+    if (!n.requires_grad) continue;
     for (int k = 0; k < n.arity; ++k)
-      if ((n.reads & reads_input(k)) && n.inputs[k] >= begin) work[at(n.inputs[k])] += 2;
-    if (n.reads & reads_output) work[at(j)] += 2;
+      if ((n.reads & reads_input(k)) && n.inputs[k] >= begin)
+        if (const std::int32_t b = key(n.inputs[k]); b >= 0) work[at(b)] += 2;
+    if (n.reads & reads_output)
+      if (const std::int32_t b = key(j); b >= 0) work[at(b)] += 2;
   }
   for (int k = 0; k < output.width; ++k)  // δ_i: the state's values made in the layer
     if (output.ids[k] >= begin && output.ids[k] < end) work[at(output.ids[k])] |= 1;
@@ -356,9 +380,12 @@ BackwardBytes backward_bytes(const TapeState<T>& state, std::int32_t begin, std:
     }
     if (!n.requires_grad || nested) continue;
     auto release = [&](std::int32_t w) {  // one backward reader of w's value is done
-      // A leaf's value is not in x̄_i (a Parameter's is not the tape's; a tape-owned leaf is in the baseline).
-      if (w < begin || output.contains(w) || state.node(w).is_leaf()) return;
-      if ((work[at(w)] -= 2) < 2) live -= static_cast<std::int64_t>(Buffers<T>::bytes(state.node(w).shape));
+      // A leaf's value is not in x̄_i (a Parameter's is not the tape's; a tape-owned leaf is in the baseline); the
+      // buffer goes once the last reader of it, through any view, has run.
+      if (w < begin || state.node(w).is_leaf()) return;
+      const std::int32_t b = key(w);
+      if (b < 0 || output_buffer(b)) return;
+      if ((work[at(b)] -= 2) < 2) live -= static_cast<std::int64_t>(Buffers<T>::bytes(state.node(b).shape));
     };
     for (int k = 0; k < n.arity; ++k)
       if (n.reads & reads_input(k)) release(n.inputs[k]);
@@ -430,7 +457,8 @@ std::size_t after_chain_bytes(const TapeState<T>& state, std::int32_t chain_begi
 /// layer by layer and it is never replayed: it receives no gradient) and measures for layer i: the output
 /// bytes ω_x; the bytes it holds as a checkpoint ω_c (ω_x and its op's extra buffer when the op's backward
 /// reads it); the bytes a kept layer holds ω_x̄ (output + residuals + op extras + values its own ops read,
-/// which a region's replay may hold as sources); the peak bytes of its forward beyond its input and output
+/// which a region's replay may hold as sources; a view's bytes are its root's buffer's, each buffer counted once:
+/// docs/schedules.md, Views); the peak bytes of its forward beyond its input and output
 /// (o_f, read from the tape's own peak counter; o_f̄ for Fall from the same counter with the values and extras the probe
 /// freed that a backward reads counted as kept); what its backward allocates beyond δ_i and δ_{i−1} (o_b and the weight
 /// gradients it leaves, g, from the recorded nodes by the sweep's rules: detail::backward_bytes); and the FLOP
@@ -487,6 +515,10 @@ S checkpoint_sequential_auto(const Layers& layers, S x, std::size_t budget_bytes
   measured.reserve(static_cast<std::size_t>(L));
   std::vector<std::int32_t> work;
   std::vector<std::uint8_t> read_in_layer;
+  std::vector<std::uint8_t> counted;          // the layer's buffers counted in ω_x̄
+  std::vector<std::int32_t> outside_counted;  // buffers of values before the layer counted in ω_x̄
+  std::vector<std::int32_t> out_buffers;      // x_i's buffers
+  out_buffers.reserve(static_cast<std::size_t>(width));
   std::vector<std::int32_t> outside_with_grad;
   std::vector<std::pair<std::int32_t, std::int32_t>> spans;  // layer i's nodes [begin, end)
   spans.reserve(static_cast<std::size_t>(L));
@@ -538,6 +570,14 @@ S checkpoint_sequential_auto(const Layers& layers, S x, std::size_t budget_bytes
               }
               break;
             }
+          // A view's value is its root's buffer, which the tape counts once (docs/design.md §2.5): ω_x̄ counts each
+          // buffer once, x_i's in ω_x only, a leaf's not at all (a Parameter's storage, or a tape-owned leaf: in the
+          // baseline). A buffer of a value before the layer that a view in it keeps (x_{i−1}'s) is counted too: the
+          // schedule may free that value while the layer's tape is kept (an upper bound when both are held).
+          out_buffers.clear();
+          for (int k = 0; k < width; ++k) out_buffers.push_back(state->buffer_of(out.ids[k]));  // within capacity
+          counted.assign(static_cast<std::size_t>(end - begin), 0);
+          outside_counted.clear();
           for (std::int32_t j = begin; j < end; ++j) {
             const detail::NodeCost c = state->cost(j);
             const detail::Node<T>& n = state->node(j);
@@ -546,19 +586,28 @@ S checkpoint_sequential_auto(const Layers& layers, S x, std::size_t budget_bytes
               continue;
             }
             m.flops += c.flops;
-            // ω_x̄: what the backward reads (and, in a layer with regions of its own, what its ops read: above).
-            // The layer's output is counted above.
-            if ((c.value_read || read_in_layer[static_cast<std::size_t>(j - begin)]) && !out.contains(j))
-              m.tape += c.bytes;
             m.tape += c.extra_read_bytes;
+            // ω_x̄: what the backward reads (and, in a layer with regions of its own, what its ops read: above).
+            if (!c.value_read && !read_in_layer[static_cast<std::size_t>(j - begin)]) continue;
+            const std::int32_t r = c.buffer;
+            if (state->node(r).is_leaf() || std::find(out_buffers.begin(), out_buffers.end(), r) != out_buffers.end())
+              continue;
+            if (r >= begin) {
+              if (counted[static_cast<std::size_t>(r - begin)]) continue;
+              counted[static_cast<std::size_t>(r - begin)] = 1;
+            } else {
+              if (std::find(outside_counted.begin(), outside_counted.end(), r) != outside_counted.end()) continue;
+              outside_counted.push_back(r);
+            }
+            m.tape += detail::Buffers<T>::bytes(state->node(r).shape);
           }
           // F_i: the tape's own peak counter, beyond what was live and the output. Fall_i frees what F_i frees
           // except the values and extras a backward reads: the same counter with those counted as kept.
           m.forward = forward_peak.peak - std::min(forward_peak.peak, live_before + m.output);
           const std::size_t fall = forward_peak.retained_peak - std::min(forward_peak.retained_peak, live_before);
           m.forward_all = fall - std::min(fall, m.tape);
-          for (int k = 0; k < width; ++k) {
-            const std::int32_t id = out.ids[k];
+          for (int k = 0; k < width; ++k) {  // x_i's buffer: its own, or for a view its root's
+            const std::int32_t id = out_buffers[static_cast<std::size_t>(k)];
             m.output_read = m.output_read || (id >= begin && state->node(id).requires_grad &&
                                               (state->node(id).reads & reads_output) != 0);
           }
