@@ -344,13 +344,13 @@ def case_checkpoint_modes():
     }
     # The whole network one region, its residuals compressed (docs/compression.md). sign: each r_i in one bit,
     # ceil(B·w / 64) words of 8 bytes (only relu's backward reads it: dropout's reads its seed), d_i as it is.
-    # bf16: r_i and d_i in 2 bytes an element. int8 with a scale per 64: a byte an element (B·w is a multiple
-    # of 4) and 4 bytes per row for each group of 64 (every w here is under 64: one group a row). Both keep r_i's
-    # exact sign beside it for relu's backward, as sign does.
+    # bf16: r_i and d_i in 2 bytes an element. int8 with a scale per 64 consecutive elements: a byte an element
+    # (B·w is a multiple of 4) and 4 bytes for each of the ceil(B·w / 64) groups, which run across the rows (every
+    # w here is under 64). Both keep r_i's exact sign beside it for relu's backward, as sign does.
     masks = sum((B * w + 63) // 64 * 8 for w in hidden)
     expected["sign"] = x + sum(act) + masks + softmax
     expected["bf16"] = x + sum(act) + masks + softmax
-    expected["int8"] = x + sum(2 * (B * w + 4 * B) for w in hidden) + masks + softmax
+    expected["int8"] = x + sum(2 * (B * w + 4 * ((B * w + 63) // 64)) for w in hidden) + masks + softmax
     # sqrt: L = 5 layers (4 hidden + output), round(sqrt(5)) = 2 segments of ceil(5/2) = 3, both regions:
     # layers 1-3 (keeps x, returns d_3) and layer 4 + the output layer (returns the logits, which the
     # loss does not read: cross_entropy keeps its softmax instead).

@@ -23,8 +23,9 @@ enum class StoredFormat : std::uint8_t {
 ///
 /// Bytes (stored_bytes): bf16 2·n; int8 the n codes padded to a multiple of 4, then 4 bytes of scale per group;
 /// sign ⌈n/64⌉·8; each rounded up to a whole number of elements of the tape's scalar type (exact for float but for
-/// bf16 of an odd n). An int8 group runs along the last dimension and never crosses it: per row means one scale per
-/// last-dimension slice ([N,C,H,W]: per W), and a group longer than the slice is the slice.
+/// bf16 of an odd n). An int8 group is a run of consecutive elements of the row-major buffer: per group of g, the
+/// elements [k·g, (k + 1)·g) whatever the shape (a group may cross last-dimension slices; the last group may be
+/// shorter), ⌈n/g⌉ scales; per row, one last-dimension slice ([N,C,H,W]: one W), n / cols scales.
 class Compression {
  public:
   /// Stored as it is.
@@ -33,8 +34,8 @@ class Compression {
   static constexpr Compression bf16() { return Compression(StoredFormat::bf16, 0); }
   /// int8 with one absmax scale per last-dimension slice: error at most absmax/254 per element.
   static constexpr Compression int8_per_row() { return Compression(StoredFormat::int8, 0); }
-  /// int8 with one absmax scale per `group` consecutive elements of a last-dimension slice (ActNN, unsloth: 64 or
-  /// 128). Throws std::invalid_argument unless `group` is a power of two from 8 to 2^20.
+  /// int8 with one absmax scale per `group` consecutive elements of the row-major buffer, across last-dimension
+  /// slices (ActNN, unsloth: 64 or 128). Throws std::invalid_argument unless `group` is a power of two from 8 to 2^20.
   static Compression int8_per_group(std::int32_t group) {
     if (group < 8 || group > (1 << 20) || (group & (group - 1)) != 0)
       throw std::invalid_argument("Compression::int8_per_group: the group is " + std::to_string(group) +
@@ -73,15 +74,18 @@ class Compression {
     }
     return (b + element_bytes - 1) / element_bytes * element_bytes;
   }
-  /// int8's groups for a value of `shape`: per last-dimension slice, ⌈slice / group⌉.
+  /// int8's groups (scales) for a value of `shape`: ⌈n / group_length⌉ (per row: the last-dimension slices).
   std::size_t groups(const Shape& shape) const {
-    const auto row = static_cast<std::size_t>(shape.cols()), group = static_cast<std::size_t>(group_in_row(shape));
-    return static_cast<std::size_t>(shape.rows()) * ((row + group - 1) / group);
+    const auto n = static_cast<std::size_t>(shape.numel()), group = static_cast<std::size_t>(group_length(shape));
+    return (n + group - 1) / group;
   }
-  /// int8's elements per scale for a value of `shape`: the group, at most one last-dimension slice.
-  Index group_in_row(const Shape& shape) const {
+  /// int8's elements per scale for a value of `shape`: group k holds the elements [k·length, (k + 1)·length) of the
+  /// row-major buffer (the last one fewer if length does not divide n). The group, or per row the last dimension (at
+  /// least 1).
+  Index group_length(const Shape& shape) const {
+    if (group_ > 0) return group_;
     const Index row = shape.cols();
-    return group_ > 0 && group_ < row ? group_ : row;
+    return row > 0 ? row : 1;
   }
 
   /// "full", "bf16", "int8/row", "int8/64", "sign": how print_saved_residuals names it.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "int8_reference.hpp"
 #include "memory.hpp"
 #include "random.hpp"
 #include "remat/estimate.hpp"
@@ -139,9 +140,10 @@ struct TwoLayers {
   }
 };
 
-/// bf16 and int8: t is stored in 2 bytes an element (4096 B), in int8 with a scale per row (2048 + 32·4 B) or per
-/// group of 32 (2048 + 64·4 B); saved besides: x and f's output in full (double). The gradients differ from plain's by
-/// about the format's step (bf16: 2⁻⁹ relative; int8: absmax/254), and the estimate's figures are the run's.
+/// bf16 and int8: t [32, 64] is stored in 2 bytes an element (4096 B), in int8 with a scale per row (2048 + 32·4 B)
+/// or per group of 32 consecutive elements (2048 + ⌈2048/32⌉·4 B); saved besides: x and f's output in full (double).
+/// The gradients differ from plain's by about the format's step (bf16: 2⁻⁹ relative; int8: absmax/254), and the
+/// estimate's figures are the run's.
 TEST(Compression, LossyFormatsStoreTheirBytesAndBoundTheGradientError) {
   struct Case {
     Compression c;
@@ -150,7 +152,7 @@ TEST(Compression, LossyFormatsStoreTheirBytesAndBoundTheGradientError) {
   };
   const Case cases[] = {{Compression::bf16(), 2 * 2048, 1e-2},
                         {Compression::int8_per_row(), 2048 + 32 * 4, 2e-2},
-                        {Compression::int8_per_group(32), 2048 + 64 * 4, 2e-2}};
+                        {Compression::int8_per_group(32), 2048 + (2048 + 31) / 32 * 4, 2e-2}};
   TwoLayers m;
   const std::vector<Matrix<double>> want = m.plain();
   for (const Case& k : cases) {
@@ -529,12 +531,73 @@ TEST(Compression, AReluBeforeMaxPoolingIsReadOnlyThroughItsSign) {
   }
 }
 
+/// int8 groups on a convolution's [N, C, H, W] activations, through a checkpoint: t = x + a stored in int8, read by
+/// square's backward, so a's gradient is 2·t read back, exactly. On [2,3,7,7] (below the parallel grain) and
+/// [8,16,14,14] (packed and unpacked in blocks on the thread team), with slices of alternating magnitudes (50 and
+/// 0.02) so that groups of 64 or 8 crossing them read back otherwise than one scale per slice: the gradient equals
+/// 2 × remat_test::ReferenceInt8's values read back (groups of 64 or 8 consecutive elements, or of W for per row)
+/// bit for bit, and the saved bytes grow from the exact run's by the stored bytes by hand less t's 4·n.
+TEST(Compression, Int8GroupsOfConsecutiveElementsThroughACheckpoint) {
+  using remat::Shape;
+  auto f = [](const Var<float>& x, const Var<float>& a) { return remat::square(remat::add(x, a)); };
+  for (const Shape& shape : {Shape{2, 3, 7, 7}, Shape{8, 16, 14, 14}}) {
+    const auto n = static_cast<std::size_t>(shape.numel()), w = static_cast<std::size_t>(shape.cols());
+    std::vector<float> xs(n), as(n), t(n);
+    remat_test::Random rng(91);
+    for (std::size_t i = 0; i < n; ++i) {
+      xs[i] = static_cast<float>(rng.uniform(-1, 1)) * ((i / w) % 2 == 0 ? 50.0f : 0.02f);
+      as[i] = static_cast<float>(rng.uniform(-0.01, 0.01));
+      t[i] = xs[i] + as[i];
+    }
+    auto run = [&](const Compression* c, std::size_t* saved, Matrix<float>* grad) {
+      Tape<float> tape;
+      const Var<float> x = tape.constant(shape, xs.data()), a = tape.variable(shape, as.data());
+      const Var<float> y =
+          c ? remat::checkpoint(f, policies::save_compressed(*c, policies::everything_saveable))(x, a) : f(x, a);
+      const Var<float> loss = remat::sum(y);
+      *saved = tape.memory().saved_bytes;
+      tape.backward(loss);
+      *grad = a.grad();
+    };
+    std::size_t exact_saved = 0;
+    Matrix<float> exact_grad;
+    run(nullptr, &exact_saved, &exact_grad);
+    struct Case {
+      Compression c;
+      std::size_t length;  // elements a scale
+    };
+    for (const Case& k : {Case{Compression::int8_per_group(64), 64}, Case{Compression::int8_per_group(8), 8},
+                          Case{Compression::int8_per_row(), w}}) {
+      SCOPED_TRACE(k.c.name() + " on " + std::to_string(n) + " elements");
+      std::size_t saved = 0;
+      Matrix<float> grad;
+      run(&k.c, &saved, &grad);
+      const std::size_t stored = (n + 3) / 4 * 4 + 4 * ((n + k.length - 1) / k.length);
+      EXPECT_EQ(saved, exact_saved - 4 * n + stored);
+      const remat_test::ReferenceInt8 want(t, k.length);
+      ASSERT_EQ(static_cast<std::size_t>(grad.size()), n);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) wrong += grad.data()[i] != 2 * want.decoded[i];
+      EXPECT_EQ(wrong, 0u);
+      const remat::MemoryEstimate e = remat::estimate_memory<float>([&](Tape<float>& tape) {
+        const Var<float> x = tape.constant(shape, xs.data()), a = tape.variable(shape, as.data());
+        return remat::sum(remat::checkpoint(f, policies::save_compressed(k.c, policies::everything_saveable))(x, a));
+      });
+      EXPECT_EQ(e.saved_bytes, saved);
+    }
+  }
+}
+
 /// A bad group is refused with the value and the fix.
 TEST(Compression, Int8GroupsArePowersOfTwo) {
   remat_test::expect_error_naming<std::invalid_argument>([] { Compression::int8_per_group(48); },
                                                          {"int8_per_group", "48", "power of two"});
   EXPECT_EQ(Compression::int8_per_group(128).name(), "int8/128");
-  EXPECT_EQ(Compression::int8_per_group(128).stored_bytes(remat::Shape{2, 3, 200}, 4), 1200u + 4 * 6 * 2);
+  // 1200 codes and ⌈1200/128⌉ = 10 scales: the groups run across the slices of 200 (one scale per slice and per
+  // 128 within it would be 12).
+  EXPECT_EQ(Compression::int8_per_group(128).stored_bytes(remat::Shape{2, 3, 200}, 4), 1200u + 4 * 10);
+  EXPECT_EQ(Compression::int8_per_group(128).groups(remat::Shape{2, 3, 200}), 10u);
+  EXPECT_EQ(Compression::int8_per_row().groups(remat::Shape{2, 3, 200}), 6u);
 }
 
 }  // namespace compression_test

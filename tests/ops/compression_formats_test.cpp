@@ -2,11 +2,13 @@
 // conversion, int8's error bound and bytes, the sign bit against ReLU's derivative, each format's bytes by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "int8_reference.hpp"
 #include "remat/detail/compression_formats.hpp"
 
 // Named after the file: this directory's test files are compiled as one translation unit (tests/CMakeLists.txt).
@@ -49,32 +51,63 @@ TEST(CompressionFormats, Bf16RoundsAsPyTorch) {
   }
 }
 
-/// int8 with a scale per group: each element within half a step (absmax / 254) of its value, the group's
-/// extremes exact in magnitude, a group of zeros zero; bytes = the codes padded to 4, then 4 per group.
+/// int8 with a scale per group of consecutive elements: each element within half a step (absmax / 254) of its value,
+/// a zero read back as zero; bytes = the codes padded to 4, then 4 per group. On [3, 100]: per row, 3 groups of 100;
+/// per group of 64, the groups [0, 64), [64, 128) … [256, 300) run across the rows: ⌈300/64⌉ = 5 scales (one
+/// per row would take 6); per group of 128, ⌈300/128⌉ = 3.
 TEST(CompressionFormats, Int8KeepsEachGroupWithinHalfAStep) {
   const Shape s{3, 100};
   std::vector<double> x(300);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * static_cast<double>(i)) * (1.0 + i / 100);
-  for (std::size_t i = 200; i < 264; ++i) x[i] = 0;  // row 2's first group of 64: all zeros
+  for (std::size_t i = 200; i < 264; ++i) x[i] = 0;
   for (const std::int32_t group : {0, 64, 128}) {
     const Compression c = group == 0 ? Compression::int8_per_row() : Compression::int8_per_group(group);
     const std::vector<double> y = round_trip(c, s, x);
-    const std::size_t g = group == 0 || group > 100 ? 100 : static_cast<std::size_t>(group);
-    for (std::size_t r = 0; r < 3; ++r)
-      for (std::size_t b = 0; b < 100; b += g) {
-        double absmax = 0;
-        for (std::size_t i = b; i < std::min<std::size_t>(100, b + g); ++i)
-          absmax = std::max(absmax, std::fabs(x[r * 100 + i]));
-        const double step = static_cast<double>(static_cast<float>(absmax) / 127.0f);
-        for (std::size_t i = b; i < std::min<std::size_t>(100, b + g); ++i)
-          EXPECT_LE(std::fabs(y[r * 100 + i] - x[r * 100 + i]), step / 2 + 1e-6 * absmax)
-              << "group " << group << ", row " << r << ", element " << i;
-      }
+    const std::size_t g = group == 0 ? 100 : static_cast<std::size_t>(group);
+    for (std::size_t b = 0; b < 300; b += g) {
+      double absmax = 0;
+      for (std::size_t i = b; i < std::min<std::size_t>(300, b + g); ++i) absmax = std::max(absmax, std::fabs(x[i]));
+      const double step = static_cast<double>(static_cast<float>(absmax) / 127.0f);
+      for (std::size_t i = b; i < std::min<std::size_t>(300, b + g); ++i)
+        EXPECT_LE(std::fabs(y[i] - x[i]), step / 2 + 1e-6 * absmax) << "group " << group << ", element " << i;
+    }
     for (std::size_t i = 200; i < 264; ++i) EXPECT_EQ(y[i], 0.0) << "group " << group;
-    const std::size_t groups = 3 * ((100 + g - 1) / g);
+    const std::size_t groups = group == 0 ? 3 : group == 64 ? 5 : 3;
     // The codes and the scales, rounded up to whole doubles (Compression::stored_bytes).
     EXPECT_EQ(remat::detail::stored_bytes(c, s, sizeof(double)), (300 + 4 * groups + 7) / 8 * 8) << "group " << group;
   }
+}
+
+/// int8_per_group(64) on a [2,3,7,7] value (a convolution's activations, 7 wide): groups of 64 consecutive elements
+/// run across the 7-element slices. Group 0, [0, 64), holds slice 8 ([56, 63), magnitudes about 100) and the first
+/// element of slice 9 ([63, 70), magnitudes about 0.01): that element shares slice 8's scale and reads back as 0,
+/// where one scale per slice (the rule before groups crossed slices) kept it to 1 %. Bytes: 294 codes → 296, and
+/// ⌈294/64⌉ = 5 scales: 296 + 20 = 316 (one scale per slice of 7: 296 + 42·4 = 464). The bytes and the values read
+/// back are remat_test::ReferenceInt8's (tests/support/int8_reference.hpp) with groups of 64, bit for bit.
+TEST(CompressionFormats, Int8GroupsRunAcrossLastDimensionSlices) {
+  const Shape s{2, 3, 7, 7};
+  std::vector<float> x(294);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = (i >= 56 && i < 63 ? 100.0f : 0.01f) * std::cos(0.9f * static_cast<float>(i) + 0.3f);
+  const Compression c = Compression::int8_per_group(64);
+  const std::size_t stored = 296 + 4 * 5;
+  ASSERT_EQ(c.stored_bytes(s, sizeof(float)), stored);
+  ASSERT_EQ(c.groups(s), 5u);
+  std::vector<unsigned char> bytes(stored, 0);  // the padding after the codes stays 0, as the reference's
+  remat::detail::encode(c, s, x.data(), bytes.data());
+  const remat_test::ReferenceInt8 want(x, 64);
+  ASSERT_EQ(want.bytes.size(), stored);
+  for (std::size_t i = 0; i < stored; ++i) EXPECT_EQ(bytes[i], want.bytes[i]) << "byte " << i;
+  std::vector<float> y(294);
+  remat::detail::decode(c, s, bytes.data(), y.data());
+  for (std::size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], want.decoded[i]) << "element " << i;
+  // Element 63 shares group 0's scale (about 100/127): 0.01 reads back as 0. Per slice it would have kept 1 %.
+  EXPECT_EQ(y[63], 0.0f) << x[63];
+  const remat_test::ReferenceInt8 per_slice(std::vector<float>(x.begin() + 63, x.begin() + 70), 7);
+  EXPECT_LE(std::fabs(per_slice.decoded[0] - x[63]), 0.01f * std::fabs(x[63]));
+  EXPECT_NE(y[63], per_slice.decoded[0]);
+  // Per row stays one scale per slice of 7: 42 scales.
+  EXPECT_EQ(Compression::int8_per_row().stored_bytes(s, sizeof(float)), 296u + 4 * 42);
 }
 
 /// The sign bit is x > 0: 1 for a positive value however small, 0 for −0, 0, negatives and NaN; so ReLU's
@@ -95,25 +128,32 @@ TEST(CompressionFormats, SignIsWhatReluReads) {
   EXPECT_EQ(remat::detail::stored_bytes(Compression::sign(), s, 4), 16u);  // 78 elements: 2 words
 }
 
-/// Row blocks (the threads' share of an encode or a decode, detail/packing.hpp) write exactly what one pass writes:
-/// encoding rows [0, 3) and [3, 7) separately gives the same bytes as all 7 at once, with groups that end inside and
-/// at the end of a row, and decoding by the same blocks gives the same values.
-TEST(CompressionFormats, RowBlocksEncodeAndDecodeAsOnePass) {
+/// Blocks of groups (the threads' share of an encode or a decode, detail/packing.hpp) write exactly what one pass
+/// writes: encoding the elements [0, a), [a, b) and [b, n) separately, a and b multiples of range_unit (an int8
+/// group), gives the same bytes as all at once, with groups that cross last-dimension slices (45 wide) and a last
+/// group shorter than the others (630 = 9·64 + 54); decoding by other such blocks gives the same values.
+TEST(CompressionFormats, BlocksOfGroupsEncodeAndDecodeAsOnePass) {
   const Shape s{7, 2, 45};  // matrix view [14, 45]
+  const remat::Index n = 630;
   std::vector<float> x(630);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.7f * static_cast<float>(i)) * (1 + i % 11);
-  for (const Compression c : {Compression::bf16(), Compression::int8_per_row(), Compression::int8_per_group(16)}) {
+  for (const Compression c : {Compression::bf16(), Compression::int8_per_row(), Compression::int8_per_group(16),
+                              Compression::int8_per_group(64)}) {
+    SCOPED_TRACE(c.name());
+    const remat::Index unit = remat::detail::range_unit(c, s);
+    EXPECT_EQ(unit, c == Compression::bf16() ? 1 : c == Compression::int8_per_row() ? 45 : c.group());
     const std::size_t b = c.stored_bytes(s, 4);
     std::vector<unsigned char> whole(b, 0xAB), blocks(b, 0xAB);
     remat::detail::encode(c, s, x.data(), whole.data());
-    remat::detail::encode(c, s, x.data(), blocks.data(), 0, 6);
-    remat::detail::encode(c, s, x.data(), blocks.data(), 6, 14);
-    EXPECT_TRUE(whole == blocks) << c.name();
+    remat::detail::encode(c, s, x.data(), blocks.data(), 0, 3 * unit);
+    remat::detail::encode(c, s, x.data(), blocks.data(), 3 * unit, n / unit * unit);
+    remat::detail::encode(c, s, x.data(), blocks.data(), n / unit * unit, n);
+    EXPECT_TRUE(whole == blocks);
     std::vector<float> y(630), z(630);
     remat::detail::decode(c, s, whole.data(), y.data());
-    remat::detail::decode(c, s, whole.data(), z.data(), 0, 9);
-    remat::detail::decode(c, s, whole.data(), z.data(), 9, 14);
-    EXPECT_TRUE(y == z) << c.name();
+    remat::detail::decode(c, s, whole.data(), z.data(), 0, 5 * unit);
+    remat::detail::decode(c, s, whole.data(), z.data(), 5 * unit, n);
+    EXPECT_TRUE(y == z);
   }
 }
 

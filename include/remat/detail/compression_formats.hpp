@@ -1,10 +1,12 @@
 // The stored formats of compressed residuals (remat/compression.hpp): how a value is encoded into fewer bytes and
 // decoded again. bf16 rounds to nearest even as
-// PyTorch's c10::BFloat16 does; int8 keeps one absmax scale per group of elements (ActNN's and unsloth's per-row
-// int8); sign keeps x > 0 as one bit, which is all ReLU's derivative reads.
+// PyTorch's c10::BFloat16 does; int8 keeps one absmax scale per group of consecutive elements (ActNN's and
+// unsloth's group quantisation; per row, a last-dimension slice); sign keeps x > 0 as one bit, which is all ReLU's
+// derivative reads.
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -81,15 +83,39 @@ float int8_scale(const T* x, Index count) {
   return absmax / 127.0f;
 }
 
+/// int8's code of v = x / scale: v rounded to nearest even (as nearbyint in the default rounding mode), then
+/// clamped to ±127 (|x| ≤ absmax keeps v within ±127 but for the last bit of the division; a NaN gives −127, as
+/// std::max(-127, NaN) did). Rounded by adding and subtracting 1.5·2²³, which is exact for |v| < 2²²; above, the
+/// clamp decides, and rounding is monotone, so every float gets nearbyint's code. Branch-free, unlike a clamp
+/// first (which GCC turns into branches on the clamped cases), so that the loops over a group vectorise; a call
+/// to nearbyint would not, without SSE4.1. -ffast-math would fold the addition away: nearbyint then.
+inline float int8_code(float v) {
+#ifdef __FAST_MATH__
+  float r = std::nearbyint(v);
+#else
+  float r = (v + 12582912.0f) - 12582912.0f;
+#endif
+  r = r > -127.0f ? r : -127.0f;
+  return r < 127.0f ? r : 127.0f;
+}
+
+/// The elements a range of encode() and decode() starts at a multiple of (and ends at one, or at n): int8's
+/// group_length, so that no group is split between ranges; 1 for full and bf16. sign encodes all at once.
+inline Index range_unit(const Compression& c, const Shape& shape) {
+  return c.format() == StoredFormat::int8 ? c.group_length(shape) : 1;
+}
+
 /// Encodes `x` (shape's elements, row-major) into `out` (stored_bytes(c, shape, sizeof(T)) bytes). Full is a copy.
-/// Only rows [r0, r1) of the [rows, cols] matrix view (all of them when r1 < 0) for full, bf16 and int8, so that row
-/// blocks may be encoded on several threads; sign encodes all. The inner loops vectorise: a decode runs for every read
-/// of a packed value.
+/// Only the elements [first, last) (all of them when last < 0) for full, bf16 and int8, so that blocks may be
+/// encoded on several threads; both ends multiples of range_unit() (last may be n), so an int8 group, its codes
+/// and its scale, belong to one range, and any split writes the bytes one pass writes. sign encodes all. An int8
+/// group is a contiguous span of the buffer: its absmax and its codes are two vectorised loops over it, as is a
+/// decode, which runs for every read of a packed value.
 template <class T>
-void encode(const Compression& c, const Shape& shape, const T* x, void* out, Index r0 = 0, Index r1 = -1) {
+void encode(const Compression& c, const Shape& shape, const T* x, void* out, Index first = 0, Index last = -1) {
   const Index n = shape.numel();
-  if (r1 < 0) r1 = shape.rows();
-  const Index first = r0 * shape.cols(), last = r1 * shape.cols();
+  if (last < 0) last = n;
+  assert(first % range_unit(c, shape) == 0 && (last % range_unit(c, shape) == 0 || last == n));
   auto* bytes = static_cast<unsigned char*>(out);
   switch (c.format()) {
     case StoredFormat::full:
@@ -102,26 +128,23 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out, Ind
       }
       return;
     case StoredFormat::int8: {
-      const Index group = c.group_in_row(shape), row = shape.cols(), per_row = (row + group - 1) / group;
+      const Index group = c.group_length(shape);
       auto* codes = reinterpret_cast<std::int8_t*>(bytes);
       unsigned char* scales = bytes + (n + 3) / 4 * 4;
-      for (Index r = r0; r < r1; ++r)
-        for (Index g = 0; g < per_row; ++g) {
-          const Index begin = r * row + g * group, count = std::min(row, (g + 1) * group) - g * group;
-          const float scale = int8_scale(x + begin, count);
-          std::memcpy(scales + 4 * (r * per_row + g), &scale, 4);
-          std::int8_t* q = codes + begin;
-          if (!(scale > 0) || !std::isfinite(scale)) {  // zeros, or a NaN or an infinity: the scale decides alone
-            std::memset(q, 0, static_cast<std::size_t>(count));
-            continue;
-          }
-          // Round to nearest even, as nearbyint; |x| ≤ absmax, so the codes stay within ±127 (the clamp guards the
-          // last bit of x / scale's rounding).
-          const float inverse = 1.0f / scale;
-          for (Index i = 0; i < count; ++i)
-            q[i] = static_cast<std::int8_t>(
-                std::min(127.0f, std::max(-127.0f, std::nearbyint(static_cast<float>(x[begin + i]) * inverse))));
+      for (Index begin = first; begin < last; begin += group) {
+        const Index count = std::min(group, n - begin);
+        const float scale = int8_scale(x + begin, count);
+        std::memcpy(scales + 4 * (begin / group), &scale, 4);
+        std::int8_t* q = codes + begin;
+        if (!(scale > 0) || !std::isfinite(scale)) {  // zeros, or a NaN or an infinity: the scale decides alone
+          std::memset(q, 0, static_cast<std::size_t>(count));
+          continue;
         }
+        const float inverse = 1.0f / scale;
+        const T* v = x + begin;
+        for (Index i = 0; i < count; ++i)
+          q[i] = static_cast<std::int8_t>(int8_code(static_cast<float>(v[i]) * inverse));
+      }
       return;
     }
     case StoredFormat::sign: {
@@ -138,12 +161,12 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out, Ind
 }
 
 /// Decodes what encode() wrote into `x` (shape's elements): bf16 and int8 approximately (an int8 group that held an
-/// infinity or a NaN decodes to NaN), sign as 1 (x > 0) or 0. Rows [r0, r1) as encode().
+/// infinity or a NaN decodes to NaN), sign as 1 (x > 0) or 0. The elements [first, last) as encode().
 template <class T>
-void decode(const Compression& c, const Shape& shape, const void* in, T* x, Index r0 = 0, Index r1 = -1) {
+void decode(const Compression& c, const Shape& shape, const void* in, T* x, Index first = 0, Index last = -1) {
   const Index n = shape.numel();
-  if (r1 < 0) r1 = shape.rows();
-  const Index first = r0 * shape.cols(), last = r1 * shape.cols();
+  if (last < 0) last = n;
+  assert(first % range_unit(c, shape) == 0 && (last % range_unit(c, shape) == 0 || last == n));
   const auto* bytes = static_cast<const unsigned char*>(in);
   switch (c.format()) {
     case StoredFormat::full:
@@ -157,16 +180,17 @@ void decode(const Compression& c, const Shape& shape, const void* in, T* x, Inde
       }
       return;
     case StoredFormat::int8: {
-      const Index group = c.group_in_row(shape), row = shape.cols(), per_row = (row + group - 1) / group;
+      const Index group = c.group_length(shape);
       const auto* codes = reinterpret_cast<const std::int8_t*>(bytes);
       const unsigned char* scales = bytes + (n + 3) / 4 * 4;
-      for (Index r = r0; r < r1; ++r)
-        for (Index g = 0; g < per_row; ++g) {
-          float scale;
-          std::memcpy(&scale, scales + 4 * (r * per_row + g), 4);
-          const Index begin = r * row + g * group, count = std::min(row, (g + 1) * group) - g * group;
-          for (Index i = 0; i < count; ++i) x[begin + i] = static_cast<T>(static_cast<float>(codes[begin + i]) * scale);
-        }
+      for (Index begin = first; begin < last; begin += group) {
+        float scale;
+        std::memcpy(&scale, scales + 4 * (begin / group), 4);
+        const Index count = std::min(group, n - begin);
+        const std::int8_t* q = codes + begin;
+        T* v = x + begin;
+        for (Index i = 0; i < count; ++i) v[i] = static_cast<T>(static_cast<float>(q[i]) * scale);
+      }
       return;
     }
     case StoredFormat::sign:

@@ -3,8 +3,10 @@
 // (its layer CompressedValues, compressed_values.hpp) decides when a value is packed and unpacked.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 
 #include "remat/compression.hpp"
 #include "remat/detail/compression_formats.hpp"
@@ -59,23 +61,28 @@ std::size_t packed_bytes(const Graph<T>& graph, const Node<T>& n) {
   return with_sign_mask(graph, n) ? stored + Compression::sign().stored_bytes(n.shape, sizeof(T)) : stored;
 }
 
-/// `code(r0, r1)` over row blocks of n's [rows, cols] view on remat's thread team, for the formats that encode rows
-/// apart (bf16, int8: each element, and each group's scale, belongs to one row); at once for sign, whose 64-bit words
-/// cross rows. Which thread runs a block changes no bit.
+/// `code(first, last)` over blocks of n's elements on remat's thread team, for the formats that encode ranges apart
+/// (full, bf16, int8): blocks of about block_elements, each a multiple of range_unit (an int8 group, its codes and its
+/// scale, belong to one block) and of 16 elements (aligned vector loads); at once for sign, whose 64-bit words cross
+/// the blocks. Which thread runs a block changes no bit, and neither does the split (encode()).
 template <class T, class Code>
-void by_row_blocks(const Node<T>& n, Code code) {
+void by_blocks(const Node<T>& n, Code code) {
+  const Index total = n.shape.numel();
   if (n.stored_format() == StoredFormat::sign) {
-    code(Index(0), n.shape.rows());
+    code(Index(0), total);
     return;
   }
-  for_row_blocks(n.shape.rows(), n.shape.cols(), 4, [&](Index r0, Index count) { code(r0, r0 + count); });
+  const Index unit = range_unit(compression_of(n.stored), n.shape), aligned = unit * (16 / std::gcd<Index>(unit, 16));
+  const Index size = std::max(aligned, block_elements / aligned * aligned);
+  for_blocks(make_blocks(total, size, above_grain(total, 4)),
+             [&](Index first, Index count) { code(first, first + count); });
 }
 
 /// Encodes n's value into n.packed (packed_bytes of it).
 template <class T>
 void encode_packed(const Graph<T>& graph, Node<T>& n) {
   const Compression c = compression_of(n.stored);
-  by_row_blocks(n, [&](Index r0, Index r1) { encode(c, n.shape, n.value, n.packed, r0, r1); });
+  by_blocks(n, [&](Index first, Index last) { encode(c, n.shape, n.value, n.packed, first, last); });
   if (with_sign_mask(graph, n))
     encode(Compression::sign(), n.shape, n.value,
            reinterpret_cast<unsigned char*>(n.packed) + c.stored_bytes(n.shape, sizeof(T)));
@@ -87,7 +94,7 @@ template <class T>
 void decode_packed(const Graph<T>& graph, Node<T>& n, bool sign_only) {
   const Compression c = compression_of(n.stored);
   if (!sign_only || !with_sign_mask(graph, n)) {
-    by_row_blocks(n, [&](Index r0, Index r1) { decode(c, n.shape, n.packed, n.value, r0, r1); });
+    by_blocks(n, [&](Index first, Index last) { decode(c, n.shape, n.packed, n.value, first, last); });
     return;
   }
   decode(Compression::sign(), n.shape,
