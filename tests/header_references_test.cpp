@@ -104,8 +104,9 @@ TEST(HeaderReferences, CustomOpPointsToTheCompleteExample) {
 TEST(HeaderReferences, TheCustomOpPageShowsTheCodeTheTestsCompile) {
   // Every C++ block of docs/custom-ops.md that defines an op struct is, line for line, in the test that checks it.
   const std::string page = read(source_dir / "docs/custom-ops.md");
-  const std::string tests =
-      read(source_dir / "tests/ops/custom_op_test.cpp") + read(source_dir / "tests/ops/random_op_test.cpp");
+  const std::string tests = read(source_dir / "tests/ops/custom_op_test.cpp") +
+                            read(source_dir / "tests/ops/random_op_test.cpp") +
+                            read(source_dir / "tests/ops/packed_shape_op_test.cpp");
   int checked = 0;
   const std::string open = "```cpp\n";
   for (std::size_t at = page.find(open); at != std::string::npos; at = page.find(open, at)) {
@@ -118,7 +119,7 @@ TEST(HeaderReferences, TheCustomOpPageShowsTheCodeTheTestsCompile) {
     EXPECT_NE(tests.find(code), std::string::npos) << "docs/custom-ops.md shows code no test compiles:\n" << code;
     ++checked;
   }
-  EXPECT_EQ(checked, 3);
+  EXPECT_EQ(checked, 4);
 }
 
 TEST(HeaderReferences, CustomOpListsEveryMemberOfOpBase) {

@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <remat/detail/number_text.hpp>
+#include <remat/errors.hpp>
 
 #include "state_file.hpp"
 
@@ -111,7 +111,7 @@ std::vector<T> parse_decimal_list(const char* flag, const std::string& text, Lim
 template <typename V>
 std::string setting_text(V v) {
   if constexpr (std::is_floating_point_v<V>) {
-    return remat::detail::number_text(static_cast<double>(v));
+    return remat::number_text(static_cast<double>(v));
   } else {
     std::ostringstream s;
     s << v;

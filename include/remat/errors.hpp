@@ -1,6 +1,7 @@
 // The exceptions remat throws. Every message names the operation and the shapes or values involved.
 #pragma once
 
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -132,5 +133,14 @@ class name_error : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
+
+/// A double as error messages write it: the shortest decimal text that reads back as `x` exactly (std::to_chars),
+/// "0.001", "1e-09", "inf", "nan", where std::to_string would write "0.000000" (at most 24 characters; allocates
+/// the string only). For an op's message about a floating-point attribute, as clamp's and layer_norm's.
+inline std::string number_text(double x) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, x).ptr;
+  return std::string(text, end);
+}
 
 }  // namespace remat

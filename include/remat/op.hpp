@@ -8,7 +8,9 @@
 //                                                 (non-empty: a null or empty name does not compile)
 //   static constexpr remat::OpKind kind;          what policies see (dot, elementwise, ...)
 //   struct Params { ... };                        optional: its attributes, trivially copyable, ≤ 40 bytes
-//                                                 (≤ 24 bytes for a random op: max_random_params_bytes)
+//                                                 (≤ 24 bytes for a random op: max_random_params_bytes); a
+//                                                 shape it carries is a remat::PackedShape (36 bytes,
+//                                                 remat/shape.hpp), never a Shape (72)
 //   static constexpr bool batch_dims;             optional: a dot with batch dimensions
 //   static constexpr bool stops_gradient;         optional: its output requires no gradient (detach); the
 //                                                 sweep never runs its backward
@@ -77,6 +79,9 @@
 #include "remat/var.hpp"
 
 namespace remat {
+
+// What docs/custom-ops.md promises of a shape in an op's Params: a PackedShape and one 4-byte attribute fit.
+static_assert(sizeof(PackedShape) + sizeof(float) == max_params_bytes, "a PackedShape leaves 4 bytes of Params");
 
 /// Defaults an op struct may override.
 struct OpBase {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "remat/errors.hpp"
@@ -54,6 +55,14 @@ class Shape {
     if (rank_ == 2) return dims_[0] * dims_[1];  // most shapes: a product, not a loop, on every op's paths
     Index n = 1;
     for (int d = 0; d < rank_; ++d) n *= dims_[d];
+    return n;
+  }
+  /// The number of elements of dimensions [begin, end): their product, 1 for none (0 ≤ begin ≤ end ≤ rank(),
+  /// unchecked, as operator[]). What an op working along dimension d reads x as: x.numel(0, d) outer rows of x[d]
+  /// blocks of x.numel(d + 1, x.rank()) elements.
+  Index numel(int begin, int end) const {
+    Index n = 1;
+    for (int d = begin; d < end; ++d) n *= dims_[d];
     return n;
   }
   /// The number of elements, as numel() (the name 2-D code used).
@@ -167,8 +176,9 @@ inline int wrap_dim(int dim, int rank, const char* op) {
   return dim < 0 ? dim + rank : dim;
 }
 
-namespace detail {
-/// The shape of `rank` dimensions `d` (0 ≤ rank ≤ Shape::max_rank), without allocating.
+/// The shape of the `rank` dimensions d[0 … rank), without allocating (as Shape{d[0], …} would write them):
+/// what an op's output_shape builds from dimensions it computed. Any value is kept, as Shape's constructors keep
+/// it. Throws shape_error for a rank outside [0, Shape::max_rank].
 inline Shape make_shape(const Index* d, int rank) {
   switch (rank) {
     case 0:
@@ -187,18 +197,94 @@ inline Shape make_shape(const Index* d, int rank) {
       return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
     case 7:
       return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
-    default:
+    case 8:
       return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+    default:
+      throw shape_error("make_shape: rank " + std::to_string(rank) + "; a remat shape has 0 to " +
+                        std::to_string(Shape::max_rank) + " dimensions");
   }
 }
+static_assert(Shape::max_rank == 8, "make_shape lists every rank");
 
-/// Throws shape_error naming `op` and its operand `what` unless `s` has rank `rank`: for the ops whose
-/// arguments are matrices (or vectors) by definition.
-inline void require_rank(const char* op, const char* what, const Shape& s, int rank) {
+/// `s` with a dimension of size `size` inserted at `dim`, in [-rank-1, rank] for s's rank (negative counts from
+/// the end of the result, as torch.unsqueeze's dim: -1 appends): the output shape of an op that adds a dimension
+/// (stack, unsqueeze). `size` is kept as it is. Throws index_error for a dim out of that range, shape_error when
+/// s already has Shape::max_rank dimensions.
+inline Shape insert_dim(const Shape& s, int dim, Index size) {
+  const int d = wrap_dim(dim, s.rank() + 1, "insert_dim");
+  if (s.rank() == Shape::max_rank)
+    throw shape_error("insert_dim: " + to_string(s) + " already has " + std::to_string(s.rank()) +
+                      " dimensions, the most a remat shape holds");
+  Index dims[Shape::max_rank];
+  for (int e = 0, k = 0; e <= s.rank(); ++e) dims[e] = e == d ? size : s[k++];
+  return make_shape(dims, s.rank() + 1);
+}
+
+/// Throws shape_error naming `op` and its operand `what` (e.g. "A") unless `s` has rank `rank`: for an op whose
+/// arguments are matrices (or vectors) by definition, as matmul's and cross_entropy's are.
+inline void check_rank(const char* op, const char* what, const Shape& s, int rank) {
   if (s.rank() != rank)
     throw shape_error(std::string(op) + ": " + what + " is " + to_string(s) + ", of rank " + std::to_string(s.rank()) +
                       "; " + op + " takes a rank-" + std::to_string(rank) + " " + what);
 }
-}  // namespace detail
+
+/// A Shape in 36 bytes (a Shape takes 72), small enough for an op's Params, which are at most max_params_bytes =
+/// 40 bytes (remat/op.hpp): how an N-D op carries a shape it was given, such as reshape's target shape or
+/// gather's index shape. It keeps the low 32 bits of every dimension and bits 32 to 47 of the one dimension that
+/// may reach 2^32, so it holds exactly the shapes packable() accepts: every dimension in [1, 2^48) and at most one
+/// of 2^32 or more. Every shape of a tensor apply_op accepts is one (a tensor holds at most 2^48 bytes, so at
+/// most one of its dimensions reaches 2^32). Trivially copyable, as Params must be; packing and unpacking allocate
+/// nothing. A default PackedShape is the scalar shape [] (rank 0).
+///
+///     struct Params { remat::PackedShape shape; };               // 36 bytes: 4 left for an int
+///     Params p{remat::PackedShape(target)};                     // throws shape_error unless packable(target)
+///     remat::Shape out = p.shape.unpack();                      // == target
+class PackedShape {
+ public:
+  /// The scalar shape [] (rank 0).
+  constexpr PackedShape() = default;
+  /// `s` packed. Throws shape_error naming PackedShape and `s` unless packable(s).
+  explicit PackedShape(const Shape& s) {
+    if (!packable(s))
+      throw shape_error("PackedShape: " + to_string(s) +
+                        " cannot be packed: every dimension must be in [1, 2^48), at most one of them 2^32 or more");
+    rank_ = static_cast<std::int8_t>(s.rank());
+    for (int d = 0; d < s.rank(); ++d) {
+      const auto value = static_cast<std::uint64_t>(s[d]);
+      low_[d] = static_cast<std::uint32_t>(value);
+      if (value >> 32) {
+        high_ = static_cast<std::uint16_t>(value >> 32);
+        high_dim_ = static_cast<std::int8_t>(d);
+      }
+    }
+  }
+  /// Whether PackedShape(s) keeps every dimension of s: each in [1, 2^48), at most one of 2^32 or more (any rank
+  /// from 0 to Shape::max_rank). Shape{} ([0,0]) and a shape with a negative dimension are not.
+  static bool packable(const Shape& s) {
+    int large = 0;
+    for (Index d : s) {
+      if (d < 1 || d >= (Index{1} << 48)) return false;
+      if (d >= (Index{1} << 32)) ++large;
+    }
+    return large <= 1;
+  }
+  /// The shape packed, equal to the one given to the constructor.
+  Shape unpack() const {
+    Index dims[Shape::max_rank] = {};  // initialised: GCC cannot see that a rank-0 shape reads none
+    for (int d = 0; d < rank_; ++d)
+      dims[d] = static_cast<Index>(low_[d]) + (d == high_dim_ ? static_cast<Index>(high_) << 32 : Index{0});
+    return make_shape(dims, rank_);
+  }
+  /// The number of dimensions of the shape packed.
+  int rank() const { return rank_; }
+
+ private:
+  std::uint32_t low_[Shape::max_rank] = {};  // bits 0–31 of every dimension
+  std::uint16_t high_ = 0;                   // bits 32–47 of dimension high_dim_
+  std::int8_t high_dim_ = -1;                // the dimension of 2^32 or more, -1 for none
+  std::int8_t rank_ = 0;
+};
+static_assert(sizeof(PackedShape) == 36, "PackedShape leaves 4 bytes of an op's 40 bytes of Params");
+static_assert(std::is_trivially_copyable<PackedShape>::value, "an op's Params must be trivially copyable");
 
 }  // namespace remat

@@ -1,8 +1,9 @@
 // What the N-D data-movement ops share (remat/ops/reshape.hpp, view.hpp, flatten.hpp, squeeze.hpp, unsqueeze.hpp,
-// permute.hpp, transpose.hpp, concat.hpp, stack.hpp, slice.hpp, index_select.hpp, gather.hpp): a Shape packed into
-// an op's Params, the kernels of the ops that copy their input unchanged into another shape, a permuting copy that
-// moves contiguous runs, and copies of blocks. Every kernel is sequential and runs in a fixed order: its results are
-// the same bits at every thread count.
+// permute.hpp, transpose.hpp, concat.hpp, stack.hpp, slice.hpp, index_select.hpp, gather.hpp) and an op author does
+// not need: the kernels of the ops that copy their input unchanged into another shape, a permuting copy that moves
+// contiguous runs, copies of blocks, and the checks and messages of PyTorch's rules for these ops. (What they share
+// that any N-D op needs is public in remat/shape.hpp: PackedShape, make_shape, insert_dim, Shape::numel(begin, end).)
+// Every kernel is sequential and runs in a fixed order: its results are the same bits at every thread count.
 #pragma once
 
 #include <Eigen/Core>
@@ -15,58 +16,6 @@
 #include "remat/shape.hpp"
 
 namespace remat::detail {
-
-/// A Shape in 36 bytes, small enough for an op's Params (max_params_bytes = 40; a Shape takes 72): the low 32 bits
-/// of every dimension, and bits 32 to 47 of the one dimension that may reach 2^32 (a tensor has at most 2^48
-/// elements, so at most one of its dimensions does). Made by pack() from a shape that packable() accepts.
-struct PackedShape {
-  std::uint32_t low[Shape::max_rank] = {};
-  std::uint16_t high = 0;     ///< bits 32–47 of dimension high_dim
-  std::int8_t high_dim = -1;  ///< the dimension of 2^32 or more, -1 for none
-  std::int8_t rank = 0;
-};
-static_assert(sizeof(PackedShape) == 36, "PackedShape must leave 4 bytes of an op's Params");
-
-/// Whether pack(s) keeps every dimension of s: each in [1, 2^48), at most one of 2^32 or more. Every shape of a
-/// valid tensor (at most 2^48 elements) is.
-inline bool packable(const Shape& s) {
-  int large = 0;
-  for (Index d : s) {
-    if (d < 1 || d >= (Index{1} << 48)) return false;
-    if (d >= (Index{1} << 32)) ++large;
-  }
-  return large <= 1;
-}
-
-/// `s` packed; `s` must be packable().
-inline PackedShape pack(const Shape& s) {
-  PackedShape p;
-  p.rank = static_cast<std::int8_t>(s.rank());
-  for (int d = 0; d < s.rank(); ++d) {
-    const auto value = static_cast<std::uint64_t>(s[d]);
-    p.low[d] = static_cast<std::uint32_t>(value);
-    if (value >> 32) {
-      p.high = static_cast<std::uint16_t>(value >> 32);
-      p.high_dim = static_cast<std::int8_t>(d);
-    }
-  }
-  return p;
-}
-
-/// `s` with a dimension of size `n` inserted at `dim` (in [0, rank]); s has fewer than Shape::max_rank dimensions.
-inline Shape inserted(const Shape& s, int dim, Index n) {
-  Index d[Shape::max_rank];
-  for (int e = 0, k = 0; e <= s.rank(); ++e) d[e] = e == dim ? n : s[k++];
-  return make_shape(d, s.rank() + 1);
-}
-
-/// The shape pack() packed.
-inline Shape unpack(const PackedShape& p) {
-  Index dims[Shape::max_rank];
-  for (int d = 0; d < p.rank; ++d)
-    dims[d] = static_cast<Index>(p.low[d]) + (d == p.high_dim ? static_cast<Index>(p.high) << 32 : Index{0});
-  return make_shape(dims, p.rank);
-}
 
 /// "[2,-1,4]": a list of dimensions as given (any length, -1 kept), for error messages.
 inline std::string to_string_dims(ArrayRef<Index> dims) {
@@ -262,13 +211,6 @@ inline Permutation inverse(const Permutation& perm, int rank) {
   Permutation inv;
   for (int k = 0; k < rank; ++k) inv.dims[perm.dims[k]] = k;
   return inv;
-}
-
-/// The product of dimensions [begin, end) of `s` (1 for none).
-inline Index product(const Shape& s, int begin, int end) {
-  Index n = 1;
-  for (int d = begin; d < end; ++d) n *= s[d];
-  return n;
 }
 
 }  // namespace remat::detail

@@ -18,7 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/distributed/environment.hpp"
 #include "remat/distributed/parameters.hpp"
 #include "remat/distributed/step_timing.hpp"
@@ -211,14 +210,14 @@ class GradientReducer {
     const double magnitude = std::abs(w);
     if (!std::isfinite(w) || (w != 0 && (magnitude < static_cast<double>(std::numeric_limits<T>::min()) ||
                                          magnitude > static_cast<double>(std::numeric_limits<T>::max()))))
-      throw domain_error("GradientReducer::set_local_weight: the weight " + remat::detail::number_text(w) +
+      throw domain_error("GradientReducer::set_local_weight: the weight " + remat::number_text(w) +
                          " is not 0 or a finite number of magnitude " +
-                         remat::detail::number_text(static_cast<double>(std::numeric_limits<T>::min())) + " to " +
-                         remat::detail::number_text(static_cast<double>(std::numeric_limits<T>::max())) +
+                         remat::number_text(static_cast<double>(std::numeric_limits<T>::min())) + " to " +
+                         remat::number_text(static_cast<double>(std::numeric_limits<T>::max())) +
                          " (the gradients' type's normal range)");
     if (std::find(copied_.begin(), copied_.end(), std::uint8_t{1}) != copied_.end())
-      throw tape_error("GradientReducer::set_local_weight(" + remat::detail::number_text(w) +
-                       "): this step has already weighted gradients by " + remat::detail::number_text(weight_) +
+      throw tape_error("GradientReducer::set_local_weight(" + remat::number_text(w) +
+                       "): this step has already weighted gradients by " + remat::number_text(weight_) +
                        "; set the weight before the step's backward, or after finish()");
     weight_ = w;
   }

@@ -49,7 +49,6 @@
 #include <utility>
 #include <vector>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/nn/batch_norm2d.hpp"
@@ -539,7 +538,7 @@ Matrix<T> read_matrix(const std::string& path, const InputFile& file, const Head
     // Converting a finite double beyond float's range is undefined behaviour in C++, and an infinity where
     // the file has a number would be a silent change: refused.
     if (std::isfinite(v) && std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
-      throw mismatch_error(path + ": tensor " + quote_name(t.name) + " holds " + remat::detail::number_text(v) +
+      throw mismatch_error(path + ": tensor " + quote_name(t.name) + " holds " + remat::number_text(v) +
                                " at element " + std::to_string(i) +
                                ", beyond float's range: load it into a Parameter<double>",
                            path, t.name);

@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/nn/optimizer.hpp"
@@ -130,8 +129,8 @@ class Adam : public detail::AdamBase<T, Adam<T>> {
         !(o.beta2 >= 0 && o.beta2 < 1) || !(o.epsilon > 0 && std::isfinite(o.epsilon)))
       throw domain_error(
           "nn::Adam: need 0 < learning_rate < inf, 0 <= beta1, beta2 < 1 and 0 < epsilon < inf; got learning_rate " +
-          detail::number_text(o.learning_rate) + ", beta1 " + detail::number_text(o.beta1) + ", beta2 " +
-          detail::number_text(o.beta2) + ", epsilon " + detail::number_text(o.epsilon));
+          number_text(o.learning_rate) + ", beta1 " + number_text(o.beta1) + ", beta2 " + number_text(o.beta2) +
+          ", epsilon " + number_text(o.epsilon));
     detail::check_adam_settings_in<T>(name, o.learning_rate, o.beta1, o.beta2, o.epsilon);
     for (Parameter<T>* p : parameters) this->add(p);
     this->reject_duplicates();
@@ -145,7 +144,7 @@ class Adam : public detail::AdamBase<T, Adam<T>> {
   /// unless 0 < α < ∞ and the first step's size α/(1 − β₁) is finite in T.
   void set_learning_rate(double learning_rate) {
     if (!(learning_rate > 0 && std::isfinite(learning_rate)))
-      throw domain_error("nn::Adam: learning_rate must be > 0 and finite, got " + detail::number_text(learning_rate));
+      throw domain_error("nn::Adam: learning_rate must be > 0 and finite, got " + number_text(learning_rate));
     detail::check_adam_step_size_in<T>(name, learning_rate, options_.beta1);
     options_.learning_rate = learning_rate;
   }

@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/nn/adam.hpp"
 #include "remat/nn/optimizer.hpp"
@@ -70,14 +69,13 @@ class AdamW : public detail::AdamBase<T, AdamW<T>> {
       throw domain_error(
           "nn::AdamW: need 0 <= learning_rate < inf, 0 <= beta1, beta2 < 1, 0 < epsilon < inf and "
           "0 <= weight_decay < inf; got learning_rate " +
-          detail::number_text(o.learning_rate) + ", beta1 " + detail::number_text(o.beta1) + ", beta2 " +
-          detail::number_text(o.beta2) + ", epsilon " + detail::number_text(o.epsilon) + ", weight_decay " +
-          detail::number_text(o.weight_decay));
+          number_text(o.learning_rate) + ", beta1 " + number_text(o.beta1) + ", beta2 " + number_text(o.beta2) +
+          ", epsilon " + number_text(o.epsilon) + ", weight_decay " + number_text(o.weight_decay));
     detail::check_adam_settings_in<T>(name, o.learning_rate, o.beta1, o.beta2, o.epsilon);
     for (std::size_t i = 0; i < groups.size(); ++i) {
       const double decay = groups[i].weight_decay.value_or(o.weight_decay);
       if (!(decay >= 0 && std::isfinite(decay)))
-        throw domain_error("nn::AdamW: group " + std::to_string(i) + " has weight_decay " + detail::number_text(decay) +
+        throw domain_error("nn::AdamW: group " + std::to_string(i) + " has weight_decay " + number_text(decay) +
                            "; it must be >= 0 and finite");
       check_decay_factor(o.learning_rate, decay);
       for (Parameter<T>* p : groups[i].parameters) {
@@ -98,7 +96,7 @@ class AdamW : public detail::AdamBase<T, AdamW<T>> {
   /// Throws domain_error, changing nothing, unless 0 ≤ α < ∞, and α/(1 − β₁) and every 1 − α·λ are finite in T.
   void set_learning_rate(double learning_rate) {
     if (!(learning_rate >= 0 && std::isfinite(learning_rate)))
-      throw domain_error("nn::AdamW: learning_rate must be >= 0 and finite, got " + detail::number_text(learning_rate));
+      throw domain_error("nn::AdamW: learning_rate must be >= 0 and finite, got " + number_text(learning_rate));
     detail::check_adam_step_size_in<T>(name, learning_rate, options_.beta1);
     for (const double decay : weight_decay_) check_decay_factor(learning_rate, decay);
     options_.learning_rate = learning_rate;
@@ -112,11 +110,11 @@ class AdamW : public detail::AdamBase<T, AdamW<T>> {
     const double factor = 1 - learning_rate * decay;
     if (!(std::abs(factor) <= detail::largest_finite<T>))
       detail::throw_setting_in_type(name,
-                                    "learning_rate " + detail::number_text(learning_rate) + " and weight_decay " +
-                                        detail::number_text(decay) +
+                                    "learning_rate " + number_text(learning_rate) + " and weight_decay " +
+                                        number_text(decay) +
                                         " make the decay factor 1 - learning_rate * "
                                         "weight_decay = " +
-                                        detail::number_text(factor) + " infinite",
+                                        number_text(factor) + " infinite",
                                     detail::type_name<T>());
   }
   void update(std::size_t k, const T* g) {

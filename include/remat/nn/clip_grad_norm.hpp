@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/parameter.hpp"
@@ -34,8 +33,7 @@ namespace remat::nn {
 ///   tape.backward(loss); nn::clip_grad_norm(parameters, 1.0); optimizer.step();
 template <class T>
 double clip_grad_norm(const std::vector<Parameter<T>*>& parameters, double max_norm, bool error_if_nonfinite = false) {
-  if (!(max_norm >= 0))
-    throw domain_error("nn::clip_grad_norm: max_norm must be >= 0, got " + detail::number_text(max_norm));
+  if (!(max_norm >= 0)) throw domain_error("nn::clip_grad_norm: max_norm must be >= 0, got " + number_text(max_norm));
   for (std::size_t k = 0; k < parameters.size(); ++k)
     if (!parameters[k]) throw domain_error("nn::clip_grad_norm: parameter " + std::to_string(k) + " is a null pointer");
   // A parameter listed twice would count twice in the norm and be scaled twice (as the optimizers, refuse it).
@@ -50,7 +48,7 @@ double clip_grad_norm(const std::vector<Parameter<T>*>& parameters, double max_n
   const double norm = std::sqrt(sum);
   if (!std::isfinite(norm)) {
     if (error_if_nonfinite)
-      throw domain_error("nn::clip_grad_norm: the gradients' total L2 norm is " + detail::number_text(norm) +
+      throw domain_error("nn::clip_grad_norm: the gradients' total L2 norm is " + number_text(norm) +
                          ", so they cannot be clipped (error_if_nonfinite)");
     return norm;
   }

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <string>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 
 namespace remat::nn {
@@ -44,10 +43,10 @@ class OneCycleSchedule {
           "nn::OneCycleSchedule: need 0 < max_lr < inf, total_steps >= 2, 0 < pct_start < 1 with "
           "0 < pct_start * total_steps - 1 < total_steps - 1, div factors > 0 and 0 < base_momentum <= "
           "max_momentum; got max_lr " +
-          detail::number_text(max_lr) + ", total_steps " + std::to_string(total_steps) + ", pct_start " +
-          detail::number_text(pct_start) + ", div_factor " + detail::number_text(div_factor) + ", final_div_factor " +
-          detail::number_text(final_div_factor) + ", momentum " + detail::number_text(base_momentum) + " to " +
-          detail::number_text(max_momentum));
+          number_text(max_lr) + ", total_steps " + std::to_string(total_steps) + ", pct_start " +
+          number_text(pct_start) + ", div_factor " + number_text(div_factor) + ", final_div_factor " +
+          number_text(final_div_factor) + ", momentum " + number_text(base_momentum) + " to " +
+          number_text(max_momentum));
   }
 
   /// The learning rate of step t (t ≥ T − 1: the final one). Throws domain_error for t < 0.

@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/parameter.hpp"

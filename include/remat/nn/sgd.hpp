@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 #include "remat/matrix.hpp"
 #include "remat/nn/optimizer.hpp"
@@ -68,15 +67,15 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
       throw domain_error(
           "nn::SGD: need 0 <= learning_rate < inf, 0 <= momentum < inf, 0 <= weight_decay < inf and momentum > 0 "
           "for nesterov; got learning_rate " +
-          detail::number_text(o.learning_rate) + ", momentum " + detail::number_text(o.momentum) + ", weight_decay " +
-          detail::number_text(o.weight_decay) + ", nesterov " + (o.nesterov ? "true" : "false"));
+          number_text(o.learning_rate) + ", momentum " + number_text(o.momentum) + ", weight_decay " +
+          number_text(o.weight_decay) + ", nesterov " + (o.nesterov ? "true" : "false"));
     detail::check_finite_in<T>(name, "learning_rate", o.learning_rate);
     if (o.learning_rate != 0) detail::check_normal_in<T>(name, "learning_rate", o.learning_rate);
     detail::check_finite_in<T>(name, "momentum", o.momentum);
     for (std::size_t i = 0; i < groups.size(); ++i) {
       const double decay = groups[i].weight_decay.value_or(o.weight_decay);
       if (!(decay >= 0 && std::isfinite(decay)))
-        throw domain_error("nn::SGD: group " + std::to_string(i) + " has weight_decay " + detail::number_text(decay) +
+        throw domain_error("nn::SGD: group " + std::to_string(i) + " has weight_decay " + number_text(decay) +
                            "; it must be >= 0 and finite");
       detail::check_finite_in<T>(name, "weight_decay", decay);
       for (Parameter<T>* p : groups[i].parameters) {
@@ -103,7 +102,7 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
   /// unless 0 ≤ α < ∞, also in T.
   void set_learning_rate(double learning_rate) {
     if (!(learning_rate >= 0 && std::isfinite(learning_rate)))
-      throw domain_error("nn::SGD: learning_rate must be >= 0 and finite, got " + detail::number_text(learning_rate));
+      throw domain_error("nn::SGD: learning_rate must be >= 0 and finite, got " + number_text(learning_rate));
     detail::check_finite_in<T>(name, "learning_rate", learning_rate);
     if (learning_rate != 0) detail::check_normal_in<T>(name, "learning_rate", learning_rate);
     options_.learning_rate = learning_rate;
@@ -114,7 +113,7 @@ class SGD : public detail::Optimizer<T, SGD<T>> {
   void set_momentum(double momentum) {
     if (!(momentum > 0 && std::isfinite(momentum)) || options_.momentum == 0)
       throw domain_error("nn::SGD: set_momentum needs 0 < momentum < inf on an optimizer made with momentum > 0; got " +
-                         detail::number_text(momentum) + ", made with " + detail::number_text(options_.momentum));
+                         number_text(momentum) + ", made with " + number_text(options_.momentum));
     options_.momentum = momentum;
   }
 

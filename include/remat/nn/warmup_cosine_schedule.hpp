@@ -7,7 +7,6 @@
 #include <limits>
 #include <string>
 
-#include "remat/detail/number_text.hpp"
 #include "remat/errors.hpp"
 
 namespace remat::nn {
@@ -35,8 +34,8 @@ class WarmupCosineSchedule {
       throw domain_error(
           "nn::WarmupCosineSchedule: need 0 < peak_lr < inf, 0 <= min_lr <= peak_lr, warmup_steps >= 0 and "
           "total_steps > warmup_steps; got peak_lr " +
-          detail::number_text(peak_lr) + ", warmup_steps " + std::to_string(warmup_steps) + ", total_steps " +
-          std::to_string(total_steps) + ", min_lr " + detail::number_text(min_lr));
+          number_text(peak_lr) + ", warmup_steps " + std::to_string(warmup_steps) + ", total_steps " +
+          std::to_string(total_steps) + ", min_lr " + number_text(min_lr));
     warmup_ = static_cast<std::uint64_t>(warmup_steps);
     total_ = static_cast<std::uint64_t>(total_steps);
   }

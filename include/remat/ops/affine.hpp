@@ -5,7 +5,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "remat/detail/number_text.hpp"
+#include "remat/errors.hpp"
 #include "remat/op.hpp"
 
 namespace remat {
@@ -49,8 +49,8 @@ template <class T>
 Var<T> affine(const Var<T>& x, double scale, double shift) {
   constexpr double largest = static_cast<double>(std::numeric_limits<T>::max());
   if (!(std::abs(scale) <= largest) || !(std::abs(shift) <= largest))
-    throw domain_error("affine: scale and shift must be finite in the tape's type, got " + detail::number_text(scale) +
-                       " and " + detail::number_text(shift));
+    throw domain_error("affine: scale and shift must be finite in the tape's type, got " + number_text(scale) +
+                       " and " + number_text(shift));
   return apply_op<detail::AffineOp>(detail::AffineOp::Params{scale, shift}, x);
 }
 
@@ -86,7 +86,7 @@ Var<T> operator/(const Var<T>& x, S c) {
   const double reciprocal = 1.0 / static_cast<double>(c);
   if (!std::isfinite(static_cast<double>(c)) ||
       !(std::abs(reciprocal) <= static_cast<double>(std::numeric_limits<T>::max())))
-    throw domain_error("divide: division of a Var by the scalar " + detail::number_text(static_cast<double>(c)) +
+    throw domain_error("divide: division of a Var by the scalar " + number_text(static_cast<double>(c)) +
                        (std::isfinite(static_cast<double>(c)) ? ", whose reciprocal is not finite in the tape's type"
                                                               : ", which is not finite"));
   return affine(x, reciprocal, 0.0);

@@ -17,8 +17,8 @@ struct AttentionScoresOp : OpBase {
   /// dq reads k, dk reads q.
   static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Params& p) {
-    require_rank(name, "q", in[0], 2);
-    require_rank(name, "k", in[1], 2);
+    check_rank(name, "q", in[0], 2);
+    check_rank(name, "k", in[1], 2);
     check_same_shape(name, "q", in[0], "k", in[1]);
     const AttentionLayout l = attention_layout(name, "q", in[0], p);
     return {l.blocks() * l.seq_len, l.seq_len};

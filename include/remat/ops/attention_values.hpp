@@ -20,8 +20,8 @@ struct AttentionValuesOp : OpBase {
     return attention_layout(name, "v", v, AttentionParams{p.heads, p.seq_len, false});
   }
   static Shape output_shape(const Shape* in, const Params& p) {
-    require_rank(name, "p", in[0], 2);
-    require_rank(name, "v", in[1], 2);
+    check_rank(name, "p", in[0], 2);
+    check_rank(name, "v", in[1], 2);
     const AttentionLayout l = layout(in[1], p);
     if (in[0].rows() != l.blocks() * l.seq_len || in[0].cols() != l.seq_len)
       throw shape_error(std::string(name) + ": p is " + to_string(in[0]) + " but v " + to_string(in[1]) +

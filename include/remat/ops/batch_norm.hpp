@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/detail/number_text.hpp"
+#include "remat/errors.hpp"
 #include "remat/op.hpp"
 #include "remat/ops/add.hpp"
 #include "remat/ops/multiply.hpp"

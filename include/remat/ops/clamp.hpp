@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "remat/detail/number_text.hpp"
+#include "remat/errors.hpp"
 #include "remat/op.hpp"
 
 namespace remat {
@@ -49,8 +49,8 @@ template <class T>
 Var<T> clamp(const Var<T>& x, std::optional<double> min, std::optional<double> max) {
   if (!min && !max) throw domain_error("clamp: at least one of min and max must be given");
   if ((min && *min != *min) || (max && *max != *max))
-    throw domain_error("clamp: a bound is NaN (min " + (min ? detail::number_text(*min) : std::string("none")) +
-                       ", max " + (max ? detail::number_text(*max) : std::string("none")) + ")");
+    throw domain_error("clamp: a bound is NaN (min " + (min ? number_text(*min) : std::string("none")) + ", max " +
+                       (max ? number_text(*max) : std::string("none")) + ")");
   detail::ClampOp::Params p;
   p.has_min = min.has_value();
   p.has_max = max.has_value();

@@ -36,10 +36,10 @@ struct JoinOp : OpBase {
                         " dimensions, more than a remat shape holds");
     const int d = wrap_dim(p.dim, rank, op);
     // No allocation: a tree of records is recorded after reserving its room (join), and must not throw halfway.
-    Shape out = leaf0 ? inserted(in[0], d, 1) : in[0];
+    Shape out = leaf0 ? insert_dim(in[0], d, 1) : in[0];
     for (int k = 1; k < p.arity; ++k) {
       const bool leaf = (p.leaves >> k) & 1;
-      const Shape s = leaf && in[k].rank() + 1 == rank ? inserted(in[k], d, 1) : in[k];
+      const Shape s = leaf && in[k].rank() + 1 == rank ? insert_dim(in[k], d, 1) : in[k];
       bool same = s.rank() == rank;
       for (int e = 0; same && e < rank; ++e) same = e == d || s[e] == out[e];
       if (!same)
@@ -53,7 +53,7 @@ struct JoinOp : OpBase {
     return out;
   }
   /// The product of the output's dimensions before the joined one.
-  static Index outer(const Shape& out, const Params& p) { return product(out, 0, wrap_dim(p.dim, out.rank(), "")); }
+  static Index outer(const Shape& out, const Params& p) { return out.numel(0, wrap_dim(p.dim, out.rank(), "")); }
   template <class T>
   static void forward(const ForwardContext<T>& c) {
     const auto p = params_of<Params>(c);
@@ -218,7 +218,7 @@ Var<T> join(const char* op, const std::vector<Var<T>>& parts, int dim, bool stac
   }
   Shape whole = first;
   if (stack)
-    whole = detail::inserted(first, d, total);
+    whole = insert_dim(first, d, total);
   else
     whole[d] = total;
   // The whole result must be a valid tensor: every partial one of the tree is then valid too, so no record of it

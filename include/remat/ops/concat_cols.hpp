@@ -16,8 +16,8 @@ struct ConcatColsOp : OpBase {
   static constexpr OpKind kind = OpKind::data_movement;
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params&) {
-    require_rank(name, "a", in[0], 2);
-    require_rank(name, "b", in[1], 2);
+    check_rank(name, "a", in[0], 2);
+    check_rank(name, "b", in[1], 2);
     if (in[0].rows() != in[1].rows())
       throw shape_error("concat_cols: " + to_string(in[0]) + " and " + to_string(in[1]) +
                         " have different numbers of rows");

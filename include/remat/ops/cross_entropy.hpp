@@ -16,7 +16,7 @@ struct CrossEntropyOp : OpBase {
   /// Its only residual is softmax(x), kept in its extra.
   static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_extra : reads_nothing; }
   static Shape output_shape(const Shape* in, const Params&) {
-    require_rank(name, "logits", in[0], 2);
+    check_rank(name, "logits", in[0], 2);
     return {1, 1};
   }
   /// One label per row of the logits, each in [0, columns): shape_error, index_error.

@@ -18,7 +18,7 @@ struct EmbeddingOp : OpBase {
   /// The gradient scatters rows by id: it reads the ids (kept with the op), no tensor.
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) {
-    require_rank(name, "table", in[0], 2);
+    check_rank(name, "table", in[0], 2);
     return {p.rows, in[0].cols()};
   }
   /// At least one id, each in [0, rows of the table): shape_error, index_error.

@@ -25,7 +25,7 @@ struct FlattenOp : SameElementsOp {
     Index dims[Shape::max_rank];
     int rank = 0;
     for (int d = 0; d < start; ++d) dims[rank++] = x[d];
-    dims[rank++] = product(x, start, end + 1);
+    dims[rank++] = x.numel(start, end + 1);
     for (int d = end + 1; d < x.rank(); ++d) dims[rank++] = x[d];
     return make_shape(dims, rank);
   }

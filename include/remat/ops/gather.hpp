@@ -19,7 +19,7 @@ struct GatherOp : OpBase {
   /// The gradient scatters by index: it reads the index (kept with the op), no tensor.
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) {
-    const Shape index = unpack(p.index);
+    const Shape index = p.index.unpack();
     check_shapes(in[0], p.dim, index);
     return index;
   }
@@ -114,11 +114,11 @@ Var<T> gather(const Var<T>& x, int dim, const std::vector<int>& index, const Sha
     throw shape_error(std::string(Op::name) + ": " + std::to_string(index.size()) + " index values for an index of " +
                       to_string(index_shape) + "; pass " + std::to_string(index_shape.numel()) + " values, row-major");
   const int d = wrap_dim(dim, s.rank(), Op::name);
-  if (!detail::packable(index_shape))
+  if (!PackedShape::packable(index_shape))
     throw shape_error(std::string(Op::name) + ": index " + to_string(index_shape) + " has more elements than a tensor");
   Op::check_values(s, d, index.data(), index.size());
   OpCall<Op> call;
-  call.params.index = detail::pack(index_shape);
+  call.params.index = PackedShape(index_shape);
   call.params.dim = dim;
   call.indices = index.data();
   call.index_count = index.size();

@@ -47,7 +47,7 @@ struct IndexSelectOp : OpBase {
   };
   static Layout layout(const Shape& x, const Params& p) {
     const int d = wrap_dim(p.dim, x.rank(), name);
-    return {product(x, 0, d), x[d], product(x, d + 1, x.rank())};
+    return {x.numel(0, d), x[d], x.numel(d + 1, x.rank())};
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {

@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "remat/detail/number_text.hpp"
+#include "remat/errors.hpp"
 #include "remat/op.hpp"
 
 namespace remat {
@@ -124,8 +124,7 @@ Var<T> layer_norm(const Var<T>& x, const Var<T>& gain, const Var<T>& bias, doubl
   // Checked in T, the type the kernel adds it in: 1e-50 is positive as a double but 0 as a float, and 1e300
   // is inf (compared in double: converting it to float would be undefined).
   if (!(eps > 0) || !(eps <= static_cast<double>(std::numeric_limits<T>::max())) || !(T(eps) > T(0)))
-    throw domain_error("layer_norm: eps must be positive and finite in the tape's type, got " +
-                       detail::number_text(eps));
+    throw domain_error("layer_norm: eps must be positive and finite in the tape's type, got " + number_text(eps));
   return apply_op<detail::LayerNormOp>(detail::LayerNormOp::Params{eps}, x, gain, bias);
 }
 
@@ -146,8 +145,7 @@ Var<T> layer_norm(const Var<T>& x, const Shape& normalized_shape, const Var<T>& 
     throw shape_error("layer_norm: normalized_shape " + to_string(normalized_shape) +
                       " is not the trailing dims of x " + to_string(xs));
   if (!(eps > 0) || !(eps <= static_cast<double>(std::numeric_limits<T>::max())) || !(T(eps) > T(0)))
-    throw domain_error("layer_norm: eps must be positive and finite in the tape's type, got " +
-                       detail::number_text(eps));
+    throw domain_error("layer_norm: eps must be positive and finite in the tape's type, got " + number_text(eps));
   detail::LayerNormOp::Params p;
   p.eps = eps;
   p.normalized_rank = k;

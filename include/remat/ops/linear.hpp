@@ -12,8 +12,8 @@ struct LinearOp : OpBase {
   /// dx reads W, dW reads x, db reads nothing.
   static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Params&) {
-    if (in[0].rank() == 0) require_rank(name, "x", in[0], 1);
-    require_rank(name, "W", in[1], 2);
+    if (in[0].rank() == 0) check_rank(name, "x", in[0], 1);
+    check_rank(name, "W", in[1], 2);
     if (in[0].cols() != in[1].rows())
       throw shape_error("linear: x is " + to_string(in[0]) + " but W is " + to_string(in[1]) +
                         "; x.cols must equal W.rows");

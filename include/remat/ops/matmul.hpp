@@ -13,8 +13,8 @@ struct MatmulOp : OpBase {
   /// dA reads B, dB reads A.
   static unsigned reads(GradInputs g) { return (wants(g, 0) ? reads_input1 : 0u) | (wants(g, 1) ? reads_input0 : 0u); }
   static Shape output_shape(const Shape* in, const Params&) {
-    require_rank(name, "A", in[0], 2);
-    require_rank(name, "B", in[1], 2);
+    check_rank(name, "A", in[0], 2);
+    check_rank(name, "B", in[1], 2);
     if (in[0].cols() != in[1].rows())
       throw shape_error("matmul: A is " + to_string(in[0]) + " but B is " + to_string(in[1]) +
                         "; A.cols must equal B.rows");

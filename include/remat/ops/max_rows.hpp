@@ -12,7 +12,7 @@ struct MaxRowsOp : OpBase {
   /// dx finds each row's first maximum again from x and y.
   static unsigned reads(GradInputs g) { return wants(g, 0) ? reads_input0 | reads_output : reads_nothing; }
   static Shape output_shape(const Shape* in, const Params&) {
-    require_rank(name, "x", in[0], 2);
+    check_rank(name, "x", in[0], 2);
     return {in[0].rows(), 1};
   }
   template <class T>

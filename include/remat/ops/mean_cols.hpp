@@ -11,7 +11,7 @@ struct MeanColsOp : OpBase {
   static constexpr OpKind kind = OpKind::reduction;
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params&) {
-    require_rank(name, "x", in[0], 2);
+    check_rank(name, "x", in[0], 2);
     return {1, in[0].cols()};
   }
   template <class T>

@@ -87,7 +87,7 @@ struct ReshapeNdOp : SameElementsOp {
     PackedShape shape;
   };
   static Shape output_shape(const Shape* in, const Params& p) {
-    const Shape out = unpack(p.shape);
+    const Shape out = p.shape.unpack();
     if (out.numel() != in[0].numel())
       throw shape_error(std::string(name) + ": x " + to_string(in[0]) + " cannot be read as " + to_string(out));
     return out;
@@ -113,7 +113,7 @@ Var<T> reshape(const Var<T>& x, Index rows, Index cols) {
 template <class T>
 Var<T> reshape(const Var<T>& x, ArrayRef<Index> shape) {
   const Shape out = detail::resolve_shape(detail::ReshapeNdOp::name, x.shape(), shape);
-  return apply_op<detail::ReshapeNdOp>(detail::ReshapeNdOp::Params{detail::pack(out)}, x);
+  return apply_op<detail::ReshapeNdOp>(detail::ReshapeNdOp::Params{PackedShape(out)}, x);
 }
 
 }  // namespace remat

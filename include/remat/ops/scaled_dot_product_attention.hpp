@@ -24,9 +24,9 @@ struct ScaledDotProductAttentionOp : OpBase {
     return wants(g, 2) ? reads_input0 | reads_input1 | reads_extra : reads_nothing;
   }
   static Shape output_shape(const Shape* in, const Params& p) {
-    require_rank(name, "q", in[0], 2);
-    require_rank(name, "k", in[1], 2);
-    require_rank(name, "v", in[2], 2);
+    check_rank(name, "q", in[0], 2);
+    check_rank(name, "k", in[1], 2);
+    check_rank(name, "v", in[2], 2);
     check_same_shape(name, "q", in[0], "k", in[1]);
     check_same_shape(name, "q", in[0], "v", in[2]);
     attention_layout(name, "q", in[0], p);

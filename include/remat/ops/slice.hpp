@@ -45,8 +45,8 @@ struct SliceOp : OpBase {
   };
   static Layout layout(const Shape& x, const Params& p) {
     const int d = wrap_dim(p.dim, x.rank(), name);
-    const Index inner = product(x, d + 1, x.rank());
-    return {product(x, 0, d), x[d] * inner, first(x, d, p) * inner, p.count * inner};
+    const Index inner = x.numel(d + 1, x.rank());
+    return {x.numel(0, d), x[d] * inner, first(x, d, p) * inner, p.count * inner};
   }
   template <class T>
   static void forward(const ForwardContext<T>& c) {

@@ -16,7 +16,7 @@ struct SliceColsOp : OpBase {
   };
   static unsigned reads(GradInputs) { return reads_nothing; }
   static Shape output_shape(const Shape* in, const Params& p) {
-    require_rank(name, "x", in[0], 2);
+    check_rank(name, "x", in[0], 2);
     // begin > cols − count, not begin + count > cols: the sum may overflow (count ≥ 1 here, so the
     // difference cannot).
     if (p.begin < 0 || p.count <= 0 || p.begin > in[0].cols() - p.count) {

@@ -20,7 +20,7 @@ struct UnsqueezeOp : SameElementsOp {
     if (x.rank() == Shape::max_rank)
       throw shape_error(std::string(name) + ": x " + to_string(x) + " already has " + std::to_string(x.rank()) +
                         " dimensions, the most a remat shape holds; reshape it to fewer first");
-    return inserted(x, dim, 1);
+    return insert_dim(x, dim, 1);
   }
 };
 

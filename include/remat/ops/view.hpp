@@ -12,7 +12,7 @@ namespace detail {
 struct ViewOp : ReshapeNdOp {
   static constexpr const char* name = "view";
   static Shape output_shape(const Shape* in, const Params& p) {
-    const Shape out = unpack(p.shape);
+    const Shape out = p.shape.unpack();
     if (out.numel() != in[0].numel())
       throw shape_error(std::string(name) + ": x " + to_string(in[0]) + " cannot be read as " + to_string(out));
     return out;
@@ -30,7 +30,7 @@ struct ViewOp : ReshapeNdOp {
 template <class T>
 Var<T> view(const Var<T>& x, ArrayRef<Index> shape) {
   const Shape out = detail::resolve_shape(detail::ViewOp::name, x.shape(), shape);
-  return apply_op<detail::ViewOp>(detail::ViewOp::Params{detail::pack(out)}, x);
+  return apply_op<detail::ViewOp>(detail::ViewOp::Params{PackedShape(out)}, x);
 }
 
 }  // namespace remat
