@@ -68,8 +68,8 @@ TEST(OptimizerArguments, AdamRejectsAParameterGivenTwiceAsAdamWAndSGDDo) {
 // 1e-8 (the default) prints as "0.000000", a negative epsilon -1e-12 as "-0.000000", learning_rate -1e-9 as
 // "-0.000000" — e.g. `mlp --lr nan` says "got nan, 0.900000, 0.999000, 0.000000", as if epsilon were the zero
 // that is wrong. The project's standard (tests/support/expect_error.hpp) and its siblings nn::AdamW, nn::SGD,
-// nn::WarmupCosineSchedule use detail::number_text ("1e-08") and name each value. Expected: the exact values,
-// each with its name. Fix: detail::number_text and "learning_rate X, beta1 X, ..." as in adamw.hpp.
+// nn::WarmupCosineSchedule use remat::number_text ("1e-08") and name each value. Expected: the exact values,
+// each with its name. Fix: remat::number_text and "learning_rate X, beta1 X, ..." as in adamw.hpp.
 TEST(OptimizerArguments, AdamErrorMessagesNameTheOffendingValuesExactly) {
   Parameter<float> p(MF::Ones(1, 1));
   remat::nn::Adam<float>::Options o;
