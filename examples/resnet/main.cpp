@@ -38,7 +38,8 @@ struct Options {
   int width = 16;
   int blocks = 2;  // basic blocks per stage: ResNet-(6·blocks + 2), ResNet-14 by default
   int threads = 0;
-  long limit = 0;  // train on the first `limit` images (0: all)
+  long limit = 0;       // train on the first `limit` images (0: all)
+  long test_limit = 0;  // evaluate on the first `test_limit` test images (0: all 10,000)
   std::uint64_t seed = 1;
   std::string checkpoint = "none";
   bool json = false;
@@ -57,6 +58,10 @@ Data load(const Options& o) {
   if (o.limit > 0 && o.limit < d.train.images.rows()) {
     d.train.images.conservativeResize(o.limit, Eigen::NoChange);
     d.train.labels.resize(static_cast<std::size_t>(o.limit));
+  }
+  if (o.test_limit > 0 && o.test_limit < d.test.images.rows()) {
+    d.test.images.conservativeResize(o.test_limit, Eigen::NoChange);
+    d.test.labels.resize(static_cast<std::size_t>(o.test_limit));
   }
   const double mean = d.train.images.cast<double>().mean();
   const double var = (d.train.images.cast<double>().array() - mean).square().mean();
@@ -249,6 +254,9 @@ int main(int argc, char** argv) {
   app.add_option("--limit", o.limit, "train on the first N images (0: all)")
       ->capture_default_str()
       ->check(CLI::Range(0L, 60000L));
+  app.add_option("--test-limit", o.test_limit, "evaluate on the first N test images (0: all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0L, 10000L));
   app.add_option("--seed", o.seed, "initialisation and shuffling seed")->capture_default_str();
   app.add_option("--checkpoint", o.checkpoint,
                  "none, block (each block, nothing_saveable), dots (each block, dots_saveable: keeps the "

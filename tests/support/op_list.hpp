@@ -79,7 +79,7 @@ struct OpCase {
     if constexpr (std::is_same_v<T, float>)
       return build_float(in);
     else
-      return build_double(in);
+      return build_double(in);  // std::bad_function_call under REMAT_OP_KERNELS_FLOAT_ONLY (make_op)
   }
 };
 
@@ -625,7 +625,11 @@ OpCase make_op(std::string name, int arity, Builder builder, std::vector<ShapeSe
   op.name = std::move(name);
   op.arity = arity;
   op.build_float = [builder](const Inputs<float>& in) { return builder(in); };
+#if !defined(REMAT_OP_KERNELS_FLOAT_ONLY)
+  // A program built with only the float kernels compiled once (scripts/test.sh's optimised build: its
+  // tests/alloc cases record in float) would otherwise compile every op's double kernels here.
   op.build_double = [builder](const Inputs<double>& in) { return builder(in); };
+#endif
   op.shape_sets = std::move(shape_sets);
   if (domains.size() == 1 && arity > 1) domains.resize(static_cast<std::size_t>(arity), domains[0]);
   op.domains = std::move(domains);

@@ -37,8 +37,12 @@
 
 #if defined(REMAT_INSTANTIATE_OP_KERNELS)
 REMAT_DETAIL_CLASS_TEMPLATES(template, float)
+#if !defined(REMAT_OP_KERNELS_FLOAT_ONLY)
 REMAT_DETAIL_CLASS_TEMPLATES(template, double)
+#endif
 #elif defined(REMAT_EXTERN_OP_KERNELS)
 REMAT_DETAIL_CLASS_TEMPLATES(extern template, float)
+#if !defined(REMAT_OP_KERNELS_FLOAT_ONLY)
 REMAT_DETAIL_CLASS_TEMPLATES(extern template, double)
+#endif
 #endif

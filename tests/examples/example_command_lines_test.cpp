@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "../io/file_helpers.hpp"
 #include "common/state_file.hpp"
 #include "expect_error.hpp"
-#include "file_helpers.hpp"
 #include "gpt/corpus.hpp"
 #include "mlp/idx.hpp"
 #include "mlp/state_file.hpp"
