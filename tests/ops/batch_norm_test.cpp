@@ -1,14 +1,18 @@
 // batch_norm against PyTorch 1.13 float64 values (tests/ops/batch_norm_reference.txt, written by
 // tests/ops/make_batch_norm_reference.py), in training and evaluation, plain and under every policy (bitwise equal to
-// plain); its running statistics updated once per recorded step and never by a checkpoint's replay, a memory budget's
-// regeneration or a shapes-only estimate, and once per run of a CapturedStep; gradchecks; what policies see; errors.
+// plain); nn::BatchNorm2d against PyTorch's module over three training steps and an evaluation (momentum None and
+// 0.1, the same file); its running statistics updated once per recorded step and never by a checkpoint's replay, a
+// memory budget's regeneration or a shapes-only estimate, and once per run of a CapturedStep; gradchecks; what
+// policies see; errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api_checks.hpp"
@@ -87,7 +91,9 @@ Result run(const ReferenceCase& c, const remat_test::AnyPolicy* policy) {
 }
 
 TEST(BatchNorm, MatchesPyTorchInTrainingAndEvaluationAndEveryPolicyIsBitwiseEqualToPlain) {
-  const auto cases = remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/batch_norm_reference.txt");
+  std::vector<ReferenceCase> cases;
+  for (ReferenceCase& c : remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/batch_norm_reference.txt"))
+    if (c.name == "batch_norm") cases.push_back(std::move(c));  // not the module's steps (batch_norm2d_step)
   ASSERT_EQ(cases.size(), 7u);
   for (const ReferenceCase& c : cases) {
     SCOPED_TRACE("batch_norm_reference.txt:" + std::to_string(c.line));
@@ -376,6 +382,58 @@ TEST(BatchNorm2dCounter, MomentumNoneIsTheCumulativeAverageOfTheBatchStatistics)
       {"nn::BatchNorm2d", "num_batches_tracked is -1"});
   EXPECT_EQ(bn.num_batches_tracked(), -1);
   EXPECT_EQ(tape.size(), size + 1);  // the constant only
+}
+
+/// Copies a reference tensor's values into `p`, whose size they must have.
+void assign(Parameter<double>& p, const std::vector<double>& values) {
+  ASSERT_EQ(p.value().size(), static_cast<remat::Index>(values.size()));
+  std::copy(values.begin(), values.end(), p.mutable_value().data());
+}
+
+TEST(BatchNorm2dCounter, MatchesPyTorchsModuleOverThreeTrainingStepsAndAnEvaluationWithMomentumNoneAnd01) {
+  // The file's batch_norm2d_step cases: two runs of torch.nn.BatchNorm2d(3) (momentum None, then 0.1), each three
+  // training steps and one evaluation on new inputs. One nn::BatchNorm2d<double> per run goes through the same
+  // steps, each on a fresh tape, carrying its running statistics and count from step to step as PyTorch's module.
+  std::vector<ReferenceCase> steps;
+  for (ReferenceCase& c : remat_test::read_reference_cases(REMAT_SOURCE_DIR "/tests/ops/batch_norm_reference.txt"))
+    if (c.name == "batch_norm2d_step") steps.push_back(std::move(c));
+  ASSERT_EQ(steps.size(), 8u);
+  for (std::size_t run = 0; run < 2; ++run) {
+    const ReferenceCase& first = steps[run * 4];
+    const std::vector<double>& m = first.attributes.at("momentum");
+    const std::optional<double> momentum = m.empty() ? std::nullopt : std::optional<double>(m.at(0));
+    EXPECT_EQ(momentum.has_value(), run == 1);  // None first, then 0.1
+    remat::nn::BatchNorm2d<double> bn(first.inputs[0].shape[1], first.number("eps"), momentum);
+    assign(bn.weight, first.inputs[1].values);
+    assign(bn.bias, first.inputs[2].values);
+    for (int step = 1; step <= 4; ++step) {
+      const ReferenceCase& c = steps[run * 4 + static_cast<std::size_t>(step) - 1];
+      SCOPED_TRACE("batch_norm_reference.txt:" + std::to_string(c.line));
+      ASSERT_EQ(c.ints("step").at(0), step);
+      ASSERT_EQ(c.attributes.at("momentum"), m);
+      // The state the step starts from: the module's weight and bias (which no step changes), and running
+      // statistics close to those PyTorch's module had (carried over from the previous step, never reset here).
+      EXPECT_TRUE(bitwise(bn.weight.value(), row(c.inputs[1].values)));
+      EXPECT_TRUE(bitwise(bn.bias.value(), row(c.inputs[2].values)));
+      EXPECT_TRUE(remat_test::close_to_reference(bn.running_mean.value(), c.inputs[3].values));
+      EXPECT_TRUE(remat_test::close_to_reference(bn.running_var.value(), c.inputs[4].values));
+      bn.weight.zero_grad();
+      bn.bias.zero_grad();
+      Tape<double> tape;
+      tape.set_training(c.ints("training").at(0) != 0);
+      const V x = tape.variable(c.inputs[0].shape, c.inputs[0].values.data());
+      const V y = bn.forward(tape, x);
+      ASSERT_EQ(y.shape(), c.output.shape);
+      EXPECT_TRUE(remat_test::close_to_reference(y.value(), c.output.values));
+      tape.backward(remat::sum(y * tape.constant(c.output.shape, c.weight.data())));
+      EXPECT_TRUE(remat_test::close_to_reference(x.grad(), c.grads.at(0).values));
+      EXPECT_TRUE(remat_test::close_to_reference(bn.weight.grad(), c.grads.at(1).values));
+      EXPECT_TRUE(remat_test::close_to_reference(bn.bias.grad(), c.grads.at(2).values));
+      EXPECT_EQ(bn.num_batches_tracked(), static_cast<std::int64_t>(c.number("num_batches_tracked_after")));
+      EXPECT_TRUE(remat_test::close_to_reference(bn.running_mean.value(), c.attributes.at("running_mean_after")));
+      EXPECT_TRUE(remat_test::close_to_reference(bn.running_var.value(), c.attributes.at("running_var_after")));
+    }
+  }
 }
 
 TEST(BatchNorm2dCounter, FollowsTheLayerWhenItMovesAndIsCopiedWithIt) {
