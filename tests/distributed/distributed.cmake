@@ -10,6 +10,8 @@ if(NOT TARGET remat::mpi)
 endif()
 
 add_executable(tests_distributed ${CMAKE_CURRENT_LIST_DIR}/distributed_main.cpp ${CMAKE_CURRENT_LIST_DIR}/reducer_edge_cases.cpp)
+# One translation unit, as the other test programs (tests/CMakeLists.txt): the library's templates compiled once.
+set_target_properties(tests_distributed PROPERTIES UNITY_BUILD ${REMAT_TESTS_UNITY_BUILD} UNITY_BUILD_BATCH_SIZE 0)
 target_include_directories(tests_distributed PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../support)
 target_link_libraries(tests_distributed PRIVATE remat_test_support remat::mpi)
 
