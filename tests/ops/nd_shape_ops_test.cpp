@@ -90,6 +90,40 @@ std::vector<double> permuted(const std::vector<double>& x, const Shape& s, const
   return y;
 }
 
+// full_like, zeros_like and ones_like give x's shape at every rank (torch.full_like): the value of rank 2 is one
+// op, another rank's a [1, numel] constant viewed as x's shape. They read no tensor, so inside a checkpoint under
+// nothing_saveable the product zeros_like(x)·x saves nothing (JAX's test_constants_not_hoisted, at rank 3), and x +
+// ones_like(x) has the gradient of x alone.
+TEST(NdShapeOpsShapes, FullLikeZerosLikeOnesLikeKeepXsShapeAtEveryRank) {
+  for (const Shape& s : {Shape::scalar(), Shape{5}, Shape{2, 3, 4}, Shape{2, 1, 3, 1}, Shape{2, 2, 1, 2, 3}}) {
+    SCOPED_TRACE(remat::to_string(s));
+    const std::vector<double> data(static_cast<std::size_t>(s.numel()), 0.25);
+    Tape<double> tape;
+    const V x = tape.variable(s, data.data());
+    const V f = remat::full_like(x, 1.0 / 3.0);
+    EXPECT_EQ(f.shape(), s);
+    EXPECT_EQ(remat::zeros_like(x).shape(), s);
+    EXPECT_EQ(remat::ones_like(x).shape(), s);
+    const remat::MatrixView<double> fv = f.value();
+    for (Index i = 0; i < s.numel(); ++i) EXPECT_EQ(fv.data()[i], 1.0 / 3.0);  // the double value, exactly
+    const V y = remat::add(x, remat::ones_like(x));
+    EXPECT_EQ(y.shape(), s);
+    tape.backward(remat::sum(y));
+    const remat::MatrixView<double> g = x.grad();
+    for (Index i = 0; i < s.numel(); ++i) EXPECT_EQ(g.data()[i], 1.0);
+  }
+  Tape<double> tape;
+  const std::vector<double> data(24, 0.5);
+  const V x = tape.variable(rank3, data.data());
+  const V z = remat::checkpoint([](V v) { return remat::multiply(remat::zeros_like(v), v); },
+                                remat::policies::nothing_saveable)(x);
+  EXPECT_EQ(z.shape(), rank3);
+  EXPECT_EQ(tape.memory().saved_bytes, 0u);
+  tape.backward(remat::sum(z));
+  const remat::MatrixView<double> g = x.grad();
+  for (Index i = 0; i < 24; ++i) EXPECT_EQ(g.data()[i], 0.0);
+}
+
 TEST(NdShapeOps, PermuteMatchesLoopsOnRunsTilesAndMergedDims) {
   const std::vector<std::pair<Shape, std::vector<int>>> cases{{Shape{2, 3, 4}, {2, 0, 1}},
                                                               {Shape{2, 3, 4}, {1, 0, 2}},
