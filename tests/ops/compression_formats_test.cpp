@@ -78,6 +78,42 @@ TEST(CompressionFormats, Int8KeepsEachGroupWithinHalfAStep) {
   }
 }
 
+/// Groups whose absmax/127 is subnormal in float (absmax below about 1.5e-36, still normal itself): 1/scale overflowed
+/// to infinity, so every element read back as ±absmax and a zero as −absmax. Each element must read back within half
+/// a step of the stored scale (plus the scale's own rounding, at most 2^-150 a step), zeros as 0, signs kept; in
+/// float and in double, per group and per row; down to a subnormal absmax.
+TEST(CompressionFormats, Int8GroupsOfTinyMagnitudesKeepZerosAndSigns) {
+  for (const double unit : {1e-37, 3.5e-37, 1e-40}) {
+    const std::vector<double> pattern{2, 0, -1, 1.5, 0.3, 0, 1, -2};
+    std::vector<double> xd(16);
+    std::vector<float> xf(16);
+    for (std::size_t i = 0; i < 16; ++i) {
+      xf[i] = static_cast<float>(pattern[i % 8] * unit);
+      xd[i] = static_cast<double>(xf[i]);  // the same values, so float's rounding of them is not an error
+    }
+    for (const Compression& c : {Compression::int8_per_group(8), Compression::int8_per_row()}) {
+      const Shape s{2, 8};
+      const std::vector<double> yd = round_trip(c, s, xd);
+      const std::vector<float> yf = round_trip(c, s, xf);
+      const float absmax =
+          *std::max_element(xf.begin(), xf.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); });
+      const double step = static_cast<double>(std::fabs(absmax) / 127.0f);
+      for (std::size_t i = 0; i < 16; ++i) {
+        SCOPED_TRACE(::testing::Message() << "unit " << unit << ", element " << i);
+        EXPECT_LE(std::fabs(yd[i] - xd[i]), step / 2 + 0x1p-149);
+        EXPECT_LE(std::fabs(static_cast<double>(yf[i]) - xd[i]), step / 2 + 0x1p-149);
+        if (xd[i] == 0) {
+          EXPECT_EQ(yd[i], 0.0);
+          EXPECT_EQ(yf[i], 0.0f);
+        } else {
+          EXPECT_EQ(std::signbit(yd[i]), std::signbit(xd[i]));
+          EXPECT_EQ(std::signbit(yf[i]), std::signbit(xf[i]));
+        }
+      }
+    }
+  }
+}
+
 /// int8_per_group(64) on a [2,3,7,7] value (a convolution's activations, 7 wide): groups of 64 consecutive elements
 /// run across the 7-element slices. Group 0, [0, 64), holds slice 8 ([56, 63), magnitudes about 100) and the first
 /// element of slice 9 ([63, 70), magnitudes about 0.01): that element shares slice 8's scale and reads back as 0,

@@ -140,8 +140,16 @@ void encode(const Compression& c, const Shape& shape, const T* x, void* out, Ind
           std::memset(q, 0, static_cast<std::size_t>(count));
           continue;
         }
-        const float inverse = 1.0f / scale;
         const T* v = x + begin;
+        if (scale < std::numeric_limits<float>::min()) {
+          // A subnormal scale (absmax below about 1.5e-36): 1/scale overflows float, and x · ∞ would give every
+          // element ±127 and a zero NaN (−127). Divided in double instead, which holds the scale exactly: codes
+          // within half a step of the stored scale, zeros 0, signs kept. Rare, so not vectorised.
+          for (Index i = 0; i < count; ++i)
+            q[i] = static_cast<std::int8_t>(int8_code(static_cast<float>(static_cast<double>(v[i]) / scale)));
+          continue;
+        }
+        const float inverse = 1.0f / scale;
         for (Index i = 0; i < count; ++i)
           q[i] = static_cast<std::int8_t>(int8_code(static_cast<float>(v[i]) * inverse));
       }
