@@ -143,6 +143,7 @@ class Recorder : public PolicyDecisions<T> {
     n.region = in_region ? graph_.open.back() : -1;
     n.drop_mask = answers.drop_mask;
     n.stored = answers.stored_with(answers.drop_mask);
+    if (n.stored != 0) graph_.compressed_stored = true;  // only such a value is ever packed (Lifetime::settle)
     if (n.stored_format() == StoredFormat::sign) graph_.sign_stored = true;
     n.cost = cost;
     if (table->view)
@@ -235,6 +236,7 @@ class Recorder : public PolicyDecisions<T> {
     // Kept compressed as the open regions answer now, unless a region deeper than the answer drops it or a closed
     // region returned it (a returned value is stored as it is).
     n.stored = n.output_mask == 0 ? answers.stored_with(drop_mask) : 0;
+    if (n.stored != 0) graph_.compressed_stored = true;
     if (n.stored_format() == StoredFormat::sign) graph_.sign_stored = true;
     // What commit() does for a value some region may replay: its level-0 inputs wait for the regions' close.
     if (n.level > 0 && !graph_.open.empty())

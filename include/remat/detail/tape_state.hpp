@@ -304,6 +304,7 @@ class TapeState : public TapeFigures<T> {
       throw tape_error("clear: a checkpoint region is still open (clear() called inside a checkpointed function)");
     release_all();
     graph_.nodes.clear();
+    graph_.compressed_stored = false;
     graph_.budget.clear();
     if (!evictor_.active()) graph_.untrack_budget();  // nothing is evicted now: a tape without a budget has none
     graph_.regions.clear();
