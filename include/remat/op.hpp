@@ -213,7 +213,7 @@ Var<T> apply_op(const OpCall<Op>& call, const Var<T>& first, const Rest&... rest
   attributes.set_params(call.params);
   if (!call.tag.empty()) attributes.tag = state->intern_tag(call.tag);
   const std::uint64_t draws = detail::take_random_stream<Op>(*state, shapes, op_shapes.output, call.params, attributes);
-  const std::int32_t id = state->record(detail::op_table_of<Op, T>(), ids, static_cast<int>(arity), attributes,
+  const std::int32_t id = state->record(detail::op_table_of<Op, T>(), ids, shapes, static_cast<int>(arity), attributes,
                                         op_shapes, call.indices, call.index_count);
   state->advance_random_offset(draws);  // only once the op is recorded: a refused op draws nothing
   return VarAccess::adopt(state, id);
@@ -237,7 +237,8 @@ Var<T> apply_op_without_inputs(const typename Op::Params& params, const Var<T>& 
   detail::Attributes attributes;
   attributes.set_params(params);
   const std::uint64_t draws = detail::take_random_stream<Op>(*state, nullptr, op_shapes.output, params, attributes);
-  const std::int32_t id = state->record(detail::op_table_of<Op, T>(), nullptr, 0, attributes, op_shapes, nullptr, 0);
+  const std::int32_t id =
+      state->record(detail::op_table_of<Op, T>(), nullptr, nullptr, 0, attributes, op_shapes, nullptr, 0);
   state->advance_random_offset(draws);
   return VarAccess::adopt(state, id);
 }

@@ -100,6 +100,10 @@ RandomStream random_stream_of(const Node<T>& node) {
 }
 }  // namespace detail
 
+// The contexts' accessors below are a few loads each, read by every kernel of every op, and always inlined: left to
+// the inliner, they were calls from the large kernels (linear's forward and backward), a call and its register saves
+// for every input, output and gradient an op reads (bench W0, bench/probes/instructions.sh).
+
 /// What an op's forward sees: its inputs, its output, its extra buffer, its Params and index data.
 template <class T>
 class ForwardContext {
@@ -116,20 +120,24 @@ class ForwardContext {
   bool recording() const { return recording_; }
 
   /// Input k's value ([rows, cols] of in_shape(k)).
-  ConstAlignedMap<T> in(int k) const {
+  [[gnu::always_inline]] ConstAlignedMap<T> in(int k) const {
     const detail::Node<T>& n = graph_[node_.inputs[k]];
     return ConstAlignedMap<T>(n.value, n.shape.rows(), n.shape.cols());
   }
   /// Input k's full shape (in(k) is its matrix view: every dimension but the last folded into rows).
   Shape in_shape(int k) const { return graph_[node_.inputs[k]].shape; }
   /// The output buffer (uninitialised: the forward writes every element).
-  AlignedMap<T> out() const { return AlignedMap<T>(node_.value, node_.shape.rows(), node_.shape.cols()); }
+  [[gnu::always_inline]] AlignedMap<T> out() const {
+    return AlignedMap<T>(node_.value, node_.shape.rows(), node_.shape.cols());
+  }
   /// The output's full shape (output_shape's answer).
   Shape out_shape() const { return node_.shape; }
   /// The extra buffer (the op's extra_shape; uninitialised), a residual the backward may read.
-  AlignedMap<T> extra() const { return AlignedMap<T>(node_.extra, node_.extra_shape.rows(), node_.extra_shape.cols()); }
+  [[gnu::always_inline]] AlignedMap<T> extra() const {
+    return AlignedMap<T>(node_.extra, node_.extra_shape.rows(), node_.extra_shape.cols());
+  }
   /// The op's temporary (its scratch_shape; uninitialised), valid only while this forward runs.
-  AlignedMap<T> scratch() const {
+  [[gnu::always_inline]] AlignedMap<T> scratch() const {
     return AlignedMap<T>(node_.scratch, node_.scratch_shape.rows(), node_.scratch_shape.cols());
   }
   /// The Params struct the op was recorded with.
@@ -170,26 +178,30 @@ class BackwardContext {
       : graph_(graph), node_(node), wanted_(wanted) {}
 
   /// Input k's value: readable only if reads() declared it (reads_input(k)).
-  ConstAlignedMap<T> in(int k) const {
+  [[gnu::always_inline]] ConstAlignedMap<T> in(int k) const {
     const detail::Node<T>& n = graph_[node_.inputs[k]];
     return ConstAlignedMap<T>(n.value, n.shape.rows(), n.shape.cols());
   }
   /// Input k's full shape (in(k) is its matrix view: every dimension but the last folded into rows).
   Shape in_shape(int k) const { return graph_[node_.inputs[k]].shape; }
   /// The op's output value: readable only if reads() declared it (reads_output).
-  ConstAlignedMap<T> out() const { return ConstAlignedMap<T>(node_.value, node_.shape.rows(), node_.shape.cols()); }
+  [[gnu::always_inline]] ConstAlignedMap<T> out() const {
+    return ConstAlignedMap<T>(node_.value, node_.shape.rows(), node_.shape.cols());
+  }
   /// The output's full shape (output_shape's answer).
   Shape out_shape() const { return node_.shape; }
   /// The extra buffer the forward wrote: readable only if reads() declared it (reads_extra).
-  ConstAlignedMap<T> extra() const {
+  [[gnu::always_inline]] ConstAlignedMap<T> extra() const {
     return ConstAlignedMap<T>(node_.extra, node_.extra_shape.rows(), node_.extra_shape.cols());
   }
   /// The op's temporary (its scratch_shape; uninitialised), valid only while this backward runs.
-  AlignedMap<T> scratch() const {
+  [[gnu::always_inline]] AlignedMap<T> scratch() const {
     return AlignedMap<T>(node_.scratch, node_.scratch_shape.rows(), node_.scratch_shape.cols());
   }
   /// dL/d(output), of the output's shape.
-  ConstAlignedMap<T> grad_out() const { return ConstAlignedMap<T>(node_.grad, node_.shape.rows(), node_.shape.cols()); }
+  [[gnu::always_inline]] ConstAlignedMap<T> grad_out() const {
+    return ConstAlignedMap<T>(node_.grad, node_.shape.rows(), node_.shape.cols());
+  }
   /// The Params struct the op was recorded with.
   template <class P>
   P params() const {
@@ -203,7 +215,9 @@ class BackwardContext {
   RandomStream random() const { return detail::random_stream_of(node_); }
 
   /// Whether input k's gradient is asked for (skip computing it otherwise).
-  bool wants_grad(int k) const { return wanted_[static_cast<std::size_t>(node_.inputs[k])] != 0; }
+  [[gnu::always_inline]] bool wants_grad(int k) const {
+    return wanted_[static_cast<std::size_t>(node_.inputs[k])] != 0;
+  }
 
   /// Adds `e` (an Eigen matrix or array expression of input k's shape) to input k's gradient. The first
   /// contribution is assigned, so no zero fill is needed; products accumulate in the GEMM.
@@ -230,7 +244,7 @@ class BackwardContext {
 
   /// Input k's gradient buffer, for an op that writes it piecewise (row by row): it must write every
   /// element, assigning when !accumulate. Marks the gradient written.
-  GradTarget<T> grad_target(int k) const {
+  [[gnu::always_inline]] GradTarget<T> grad_target(int k) const {
     detail::Node<T>& in = graph_[node_.inputs[k]];
     const bool accumulate = in.grad_assigned;
     in.grad_assigned = true;
@@ -238,7 +252,7 @@ class BackwardContext {
   }
 
   /// Input k's gradient after add_grad or grad_target wrote it, for a correction in place.
-  AlignedMap<T> grad(int k) const {
+  [[gnu::always_inline]] AlignedMap<T> grad(int k) const {
     detail::Node<T>& in = graph_[node_.inputs[k]];
     return AlignedMap<T>(in.grad, in.shape.rows(), in.shape.cols());
   }

@@ -39,7 +39,14 @@ class Shape {
   }
   /// The given dimensions, e.g. Shape{2, 3, 8, 8}. Throws shape_error for more than max_rank dimensions. Any
   /// value is kept (ops check theirs: a negative dimension throws shape_error when an op is recorded).
-  Shape(std::initializer_list<Index> dims) { assign(dims.begin(), dims.end()); }
+  Shape(std::initializer_list<Index> dims) {
+    if (dims.size() == 2) {  // most shapes: two stores once inlined, not a call (Shape{rows, cols} on every leaf)
+      dims_[0] = dims.begin()[0];
+      dims_[1] = dims.begin()[1];
+    } else {
+      assign(dims.begin(), dims.end());
+    }
+  }
   /// The dimensions in `dims`; throws as the list constructor does.
   explicit Shape(const std::vector<Index>& dims) { assign(dims.data(), dims.data() + dims.size()); }
 
@@ -51,31 +58,23 @@ class Shape {
   std::vector<Index> dims() const { return {begin(), end()}; }  ///< the dimensions as a vector
 
   /// The number of elements: the product of the dimensions (1 for a scalar).
-  Index numel() const {
+  [[gnu::always_inline]] Index numel() const {
     if (rank_ == 2) return dims_[0] * dims_[1];  // most shapes: a product, not a loop, on every op's paths
-    Index n = 1;
-    for (int d = 0; d < rank_; ++d) n *= dims_[d];
-    return n;
+    return numel(0, rank_);
   }
   /// The number of elements of dimensions [begin, end): their product, 1 for none (0 ≤ begin ≤ end ≤ rank(),
   /// unchecked, as operator[]). What an op working along dimension d reads x as: x.numel(0, d) outer rows of x[d]
   /// blocks of x.numel(d + 1, x.rank()) elements.
-  Index numel(int begin, int end) const {
-    Index n = 1;
-    for (int d = begin; d < end; ++d) n *= dims_[d];
-    return n;
-  }
+  Index numel(int begin, int end) const { return product(dims_ + begin, dims_ + end); }
   /// The number of elements, as numel() (the name 2-D code used).
   Index size() const { return numel(); }
   /// Rows of the matrix view: the product of every dimension but the last (1 below rank 2).
-  Index rows() const {
+  [[gnu::always_inline]] Index rows() const {
     if (rank_ == 2) return dims_[0];  // most shapes, read by every kernel's context
-    Index n = 1;
-    for (int d = 0; d + 1 < rank_; ++d) n *= dims_[d];
-    return n;
+    return rank_ == 0 ? 1 : product(dims_, dims_ + rank_ - 1);
   }
   /// Columns of the matrix view: the last dimension (1 for a scalar).
-  Index cols() const {
+  [[gnu::always_inline]] Index cols() const {
     if (rank_ == 2) return dims_[1];  // most shapes: a load, not an index computed from the rank
     return rank_ == 0 ? 1 : dims_[rank_ - 1];
   }
@@ -89,11 +88,19 @@ class Shape {
 
  private:
   template <class It>
-  void assign(It first, It last) {
+  [[gnu::noinline]] void assign(It first, It last) {
     if (last - first > max_rank) throw_too_many(last - first);
     std::int32_t rank = 0;
     for (It it = first; it != last; ++it) dims_[rank++] = static_cast<Index>(*it);
     rank_ = rank;
+  }
+  // The loop of numel(), rows() and numel(begin, end) beyond rank 2, out of line, so that numel(), rows() and cols()
+  // are a test and a load or two wherever they are inlined (always: every context accessor, allocation and record
+  // reads them, and the inliner, left to itself, made some of them calls in W0's step).
+  [[gnu::noinline]] static Index product(const Index* first, const Index* last) noexcept {
+    Index n = 1;
+    for (; first < last; ++first) n *= *first;
+    return n;
   }
   [[noreturn]] static void throw_too_many(std::ptrdiff_t rank) {
     throw shape_error("Shape: " + std::to_string(rank) + " dimensions; remat holds at most " +
@@ -220,12 +227,17 @@ inline Shape insert_dim(const Shape& s, int dim, Index size) {
   return make_shape(dims, s.rank() + 1);
 }
 
+namespace detail {
+[[noreturn]] inline void throw_rank_error(const char* op, const char* what, const Shape& s, int rank) {
+  throw shape_error(std::string(op) + ": " + what + " is " + to_string(s) + ", of rank " + std::to_string(s.rank()) +
+                    "; " + op + " takes a rank-" + std::to_string(rank) + " " + what);
+}
+}  // namespace detail
+
 /// Throws shape_error naming `op` and its operand `what` (e.g. "A") unless `s` has rank `rank`: for an op whose
 /// arguments are matrices (or vectors) by definition, as matmul's and cross_entropy's are.
 inline void check_rank(const char* op, const char* what, const Shape& s, int rank) {
-  if (s.rank() != rank)
-    throw shape_error(std::string(op) + ": " + what + " is " + to_string(s) + ", of rank " + std::to_string(s.rank()) +
-                      "; " + op + " takes a rank-" + std::to_string(rank) + " " + what);
+  if (s.rank() != rank) detail::throw_rank_error(op, what, s, rank);  // the test inlines, the message does not
 }
 
 /// A Shape in 36 bytes (a Shape takes 72), small enough for an op's Params, which are at most max_params_bytes =

@@ -128,31 +128,8 @@ class Buffers {
   }
   /// The same for buffers of `a`, `b` and `c` elements (0: none).
   Room make_room(std::size_t a, std::size_t b, std::size_t c) {
-    if (shapes_only_) return Room{};
-    if (b == 0 && c == 0) return make_room(a);
-    const std::size_t sizes[3] = {a, b, c};
-    Room r;
-    int used = 0;
-    try {
-      for (int i = 0; i < 3; ++i) {
-        if (sizes[i] == 0) continue;
-        bool seen = false;
-        for (int j = 0; j < i; ++j) seen = seen || sizes[j] == sizes[i];
-        if (seen) continue;
-        std::size_t want = 0;
-        for (int j = 0; j < 3; ++j) want += sizes[j] == sizes[i] ? 1 : 0;
-        const std::size_t have = pool_.available(sizes[i]);
-        const std::size_t need = want > have ? want - have : 0;
-        pool_.reserve(sizes[i], need);  // all or nothing
-        r.count[used] = sizes[i];
-        r.added[used] = need;
-        ++used;
-      }
-    } catch (...) {
-      give_back(r);
-      throw;
-    }
-    return r;
+    if (b == 0 && c == 0) return make_room(a);  // most ops, inlined: no call on every record
+    return make_room_of_three(a, b, c);
   }
 
   /// The same for a single buffer of `count` elements (most ops: a value and nothing else), with one
@@ -333,6 +310,34 @@ class Buffers {
   void trim() { pool_.trim(); }
 
  private:
+  /// make_room(a, b, c) with an extra or a temporary: all or nothing, as make_room.
+  [[gnu::noinline]] Room make_room_of_three(std::size_t a, std::size_t b, std::size_t c) {
+    if (shapes_only_) return Room{};
+    const std::size_t sizes[3] = {a, b, c};
+    Room r;
+    int used = 0;
+    try {
+      for (int i = 0; i < 3; ++i) {
+        if (sizes[i] == 0) continue;
+        bool seen = false;
+        for (int j = 0; j < i; ++j) seen = seen || sizes[j] == sizes[i];
+        if (seen) continue;
+        std::size_t want = 0;
+        for (int j = 0; j < 3; ++j) want += sizes[j] == sizes[i] ? 1 : 0;
+        const std::size_t have = pool_.available(sizes[i]);
+        const std::size_t need = want > have ? want - have : 0;
+        pool_.reserve(sizes[i], need);  // all or nothing
+        r.count[used] = sizes[i];
+        r.added[used] = need;
+        ++used;
+      }
+    } catch (...) {
+      give_back(r);
+      throw;
+    }
+    return r;
+  }
+
   struct Simulated {
     std::size_t available = 0;  // buffers in the free list at this point of the simulated sequence
     std::size_t missing = 0;    // allocations the free list could not have served

@@ -310,7 +310,8 @@ struct Graph {
   Trace<T>* trace = nullptr;                 // a CapturedStep's log while its first step runs (detail/trace.hpp)
   bool grad_enabled = true;                  // false: ops record no gradient (Tape::set_grad_enabled)
   bool sign_stored = false;                  // an open region recorded a value a policy stores as sign
-  bool detect_anomaly = false;  // check every value and gradient for NaN and ±inf (Tape::set_detect_anomaly)
+  bool compressed_stored = false;  // a value was recorded that a policy stores compressed (Node::stored; until clear())
+  bool detect_anomaly = false;     // check every value and gradient for NaN and ±inf (Tape::set_detect_anomaly)
 
   // The memory budget's side table (BudgetFields): parallel to `nodes` while budget_on, else empty.
   std::vector<BudgetFields> budget;

@@ -102,7 +102,8 @@ class NodeBackward : public DryRunCache<T> {
   }
   void unpin_residuals(std::int32_t i) noexcept {
     const Node<T>& n = graph_[i];
-    if (!evictor_.active()) {  // a residual decoded for this backward (kept packed) goes again
+    if (!evictor_.active()) {                 // a residual decoded for this backward (kept packed) goes again
+      if (!graph_.compressed_stored) return;  // no value was ever packed since the tape's last clear()
       for (int k = 0; k < n.arity; ++k)
         if ((n.reads & reads_input(k)) && graph_[n.inputs[k]].packed) lifetime_.settle(n.inputs[k]);
       if ((n.reads & reads_output) && n.packed) lifetime_.settle(i);

@@ -32,6 +32,10 @@ inline std::int32_t buffer_owner(const Graph<T>& graph, std::int32_t id) {
 /// a view of one (its storage may have been reallocated, so reading the node's value would read freed memory).
 template <class T>
 inline void check_parameter_current(const Graph<T>& graph, std::int32_t id, const char* op) {
+  const Node<T>& v = graph[id];
+  // Most inputs: a leaf (a Parameter's or not) or an op that is no view, whose buffer is its own. Only a leaf
+  // references a Parameter, so such an op's value is none's.
+  if (v.op && !v.op->view) return;
   const std::int32_t owner = buffer_owner(graph, id);
   const Node<T>& n = graph[owner];
   if (n.parameter && n.parameter->version != n.parameter_version) throw_parameter_modified(graph, owner, op);

@@ -24,11 +24,14 @@ class PolicyDecisions : public RegionRecorder<T> {
  public:
   using Base::Base;
 
-  /// What a policy is told about op node `n`'s output, or about the output of shape `shape` of an op recorded on
-  /// these inputs with these attributes (OpInfo).
-  OpInfo op_info(const Node<T>& n) const { return op_info(n.op, n.inputs, n.arity, n.attributes, n.shape); }
-  OpInfo op_info(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                 const Shape& shape) const {
+  /// What a policy is told about op node `n`'s output, or about the output of shape `shape` of an op recorded with
+  /// these attributes, whose forward FLOPs (OpTable::flops of its input shapes) are `flops` (OpInfo).
+  OpInfo op_info(const Node<T>& n) const {
+    Shape in[max_inputs];
+    for (int k = 0; k < n.arity; ++k) in[k] = graph_[n.inputs[k]].shape;
+    return op_info(n.op, n.attributes, n.shape, n.op->flops(in, n.arity, n.shape, n.attributes));
+  }
+  OpInfo op_info(const OpTable<T>* table, const Attributes& attributes, const Shape& shape, double flops) const {
     OpInfo info;
     info.name = table->name;
     info.kind = table->kind;
@@ -36,9 +39,7 @@ class PolicyDecisions : public RegionRecorder<T> {
     if (attributes.tag >= 0) info.tag = graph_.tags[static_cast<std::size_t>(attributes.tag)];
     info.shape = shape;
     info.bytes = Buffers<T>::bytes(shape);
-    Shape in[max_inputs];
-    for (int k = 0; k < arity; ++k) in[k] = graph_[inputs[k]].shape;
-    info.flops = table->flops(in, arity, shape, attributes);
+    info.flops = flops;
     return info;
   }
 

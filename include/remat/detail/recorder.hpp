@@ -79,12 +79,14 @@ class Recorder : public PolicyDecisions<T> {
     return graph_.size() - 1;
   }
 
-  /// Records and runs one op whose inputs are live (the caller holds their handles). On any exception
+  /// Records and runs one op whose inputs are live (the caller holds their handles); `input_shapes` are their
+  /// shapes, contiguous as an op's recipe reads them (null for none). On any exception
   /// (bad_alloc, a throwing policy, a stale or escaped input, a throwing forward) the tape is left as it
   /// was, memory() figures included: everything that may throw happens before the first change, and the
   /// forward, which should not throw, is undone exactly if it does.
-  std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                      const OpShapes& shapes, const int* indices, std::size_t index_count) {
+  std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, const Shape* input_shapes, int arity,
+                      const Attributes& attributes, const OpShapes& shapes, const int* indices,
+                      std::size_t index_count) {
     const Shape& shape = shapes.output;
     // The element counts of its value, extra and temporary, each taken once: numel() loops over the rank. A view
     // allocates no value: it is its input 0's buffer.
@@ -92,8 +94,9 @@ class Recorder : public PolicyDecisions<T> {
                                    static_cast<std::size_t>(shapes.extra.numel()),
                                    static_cast<std::size_t>(shapes.scratch.numel())};
     for (int k = 0; k < arity; ++k) check_input(table->name, inputs[k]);
+    const double flops = table->flops(input_shapes, arity, shape, attributes);
     const bool in_region = !graph_.open.empty();
-    const Answers answers = in_region ? policy_decisions(op_info(table, inputs, arity, attributes, shape)) : Answers{};
+    const Answers answers = in_region ? policy_decisions(op_info(table, attributes, shape, flops)) : Answers{};
     if (in_region) {
       reserve_for_close();
       reserve_at_least(graph_.pending, graph_.pending.size() + static_cast<std::size_t>(arity));
@@ -107,7 +110,7 @@ class Recorder : public PolicyDecisions<T> {
     // memory_budget_error, stale_value_error, std::bad_alloc with the tape unchanged).
     // The heuristics' cost of regenerating it (node.hpp), a whole number so that every sum of costs is exact
     // whatever its order (the evicted classes' costs are summed as they merge: detail/eviction_classes.hpp).
-    const double cost = whole(forward_flops(table, inputs, arity, attributes, shape)) + op_overhead_flops;
+    const double cost = whole(flops) + op_overhead_flops;
     const bool evicts = evictor_.needs_work(inputs, arity, need);
     if (evicts) room_by_trial(table->name, inputs, arity, shapes);
     graph_.add_node();  // within capacity
@@ -140,6 +143,7 @@ class Recorder : public PolicyDecisions<T> {
     n.region = in_region ? graph_.open.back() : -1;
     n.drop_mask = answers.drop_mask;
     n.stored = answers.stored_with(answers.drop_mask);
+    if (n.stored != 0) graph_.compressed_stored = true;  // only such a value is ever packed (Lifetime::settle)
     if (n.stored_format() == StoredFormat::sign) graph_.sign_stored = true;
     n.cost = cost;
     if (table->view)
@@ -232,6 +236,7 @@ class Recorder : public PolicyDecisions<T> {
     // Kept compressed as the open regions answer now, unless a region deeper than the answer drops it or a closed
     // region returned it (a returned value is stored as it is).
     n.stored = n.output_mask == 0 ? answers.stored_with(drop_mask) : 0;
+    if (n.stored != 0) graph_.compressed_stored = true;
     if (n.stored_format() == StoredFormat::sign) graph_.sign_stored = true;
     // What commit() does for a value some region may replay: its level-0 inputs wait for the regions' close.
     if (n.level > 0 && !graph_.open.empty())
@@ -310,13 +315,6 @@ class Recorder : public PolicyDecisions<T> {
     if (flops >= 0x1p53) return flops;  // a double this large is whole
     const auto n = static_cast<std::uint64_t>(flops);
     return static_cast<double>(n) + (static_cast<double>(n) < flops ? 1.0 : 0.0);
-  }
-
-  double forward_flops(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                       const Shape& shape) const {
-    Shape in[max_inputs];
-    for (int k = 0; k < arity; ++k) in[k] = graph_[inputs[k]].shape;
-    return table->flops(in, arity, shape, attributes);
   }
 
   static void check_leaf_shape(const Shape& shape, const char* op, const char* what) {

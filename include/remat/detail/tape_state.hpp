@@ -85,15 +85,16 @@ class TapeState : public TapeFigures<T> {
   }
   bool detect_anomaly() const { return graph_.detect_anomaly; }
   void set_detect_anomaly(bool on) { graph_.detect_anomaly = on; }
-  std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, int arity, const Attributes& attributes,
-                      const OpShapes& shapes, const int* indices, std::size_t index_count) {
+  std::int32_t record(const OpTable<T>* table, const std::int32_t* inputs, const Shape* input_shapes, int arity,
+                      const Attributes& attributes, const OpShapes& shapes, const int* indices,
+                      std::size_t index_count) {
     check_not_in_callback(table->name);
     if (graph_.trace && table->kind == OpKind::random)
       throw tape_error(std::string(table->name) +
                        ": a CapturedStep cannot record a random op: running the step again would draw the same "
                        "values every time. Record it on a Tape (cleared each step), or capture the step in "
                        "evaluation mode (tape.set_training(false))");
-    return recorder_.record(table, inputs, arity, attributes, shapes, indices, index_count);
+    return recorder_.record(table, inputs, input_shapes, arity, attributes, shapes, indices, index_count);
   }
   /// remat::tag_in_place (checkpoint_name's first choice): tags the op output `id` with `name` itself and asks the
   /// open regions enclosing it again (Recorder::retag). Only for an op's output no op has read yet and not yet
@@ -303,6 +304,7 @@ class TapeState : public TapeFigures<T> {
       throw tape_error("clear: a checkpoint region is still open (clear() called inside a checkpointed function)");
     release_all();
     graph_.nodes.clear();
+    graph_.compressed_stored = false;
     graph_.budget.clear();
     if (!evictor_.active()) graph_.untrack_budget();  // nothing is evicted now: a tape without a budget has none
     graph_.regions.clear();
